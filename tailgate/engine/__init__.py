@@ -1,0 +1,1 @@
+"""Scheduling: queues, roster, pages, the door. Plain Python; never imports torch."""

@@ -1,0 +1,134 @@
+"""KV page accounting: two pools (sliding-window layers, global layers), 16-token pages.
+
+Pure bookkeeping: the pools hand out page ids; the runner owns the tensors those ids index.
+Page 0 of each pool is the padding page: never handed out, it is what padded rows read.
+"""
+from __future__ import annotations
+
+PAGE_SIZE = 16
+
+
+def pages_for(tokens: int) -> int:
+    return -(-tokens // PAGE_SIZE)
+
+
+class PagePool:
+    def __init__(self, num_pages: int, name: str):
+        if num_pages < 2:
+            raise ValueError(f"{name} pool needs at least 2 pages (one is padding), got {num_pages}")
+        self.name = name
+        self.num_pages = num_pages
+        self._free = list(range(num_pages - 1, 0, -1))
+
+    @property
+    def capacity(self) -> int:
+        return self.num_pages - 1
+
+    @property
+    def available(self) -> int:
+        return len(self._free)
+
+    @property
+    def used(self) -> int:
+        return self.capacity - self.available
+
+    def take(self, n: int) -> list[int] | None:
+        if n > len(self._free):
+            return None
+        if n == 0:
+            return []
+        taken = self._free[-n:]
+        del self._free[-n:]
+        return taken[::-1]
+
+    def give(self, pages) -> None:
+        self._free.extend(p for p in pages if p)
+
+
+class SeqPages:
+    """One sequence's page tables.
+
+    `global_pages[i]` holds tokens 16i..16i+15 for global layers. `local_pages[i]` is the same for
+    sliding layers, or 0 once released (older than the window: no future query can see it).
+    `frontier` counts tokens whose KV has been written; `reserved` counts tokens with pages.
+    """
+
+    __slots__ = ("global_pages", "local_pages", "frontier", "reserved", "released")
+
+    def __init__(self):
+        self.global_pages: list[int] = []
+        self.local_pages: list[int] = []
+        self.frontier = 0
+        self.reserved = 0
+        self.released = 0  # local pages released from the front
+
+
+class KVBook:
+    """Both pools plus the rules that tie them: atomic reservation and sliding release."""
+
+    def __init__(self, global_pages: int, local_pages: int | None, window: int | None):
+        self.glob = PagePool(global_pages, "global")
+        self.local = PagePool(local_pages, "sliding") if local_pages else None
+        self.window = window
+
+    def reserve(self, seq: SeqPages, total_tokens: int) -> bool:
+        """Make room for KV up to `total_tokens` in both pools, or change nothing."""
+        if total_tokens <= seq.reserved:
+            return True
+        need_g = pages_for(total_tokens) - len(seq.global_pages)
+        need_l = pages_for(total_tokens) - len(seq.local_pages) if self.local else 0
+        got_g = self.glob.take(need_g)
+        if got_g is None:
+            return False
+        got_l = self.local.take(need_l) if self.local else []
+        if got_l is None:
+            self.glob.give(got_g)  # roll back: both or neither
+            return False
+        seq.global_pages.extend(got_g)
+        if self.local:
+            seq.local_pages.extend(got_l)
+        seq.reserved = total_tokens
+        return True
+
+    def fits(self, total_tokens: int, seq: SeqPages | None = None) -> bool:
+        seq = seq or SeqPages()
+        need_g = pages_for(total_tokens) - len(seq.global_pages)
+        need_l = pages_for(total_tokens) - len(seq.local_pages)
+        return need_g <= self.glob.available and (not self.local or need_l <= self.local.available)
+
+    def advance(self, seq: SeqPages, tokens: int) -> None:
+        """Record `tokens` more written KV; release sliding pages no future query can see."""
+        seq.frontier += tokens
+        if seq.frontier > seq.reserved:
+            raise RuntimeError(f"KV frontier {seq.frontier} passed its reservation {seq.reserved}")
+        if not self.local or self.window is None:
+            return
+        # Page p's last token is 16p+15; a query at q >= frontier sees keys > q - window.
+        while (seq.released + 1) * PAGE_SIZE + self.window <= seq.frontier:
+            p = seq.released
+            self.local.give([seq.local_pages[p]])
+            seq.local_pages[p] = 0
+            seq.released += 1
+
+    def free(self, seq: SeqPages) -> None:
+        self.glob.give(seq.global_pages)
+        if self.local:
+            self.local.give(seq.local_pages)
+        seq.global_pages, seq.local_pages = [], []
+        seq.reserved = seq.frontier = seq.released = 0
+
+    def usage(self) -> float:
+        pools = [self.glob] + ([self.local] if self.local else [])
+        return sum(p.used for p in pools) / max(1, sum(p.capacity for p in pools))
+
+
+def pool_pages(max_context: int, slots: int, window: int | None, transient_prompts: int = 1) -> dict[str, int]:
+    """Pages per pool: every slot may hold a full context in the global pool; the sliding pool
+    holds a window per slot plus full-prompt transients for `transient_prompts` prompts being
+    prefilled whole (their pages past the window are released after the step). +1 = padding page."""
+    ctx = pages_for(max_context)
+    out = {"global": slots * ctx + 1}
+    if window is not None:
+        win = pages_for(window) + 1
+        out["local"] = slots * win + transient_prompts * ctx + 1
+    return out

@@ -1,0 +1,24 @@
+"""The step plan: plain data the scheduler hands to the runner."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .pages import SeqPages
+
+
+@dataclass
+class Segment:
+    """Tokens of one sequence to run in this step, starting at absolute position `start`.
+
+    A prefill segment carries a whole prompt or its next chunk; a decode row carries one token.
+    `sample` asks for the logits of the segment's last row.
+    """
+
+    tokens: list[int]
+    start: int
+    pages: SeqPages
+    sample: bool = True
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)

@@ -1,0 +1,89 @@
+"""StepContext: a step plan turned into flat index tensors, built once and read by every layer.
+
+Row order: prefill segments first (in plan order), then all one-token rows batched together, so
+attention runs one SDPA call per prefill segment plus one for the whole decode batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..engine.pages import PAGE_SIZE
+from ..engine.plan import Segment
+
+
+@dataclass
+class FamilyView:
+    """Where this step's keys live for one KV family (global or sliding)."""
+
+    write_slots: torch.Tensor  # [T] flat slot (page*16+offset) each new row's K/V goes to
+    prefill: list[tuple[int, int, torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (r0, r1, key slots [K], mask [Tq, K])
+    decode_slots: torch.Tensor | None = None  # [B, K]
+    decode_mask: torch.Tensor | None = None  # [B, 1, 1, K]
+
+
+@dataclass
+class StepContext:
+    tokens: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    sample_rows: torch.Tensor  # [S] in plan order of sampled segments
+    decode_rows: tuple[int, int]  # rows [d0, d1) are the batched one-token rows
+    families: dict[str, FamilyView]
+
+
+def _slots(table: list[int], pos: np.ndarray) -> np.ndarray:
+    pt = np.asarray(table, dtype=np.int64)
+    return pt[pos // PAGE_SIZE] * PAGE_SIZE + pos % PAGE_SIZE
+
+
+def _key_start(qpos: int, window: int | None) -> int:
+    return 0 if window is None else max(0, qpos - window + 1)
+
+
+def build_context(segments: list[Segment], windows: dict[str, int | None], device) -> StepContext:
+    """`windows` maps family name ("global", "local") to its attention window (None = full)."""
+    prefill = [s for s in segments if len(s.tokens) > 1]
+    decode = [s for s in segments if len(s.tokens) == 1]
+    ordered = prefill + decode
+    toks, pos, rows = [], [], {}
+    r = 0
+    for s in ordered:
+        toks.extend(s.tokens)
+        pos.append(np.arange(s.start, s.end, dtype=np.int64))
+        rows[id(s)] = (r, r + len(s.tokens))
+        r += len(s.tokens)
+    positions = np.concatenate(pos) if pos else np.zeros(0, dtype=np.int64)
+    d0 = r - len(decode)
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+    fams = {}
+    for fam, window in windows.items():
+        table = (lambda s: s.pages.global_pages) if fam == "global" else (lambda s: s.pages.local_pages)
+        write = np.concatenate([_slots(table(s), np.arange(s.start, s.end)) for s in ordered]) if ordered else positions
+        view = FamilyView(write_slots=t(write))
+        for s in prefill:
+            r0, r1 = rows[id(s)]
+            k0 = _key_start(s.start, window)
+            kpos = np.arange(k0, s.end)
+            qpos = np.arange(s.start, s.end)
+            diff = qpos[:, None] - kpos[None, :]
+            mask = diff >= 0
+            if window is not None:
+                mask &= diff < window
+            view.prefill.append((r0, r1, t(_slots(table(s), kpos)), t(mask)))
+        if decode:
+            starts = [_key_start(s.start, window) for s in decode]
+            width = max(s.start + 1 - k0 for s, k0 in zip(decode, starts))
+            slots = np.zeros((len(decode), width), dtype=np.int64)  # padding reads page 0
+            mask = np.zeros((len(decode), 1, 1, width), dtype=bool)
+            for b, (s, k0) in enumerate(zip(decode, starts)):
+                n = s.start + 1 - k0
+                slots[b, :n] = _slots(table(s), np.arange(k0, s.start + 1))
+                mask[b, 0, 0, :n] = True
+            view.decode_slots, view.decode_mask = t(slots), t(mask)
+        fams[fam] = view
+    sample_rows = [rows[id(s)][1] - 1 for s in segments if s.sample]
+    return StepContext(
+        tokens=t(np.asarray(toks, dtype=np.int64)), positions=t(positions),
+        sample_rows=t(np.asarray(sample_rows, dtype=np.int64)), decode_rows=(d0, r), families=fams)

@@ -1,0 +1,132 @@
+"""Read a GGUF file: architecture metadata -> ModelSpec, tensors -> dequantized torch tensors.
+
+GGUF stores Gemma norm weights with the `1 +` of Gemma's RMSNorm already folded in, and Llama's
+q/k projections permuted for llama.cpp's interleaved RoPE; we undo the permutation so every model
+uses the same rotate-half RoPE as HF transformers (the oracle).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .spec import ModelSpec, gemma3_layer_sliding
+
+# GGUF tensor types the two packaged models use (and their close relatives).
+SUPPORTED_QTYPES = {"F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "Q2_K", "Q3_K"}
+
+_LAYER_NAMES = {
+    "attn_norm": "attn_norm",
+    "attn_q": "q",
+    "attn_k": "k",
+    "attn_v": "v",
+    "attn_output": "o",
+    "attn_q_norm": "q_norm",
+    "attn_k_norm": "k_norm",
+    "post_attention_norm": "post_attn_norm",
+    "ffn_norm": "ffn_norm",
+    "ffn_gate": "gate",
+    "ffn_up": "up",
+    "ffn_down": "down",
+    "post_ffw_norm": "post_ffn_norm",
+}
+_GLOBAL_NAMES = {"token_embd": "embed", "output_norm": "final_norm", "output": "lm_head"}
+
+
+def _field(reader, key, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def read_spec(reader) -> ModelSpec:
+    arch = _field(reader, "general.architecture")
+    if arch not in ("gemma3", "llama"):
+        raise ValueError(f"unsupported GGUF architecture {arch!r}: tailgate serves gemma3 and llama")
+    g = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
+    n_layers = int(g("block_count"))
+    hidden = int(g("embedding_length"))
+    n_heads = int(g("attention.head_count"))
+    n_kv = int(g("attention.head_count_kv", n_heads))
+    head_dim = int(g("attention.key_length", hidden // n_heads))
+    vocab = len(_field(reader, "tokenizer.ggml.tokens"))
+    names = {t.name for t in reader.tensors}
+    common = dict(
+        vocab_size=vocab, hidden=hidden, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv,
+        head_dim=head_dim, ffn=int(g("feed_forward_length")),
+        eps=float(g("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(g("rope.freq_base", 10000.0)), max_position=int(g("context_length", 8192)),
+        tie_embeddings="output.weight" not in names,
+    )
+    if arch == "gemma3":
+        scaling = g("rope.scaling.factor")
+        return ModelSpec(
+            arch="gemma3", **common,
+            # llama.cpp hard-codes the local base for Gemma 3; HF's config calls it rope_local_base_freq.
+            rope_local_theta=10000.0,
+            sliding_window=int(g("attention.sliding_window", 512)),
+            layer_sliding=gemma3_layer_sliding(n_layers),
+            rope_scaling_factor=float(scaling) if scaling else 1.0,
+            # Gemma 3 scales queries by query_pre_attn_scalar ** -0.5, which equals head_dim for
+            # every released size but 27B; GGUF does not record it separately.
+            query_scale=head_dim ** -0.5,
+            final_softcap=g("final_logit_softcapping"),
+            attn_softcap=g("attn_logit_softcapping"),
+        )
+    return ModelSpec(arch="llama", **common)
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Invert llama.cpp's q/k permutation (interleaved RoPE pairs -> HF's rotate-half halves)."""
+    out, inp = w.shape
+    return w.reshape(n_head, out // n_head // 2, 2, inp).swapaxes(1, 2).reshape(out, inp)
+
+
+def internal_name(gguf_name: str) -> str:
+    base = gguf_name.removesuffix(".weight")
+    if base.startswith("blk."):
+        _, idx, rest = base.split(".", 2)
+        if rest not in _LAYER_NAMES:
+            raise ValueError(f"unknown GGUF tensor {gguf_name!r}")
+        return f"layers.{idx}.{_LAYER_NAMES[rest]}"
+    if base not in _GLOBAL_NAMES:
+        raise ValueError(f"unknown GGUF tensor {gguf_name!r}")
+    return _GLOBAL_NAMES[base]
+
+
+def read_tensors(reader, spec: ModelSpec, progress=None) -> dict[str, torch.Tensor]:
+    """Dequantize every tensor to float32 (exact for every GGUF block format)."""
+    from gguf.quants import dequantize
+
+    bad = sorted({t.tensor_type.name for t in reader.tensors} - SUPPORTED_QTYPES)
+    if bad:
+        raise ValueError(f"unsupported GGUF tensor type(s) {bad}; supported: {sorted(SUPPORTED_QTYPES)}")
+    out = {}
+    tensors = reader.tensors if progress is None else progress(reader.tensors)
+    for t in tensors:
+        name = internal_name(t.name)
+        a = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if spec.arch == "llama" and name.endswith((".q", ".k")):
+            a = _unpermute(a, spec.n_heads if name.endswith(".q") else spec.n_kv_heads)
+        out[name] = torch.from_numpy(np.ascontiguousarray(a))
+    return out
+
+
+def read_tokenizer_meta(reader) -> dict:
+    """BOS/EOS handling and the chat template, as the GGUF metadata records them."""
+    arch = _field(reader, "general.architecture")
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    eos_ids = [int(eos)] if eos is not None else []
+    # Gemma's chat turns end with <end_of_turn>; HF's generation_config lists it as an EOS too.
+    if arch == "gemma3" and "<end_of_turn>" in tokens:
+        eos_ids.append(tokens.index("<end_of_turn>"))
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    add_bos = _field(reader, "tokenizer.ggml.add_bos_token")
+    return {
+        "bos_id": int(bos) if bos is not None else None,
+        "eos_ids": eos_ids,
+        "add_bos": bool(add_bos) if add_bos is not None else arch == "gemma3",
+        "chat_template": _field(reader, "tokenizer.chat_template"),
+        "family": arch,
+    }

@@ -1,0 +1,55 @@
+"""Building blocks shared by the model files: RMSNorm, RoPE, paged attention."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .context import FamilyView
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in fp32 (as HF does), times the stored multiplier, back to x's dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * w).to(x.dtype)
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype, scale: float = 1.0):
+    """cos/sin [T, 1, head_dim] for rotate-half RoPE, computed in fp32 then cast, like HF."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim))
+    freqs = (positions.float() / scale)[:, None] * inv[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def paged_attention(q, k_new, v_new, k_pool, v_pool, view: FamilyView, decode_rows, scale: float):
+    """Write this step's K/V into the pool, then attend each row over its own pages.
+
+    q: [T, Hq, D]; k_new/v_new: [T, Hkv, D]; pools: [slots, Hkv, D]. Returns [T, Hq, D].
+    """
+    k_pool.index_copy_(0, view.write_slots, k_new)
+    v_pool.index_copy_(0, view.write_slots, v_new)
+    out = torch.empty_like(q)
+    for r0, r1, slots, mask in view.prefill:
+        k = k_pool.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, K, D]
+        v = v_pool.index_select(0, slots).transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(q[r0:r1].transpose(0, 1).unsqueeze(0), k, v,
+                                           attn_mask=mask, scale=scale, enable_gqa=True)
+        out[r0:r1] = o[0].transpose(0, 1)
+    d0, d1 = decode_rows
+    if d1 > d0:
+        b, width = view.decode_slots.shape
+        hkv, d = k_pool.shape[1], k_pool.shape[2]
+        flat = view.decode_slots.reshape(-1)
+        k = k_pool.index_select(0, flat).view(b, width, hkv, d).transpose(1, 2)
+        v = v_pool.index_select(0, flat).view(b, width, hkv, d).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q[d0:d1].unsqueeze(2), k, v, attn_mask=view.decode_mask,
+                                           scale=scale, enable_gqa=True)
+        out[d0:d1] = o.squeeze(2)
+    return out

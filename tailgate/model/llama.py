@@ -1,0 +1,30 @@
+"""Llama family (SmolLM2): RMSNorm, SwiGLU, RoPE, GQA, tied or untied head."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .context import StepContext
+from .kv_cache import KVCache
+from .layers import apply_rope, paged_attention, rms_norm, rope_tables
+from .spec import ModelSpec
+
+
+def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Tensor:
+    """Run every row of the step; return fp32 logits for `ctx.sample_rows` only."""
+    h = w["embed"][ctx.tokens]
+    cos, sin = rope_tables(ctx.positions, spec.head_dim, spec.rope_theta, h.dtype)
+    T, hq, hkv, d = h.shape[0], spec.n_heads, spec.n_kv_heads, spec.head_dim
+    for i in range(spec.n_layers):
+        p = f"layers.{i}."
+        fam, k_pool, v_pool = kv.layer(i)
+        x = rms_norm(h, w[p + "attn_norm"], spec.eps)
+        q, k, v = (x @ w[p + "qkv"]).split([hq * d, hkv * d, hkv * d], dim=-1)
+        q, k = apply_rope(q.view(T, hq, d), cos, sin), apply_rope(k.view(T, hkv, d), cos, sin)
+        a = paged_attention(q, k, v.view(T, hkv, d), k_pool, v_pool, ctx.families[fam], ctx.decode_rows, spec.scale)
+        h = h + a.reshape(T, hq * d) @ w[p + "o"]
+        x = rms_norm(h, w[p + "ffn_norm"], spec.eps)
+        gate, up = (x @ w[p + "gate_up"]).chunk(2, dim=-1)
+        h = h + (F.silu(gate) * up) @ w[p + "down"]
+    h = rms_norm(h[ctx.sample_rows], w["final_norm"], spec.eps)
+    return (h @ w["head"]).float()

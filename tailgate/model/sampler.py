@@ -1,0 +1,60 @@
+"""Sampling over a batch of rows: greedy, temperature, top-k, top-p, min-p, per-request seeds."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 or -1 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0 or self.top_k == 1
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(seed if seed is not None else torch.seed())
+    return g
+
+
+def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Temperature then top-k, top-p, min-p masks, batched over rows (fp32 in, fp32 out)."""
+    temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=logits.device)
+    x = logits / temps[:, None]
+    if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
+        sorted_x, idx = x.sort(dim=-1, descending=True)
+        vocab = x.shape[-1]
+        ks = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=x.device)
+        ranks = torch.arange(vocab, device=x.device)[None, :]
+        drop = ranks >= ks[:, None]
+        probs = sorted_x.softmax(-1)
+        top_p = torch.tensor([p.top_p for p in params], dtype=probs.dtype, device=x.device)
+        # Keep the smallest prefix whose mass reaches top_p (the first token is always kept).
+        drop |= (probs.cumsum(-1) - probs) >= top_p[:, None]
+        sorted_x = sorted_x.masked_fill(drop, float("-inf"))
+        x = torch.empty_like(x).scatter_(-1, idx, sorted_x)
+    if any(p.min_p > 0 for p in params):
+        probs = x.softmax(-1)
+        min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype, device=x.device)
+        x = x.masked_fill(probs < probs.max(-1, keepdim=True).values * min_p[:, None], float("-inf"))
+    return x
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
+    """One token per row. Greedy rows take the argmax; the rest draw with their own generator."""
+    out = logits.argmax(-1).tolist()
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if rows:
+        x = filter_logits(logits[rows], [params[i] for i in rows])
+        probs = x.softmax(-1).cpu()
+        for j, i in enumerate(rows):
+            out[i] = int(torch.multinomial(probs[j], 1, generator=generators[i]).item())
+    return out

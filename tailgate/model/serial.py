@@ -1,0 +1,62 @@
+"""The serial reference path: one sequence at a time, prefill then decode.
+
+This is what the batched engine must match token for token; the CLI's `generate` uses it too.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..engine.pages import KVBook, SeqPages
+from ..engine.plan import Segment
+from .runner import ModelRunner
+from .sampler import SamplingParams, make_generator, sample
+
+
+def generate(runner: ModelRunner, book: KVBook, prompt: list[int], max_tokens: int,
+             params: SamplingParams | None = None, eos_ids=(), chunk: int | None = None, on_token=None) -> list[int]:
+    params = params or SamplingParams()
+    gen = make_generator(params.seed)
+    seq = SeqPages()
+    out: list[int] = []
+    try:
+        if not book.reserve(seq, len(prompt)):
+            raise RuntimeError("prompt does not fit the KV pools")
+        step = chunk or len(prompt)
+        for s in range(0, len(prompt), step):
+            piece = prompt[s:s + step]
+            logits = runner.step([Segment(piece, s, seq)])
+            book.advance(seq, len(piece))
+        while True:
+            tok = sample(logits, [params], [gen])[0]
+            if tok in eos_ids:
+                break
+            out.append(tok)
+            if on_token:
+                on_token(tok)
+            if len(out) >= max_tokens:
+                break
+            if not book.reserve(seq, seq.frontier + 1):
+                raise RuntimeError("out of KV pages")
+            logits = runner.step([Segment([tok], seq.frontier, seq)])
+            book.advance(seq, 1)
+    finally:
+        book.free(seq)
+    return out
+
+
+def teacher_forced_logits(runner: ModelRunner, book: KVBook, ids: list[int]) -> torch.Tensor:
+    """Logits at every position of `ids` (one prefill, every row sampled): for oracle checks."""
+    seq = SeqPages()
+    try:
+        assert book.reserve(seq, len(ids))
+        segs = [Segment([t], i, seq) for i, t in enumerate(ids)]
+        # Each token as its own one-row segment would attend only to itself; instead run the
+        # whole prompt and then read every row by running it as len(ids) sampled prefixes.
+        del segs
+        logits = []
+        for i in range(len(ids)):
+            logits.append(runner.step([Segment(ids[i:i + 1], i, seq)]))
+            book.advance(seq, 1)
+        return torch.cat(logits)
+    finally:
+        book.free(seq)
