@@ -18,6 +18,7 @@ class Segment:
     start: int
     pages: SeqPages
     sample: bool = True
+    all_logits: bool = False  # logits for every row (teacher forcing, prompt logprobs)
 
     @property
     def end(self) -> int:

@@ -83,7 +83,13 @@ def build_context(segments: list[Segment], windows: dict[str, int | None], devic
                 mask[b, 0, 0, :n] = True
             view.decode_slots, view.decode_mask = t(slots), t(mask)
         fams[fam] = view
-    sample_rows = [rows[id(s)][1] - 1 for s in segments if s.sample]
+    sample_rows = []
+    for s in segments:
+        r0, r1 = rows[id(s)]
+        if s.all_logits:
+            sample_rows.extend(range(r0, r1))
+        elif s.sample:
+            sample_rows.append(r1 - 1)
     return StepContext(
         tokens=t(np.asarray(toks, dtype=np.int64)), positions=t(positions),
         sample_rows=t(np.asarray(sample_rows, dtype=np.int64)), decode_rows=(d0, r), families=fams)

@@ -44,19 +44,18 @@ def generate(runner: ModelRunner, book: KVBook, prompt: list[int], max_tokens: i
     return out
 
 
-def teacher_forced_logits(runner: ModelRunner, book: KVBook, ids: list[int]) -> torch.Tensor:
-    """Logits at every position of `ids` (one prefill, every row sampled): for oracle checks."""
+def teacher_forced_logits(runner: ModelRunner, book: KVBook, ids: list[int], chunk: int | None = None) -> torch.Tensor:
+    """Logits at every position of `ids` [len(ids), vocab], prefilled in `chunk`-sized pieces."""
     seq = SeqPages()
     try:
-        assert book.reserve(seq, len(ids))
-        segs = [Segment([t], i, seq) for i, t in enumerate(ids)]
-        # Each token as its own one-row segment would attend only to itself; instead run the
-        # whole prompt and then read every row by running it as len(ids) sampled prefixes.
-        del segs
-        logits = []
-        for i in range(len(ids)):
-            logits.append(runner.step([Segment(ids[i:i + 1], i, seq)]))
-            book.advance(seq, 1)
-        return torch.cat(logits)
+        if not book.reserve(seq, len(ids)):
+            raise RuntimeError("sequence does not fit the KV pools")
+        out = []
+        step = chunk or len(ids)
+        for s in range(0, len(ids), step):
+            piece = ids[s:s + step]
+            out.append(runner.step([Segment(piece, s, seq, all_logits=True)]))
+            book.advance(seq, len(piece))
+        return torch.cat(out)
     finally:
         book.free(seq)

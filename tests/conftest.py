@@ -1,0 +1,81 @@
+"""Shared fixtures: every model (ours and HF's) is loaded once per test session."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tailgate.engine.pages import KVBook, pool_pages
+from tailgate.model.runner import ModelRunner
+from tailgate.model.weights import load_model, resolve_model_path
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+MODELS = ("gemma3-270m", "smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def loaded():
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = load_model(name, log=lambda m: None)
+        return cache[name]
+
+    return get
+
+
+class Rig:
+    """A runner and a page book sized for tests (4 slots, 2048-token context)."""
+
+    def __init__(self, m, dtype, slots=4, max_context=2048):
+        self.model = m
+        self.pages = pool_pages(max_context, slots, m.spec.sliding_window, transient_prompts=slots)
+        self.runner = ModelRunner(m.spec, m.weights, self.pages, dtype=dtype, device="cpu")
+        self.book = KVBook(self.pages["global"], self.pages.get("local"), m.spec.sliding_window)
+
+    def assert_no_leak(self):
+        assert self.book.glob.used == 0
+        assert self.book.local is None or self.book.local.used == 0
+
+
+@pytest.fixture(scope="session")
+def rig(loaded):
+    cache = {}
+
+    def get(name="gemma3-270m", dtype="fp32"):
+        if (name, dtype) not in cache:
+            cache[(name, dtype)] = Rig(loaded(name), dtype)
+        return cache[(name, dtype)]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def hf_model():
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            from transformers import AutoModelForCausalLM
+
+            path = resolve_model_path(name)
+            m = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+            cache[name] = m.eval()
+        return cache[name]
+
+    return get
+
+
+LONG_TEXT = (
+    "The river town woke slowly. Fishermen dragged their boats across the wet stones while the baker "
+    "counted loaves by the door, and the schoolteacher rang a bell that nobody seemed to hear. "
+    "By noon the market had filled with cloth merchants, spice sellers and a man who sold nothing but "
+    "keys, hundreds of them, each tagged with the name of a door he swore still existed somewhere. "
+)
+
+
+def text_ids(tok, text):
+    return tok.encode(text)
