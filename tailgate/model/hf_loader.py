@@ -37,6 +37,8 @@ def read_spec(directory: Path) -> ModelSpec:
     if mtype == "gemma3" and "text_config" in cfg:
         cfg = {**cfg["text_config"], "tie_word_embeddings": cfg.get("tie_word_embeddings", True)}
         mtype = "gemma3_text"
+    if mtype not in ("gemma3_text", "llama"):
+        raise ValueError(f"unsupported model_type {mtype!r} in {directory / 'config.json'}: tailgate serves gemma3 and llama")
     hidden, n_heads = cfg["hidden_size"], cfg["num_attention_heads"]
     common = dict(
         vocab_size=cfg["vocab_size"], hidden=hidden, n_layers=cfg["num_hidden_layers"], n_heads=n_heads,
