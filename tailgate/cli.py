@@ -54,6 +54,17 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_bench_step(args) -> int:
+    import torch
+
+    from .bench import step
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    step.run(args.model, args.dtype, context=args.context, reps=args.reps)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="tailgate", description="LLM serving engine that protects the decode tail")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -67,6 +78,12 @@ def main(argv=None) -> int:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.set_defaults(fn=cmd_generate)
+    bench = sub.add_parser("bench", help="benchmarks that print figures").add_subparsers(dest="bench", required=True)
+    b = bench.add_parser("step", help="step latency: decode batches and prefill segments vs matmul peak")
+    _add_model_args(b)
+    b.add_argument("--context", type=int, default=256, help="KV tokens per decode row")
+    b.add_argument("--reps", type=int, default=5)
+    b.set_defaults(fn=cmd_bench_step)
     args = parser.parse_args(argv)
     return args.fn(args)
 

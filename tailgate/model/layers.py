@@ -33,22 +33,23 @@ def paged_attention(q, k_new, v_new, k_pool, v_pool, view: FamilyView, decode_ro
 
     q: [T, Hq, D]; k_new/v_new: [T, Hkv, D]; pools: [slots, Hkv, D]. Returns [T, Hq, D].
     """
+    hkv, d = k_pool.shape[1], k_pool.shape[2]
+    # F.embedding is this CPU's fastest row gather (~2x index_select for 8 MB of bf16 rows).
+    kflat, vflat = k_pool.view(-1, hkv * d), v_pool.view(-1, hkv * d)
     k_pool.index_copy_(0, view.write_slots, k_new)
     v_pool.index_copy_(0, view.write_slots, v_new)
     out = torch.empty_like(q)
     for r0, r1, slots, mask in view.prefill:
-        k = k_pool.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, K, D]
-        v = v_pool.index_select(0, slots).transpose(0, 1).unsqueeze(0)
+        k = F.embedding(slots, kflat).view(-1, hkv, d).transpose(0, 1).unsqueeze(0)  # [1, Hkv, K, D]
+        v = F.embedding(slots, vflat).view(-1, hkv, d).transpose(0, 1).unsqueeze(0)
         o = F.scaled_dot_product_attention(q[r0:r1].transpose(0, 1).unsqueeze(0), k, v,
                                            attn_mask=mask, scale=scale, enable_gqa=True)
         out[r0:r1] = o[0].transpose(0, 1)
     d0, d1 = decode_rows
     if d1 > d0:
         b, width = view.decode_slots.shape
-        hkv, d = k_pool.shape[1], k_pool.shape[2]
-        flat = view.decode_slots.reshape(-1)
-        k = k_pool.index_select(0, flat).view(b, width, hkv, d).transpose(1, 2)
-        v = v_pool.index_select(0, flat).view(b, width, hkv, d).transpose(1, 2)
+        k = F.embedding(view.decode_slots, kflat).view(b, width, hkv, d).transpose(1, 2)
+        v = F.embedding(view.decode_slots, vflat).view(b, width, hkv, d).transpose(1, 2)
         o = F.scaled_dot_product_attention(q[d0:d1].unsqueeze(2), k, v, attn_mask=view.decode_mask,
                                            scale=scale, enable_gqa=True)
         out[d0:d1] = o.squeeze(2)

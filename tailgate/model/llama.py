@@ -11,7 +11,7 @@ from .spec import ModelSpec
 
 
 def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Tensor:
-    """Run every row of the step; return fp32 logits for `ctx.sample_rows` only."""
+    """Run every row of the step; return logits (runtime dtype) for `ctx.sample_rows` only."""
     h = w["embed"][ctx.tokens]
     cos, sin = rope_tables(ctx.positions, spec.head_dim, spec.rope_theta, h.dtype)
     T, hq, hkv, d = h.shape[0], spec.n_heads, spec.n_kv_heads, spec.head_dim
@@ -19,12 +19,12 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
         p = f"layers.{i}."
         fam, k_pool, v_pool = kv.layer(i)
         x = rms_norm(h, w[p + "attn_norm"], spec.eps)
-        q, k, v = (x @ w[p + "qkv"]).split([hq * d, hkv * d, hkv * d], dim=-1)
+        q, k, v = F.linear(x, w[p + "qkv"]).split([hq * d, hkv * d, hkv * d], dim=-1)
         q, k = apply_rope(q.view(T, hq, d), cos, sin), apply_rope(k.view(T, hkv, d), cos, sin)
         a = paged_attention(q, k, v.view(T, hkv, d), k_pool, v_pool, ctx.families[fam], ctx.decode_rows, spec.scale)
-        h = h + a.reshape(T, hq * d) @ w[p + "o"]
+        h = h + F.linear(a.reshape(T, hq * d), w[p + "o"])
         x = rms_norm(h, w[p + "ffn_norm"], spec.eps)
-        gate, up = (x @ w[p + "gate_up"]).chunk(2, dim=-1)
-        h = h + (F.silu(gate) * up) @ w[p + "down"]
+        gate, up = F.linear(x, w[p + "gate_up"]).chunk(2, dim=-1)
+        h = h + F.linear(F.silu(gate) * up, w[p + "down"])
     h = rms_norm(h[ctx.sample_rows], w["final_norm"], spec.eps)
-    return (h @ w["head"]).float()
+    return F.linear(h, w["head"])

@@ -38,7 +38,7 @@ def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
 
 
 def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, dtype, device) -> dict[str, torch.Tensor]:
-    """Fuse q/k/v and gate/up into one matmul each, lay matrices out as [in, out], cast.
+    """Fuse q/k/v and gate/up into one matmul each, keep matrices [out, in] for F.linear, cast.
 
     Norm weights stay fp32: the norms run in fp32 (as HF's do) and cast back afterwards.
     """
@@ -46,15 +46,15 @@ def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, dtype, device
     cast = lambda t: t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
     for i in range(spec.n_layers):
         p = f"layers.{i}."
-        w[p + "qkv"] = cast(torch.cat([raw[p + "q"], raw[p + "k"], raw[p + "v"]], 0).t())
-        w[p + "o"] = cast(raw[p + "o"].t())
-        w[p + "gate_up"] = cast(torch.cat([raw[p + "gate"], raw[p + "up"]], 0).t())
-        w[p + "down"] = cast(raw[p + "down"].t())
+        w[p + "qkv"] = cast(torch.cat([raw[p + "q"], raw[p + "k"], raw[p + "v"]], 0))
+        w[p + "o"] = cast(raw[p + "o"])
+        w[p + "gate_up"] = cast(torch.cat([raw[p + "gate"], raw[p + "up"]], 0))
+        w[p + "down"] = cast(raw[p + "down"])
         for n in ("attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm"):
             if p + n in raw:
                 w[p + n] = raw[p + n].to(device=device, dtype=torch.float32)
     w["embed"] = cast(raw["embed"])
-    w["head"] = cast(raw["lm_head"].t()) if "lm_head" in raw else w["embed"].t()
+    w["head"] = cast(raw["lm_head"]) if "lm_head" in raw else w["embed"]
     w["final_norm"] = raw["final_norm"].to(device=device, dtype=torch.float32)
     return w
 
@@ -75,7 +75,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def step(self, segments: list[Segment]) -> torch.Tensor:
-        """One forward pass over all segments; fp32 logits [sampled segments, vocab] in plan order."""
+        """One forward pass over all segments; logits [sampled rows, vocab] in plan order.
+
+        Logits stay in the runtime dtype: widening 64 x 262k rows to fp32 costs ~19 ms a step;
+        greedy argmax is the same either way and the sampler widens only the rows it needs."""
         for s in segments:
             if not s.tokens:
                 raise ValueError("empty segment")

@@ -53,7 +53,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
     out = logits.argmax(-1).tolist()
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
-        x = filter_logits(logits[rows], [params[i] for i in rows])
+        x = filter_logits(logits[rows].float(), [params[i] for i in rows])
         probs = x.softmax(-1).cpu()
         for j, i in enumerate(rows):
             out[i] = int(torch.multinomial(probs[j], 1, generator=generators[i]).item())

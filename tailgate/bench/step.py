@@ -1,0 +1,108 @@
+"""`tailgate bench step`: step latency of decode batches and prefill segments, as a fraction of
+this machine's bf16 matmul peak measured in the same run."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..engine.pages import KVBook, SeqPages, pool_pages
+from ..engine.plan import Segment
+from ..model.runner import ModelRunner
+from ..model.spec import ModelSpec
+
+
+def matmul_peak(dtype, m=1024, k=2048, n=2048, reps=20) -> float:
+    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * m * k * n / best
+
+
+def layer_matmul_params(spec: ModelSpec) -> int:
+    d, h = spec.head_dim, spec.hidden
+    per_layer = h * (spec.n_heads + 2 * spec.n_kv_heads) * d + spec.n_heads * d * h + 3 * h * spec.ffn
+    return spec.n_layers * per_layer
+
+
+def step_flops(spec: ModelSpec, rows: int, sampled: int, attn_pairs: int) -> float:
+    """Matmul FLOPs of one step: projections and MLP per row, the head per sampled row, and
+    q·k + p·v per (query, key) pair per layer and head."""
+    return (2 * layer_matmul_params(spec) * rows + 2 * spec.hidden * spec.vocab_size * sampled
+            + 4 * attn_pairs * spec.n_heads * spec.head_dim)
+
+
+def _time(fn, reps):
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def run(model: str = "gemma3-270m", dtype: str = "auto", decode_batches=(1, 4, 16, 64),
+        prefill_rows=(64, 256, 512, 1024), context: int = 256, reps: int = 5, loaded=None) -> list[dict]:
+    from ..model.weights import load_model
+
+    m = loaded or load_model(model)
+    spec = m.spec
+    max_b = max(decode_batches)
+    pages = pool_pages(max(max(prefill_rows), context + 2), max_b, spec.sliding_window, transient_prompts=2)
+    runner = ModelRunner(spec, m.weights, pages, dtype=dtype, device="cpu")
+    book = KVBook(pages["global"], pages.get("local"), spec.sliding_window)
+    peak = matmul_peak(runner.dtype)
+    print(f"matmul peak ({runner.dtype}, 1024x2048x2048): {peak / 1e9:.0f} GFLOP/s; threads={torch.get_num_threads()}")
+    rows_out = []
+    window = spec.sliding_window or 10 ** 9
+    n_sl = sum(spec.layer_sliding)
+    n_gl = spec.n_layers - n_sl
+
+    def report(kind, n, secs, flops, extra=""):
+        frac = flops / secs / peak
+        rows_out.append({"kind": kind, "n": n, "ms": secs * 1e3, "gflops": flops / secs / 1e9, "peak_frac": frac})
+        print(f"{kind:8s} {n:5d}  {secs * 1e3:8.1f} ms  {flops / secs / 1e9:7.1f} GFLOP/s  {100 * frac:5.1f}% of peak {extra}")
+
+    # Decode: B sequences, each with `context` tokens of KV, one new token each.
+    seqs = [SeqPages() for _ in range(max_b)]
+    for s in seqs:
+        assert book.reserve(s, context + 1)
+        s.frontier = context  # KV contents do not matter for timing
+    for b in decode_batches:
+        segs = [Segment([100], context, s) for s in seqs[:b]]
+        secs = _time(lambda: runner.step(segs), reps)
+        pairs = b * (n_sl * min(context + 1, window) + n_gl * (context + 1)) // spec.n_layers
+        mm = _time(lambda: matmuls_only(runner, b), reps)
+        report("decode", b, secs, step_flops(spec, b, b, pairs), f" matmuls alone {mm * 1e3:.1f} ms ({secs / mm:.2f}x)")
+    for s in seqs:
+        book.free(s)
+    for n in prefill_rows:
+        s = SeqPages()
+        assert book.reserve(s, n)
+        seg = Segment([100 + i % 1000 for i in range(n)], 0, s)
+        secs = _time(lambda: runner.step([seg]), max(2, reps // 2))
+        pairs = (n_sl * sum(min(i + 1, window) for i in range(n)) + n_gl * n * (n + 1) // 2) // spec.n_layers
+        report("prefill", n, secs, step_flops(spec, n, 1, pairs))
+        book.free(s)
+    return rows_out
+
+
+def matmuls_only(runner: ModelRunner, rows: int) -> None:
+    """The step's weight matmuls (every layer, plus the head for every row) with nothing else."""
+    import torch.nn.functional as F
+
+    spec, w = runner.spec, runner.w
+    x = torch.randn(rows, spec.hidden, dtype=runner.dtype)
+    a = torch.randn(rows, spec.n_heads * spec.head_dim, dtype=runner.dtype)
+    m = torch.randn(rows, spec.ffn, dtype=runner.dtype)
+    for i in range(spec.n_layers):
+        p = f"layers.{i}."
+        F.linear(x, w[p + "qkv"]), F.linear(a, w[p + "o"]), F.linear(x, w[p + "gate_up"]), F.linear(m, w[p + "down"])
+    F.linear(x, w["head"])
