@@ -1,28 +1,31 @@
 """Sampling over a batch of rows: greedy, temperature, top-k, top-p, min-p, per-request seeds."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from ..engine.request import SamplingParams
 
-@dataclass
-class SamplingParams:
-    temperature: float = 0.0  # 0 = greedy
-    top_k: int = 0  # 0 or -1 = off
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0 or self.top_k == 1
+__all__ = ["SamplingParams", "apply_penalties", "filter_logits", "make_generator", "sample"]
 
 
 def make_generator(seed: int | None) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(seed if seed is not None else torch.seed())
     return g
+
+
+def apply_penalties(x: torch.Tensor, p: SamplingParams, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """vLLM's semantics: repetition penalty over prompt + output (divide positive logits,
+    multiply negative ones); presence and frequency penalties over the output only."""
+    x = x.clone()
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(prompt) | set(output)), dtype=torch.long)
+        v = x[seen]
+        x[seen] = torch.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
+    if output and (p.presence_penalty or p.frequency_penalty):
+        ids, counts = torch.tensor(output, dtype=torch.long).unique(return_counts=True)
+        x[ids] -= p.frequency_penalty * counts.to(x.dtype) + p.presence_penalty
+    return x
 
 
 def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -1,0 +1,163 @@
+"""The knob table: every serving knob, its grammar, default, range and cross-knob rules.
+
+Each knob is read as the env var TAILGATE_<NAME> or the CLI flag --<name-with-dashes> (the flag
+wins), through an injectable `lookup(name) -> str | None`, so tests never touch os.environ.
+Everything is parsed and cross-checked in `resolve` before any weights load; an unknown value
+refuses to start with a message naming the knob, the value and the accepted grammar.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+OFF_WORDS = ("", "0", "off")
+PREFIX = "TAILGATE_"
+
+
+class KnobError(ValueError):
+    pass
+
+
+def _refuse(name: str, raw: str, grammar: str, why: str = "not recognized") -> KnobError:
+    return KnobError(f"{PREFIX}{name}={raw!r} {why} (accepted: {grammar})")
+
+
+def _int_in(name: str, raw: str, lo: int, hi: int, grammar: str) -> int:
+    v = raw.strip()
+    if not v.isdigit():
+        raise _refuse(name, raw, grammar)
+    n = int(v)
+    if not lo <= n <= hi:
+        raise _refuse(name, raw, grammar, "out of range")
+    return n
+
+
+def parse_admit_coalesce_ms(raw: str | None) -> int | None:
+    """off | N ms with 1 <= N <= 2000. Unset, empty, 0 and off (any case) mean admit on sight."""
+    if raw is None or raw.strip().lower() in OFF_WORDS:
+        return None
+    return _int_in("ADMIT_COALESCE_MS", raw, 1, 2000, "off | N ms, 1 <= N <= 2000")
+
+
+def parse_off_or_int(name: str, raw: str | None, lo: int, hi: int) -> int | None:
+    if raw is None or raw.strip().lower() in OFF_WORDS:
+        return None
+    return _int_in(name, raw, lo, hi, f"off | N, {lo} <= N <= {hi}")
+
+
+def parse_mix_chunk_tokens(raw: str | None, max_context: int) -> int | None:
+    """off | 64 <= N < MAX_CONTEXT; N >= 128 rounds down to a multiple of 128 (whole GEMM tiles)."""
+    if raw is None or raw.strip().lower() in OFF_WORDS:
+        return None
+    n = _int_in("MIX_CHUNK_TOKENS", raw, 64, max_context - 1, f"off | N, 64 <= N < MAX_CONTEXT ({max_context})")
+    return n if n < 128 else n // 128 * 128
+
+
+def parse_async_prefill(raw: str | None) -> str | None:
+    if raw is None or raw.strip().lower() in OFF_WORDS + ("false",):
+        return None
+    v = raw.strip().lower()
+    if v == "shared":
+        return v
+    raise _refuse("ASYNC_PREFILL", raw, "off | 0 | false | shared")
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    default: str
+    grammar: str
+    doc: str
+
+
+KNOBS = (
+    Knob("MAX_CONTEXT", "min(4096, model limit)", "N, 64 <= N <= model's max positions",
+         "serving ceiling: prompt + max_tokens; sizes the global KV pool"),
+    Knob("DECODE_SLOTS", "16", "N, 1 <= N <= 256", "roster size: requests decoding together"),
+    Knob("MIX_GATHER_ROWS", "512", "N, 1 <= N <= MAX_CONTEXT",
+         "followers join a mixed step only while the gathered prompt rows stay within N (the leader is never bounded)"),
+    Knob("MIX_MAX_PROMPTS", "min(4, DECODE_SLOTS)", "N, 1 <= N <= DECODE_SLOTS",
+         "most prompts one mixed step absorbs; also the door's cohort cap"),
+    Knob("MIX_CHUNK_TOKENS", "off", "off | N, 64 <= N < MAX_CONTEXT (>=128 rounds down to x128)",
+         "chunked walk width (grammar parsed; the walk itself is not built yet, so a value refuses)"),
+    Knob("ASYNC_PREFILL", "off", "off | 0 | false | shared",
+         "side-lane prefill (grammar parsed; not built yet, so `shared` refuses); refuses with the door"),
+    Knob("PREFIX_CACHE", "off", "off | K, 1 <= K <= 1024",
+         "prefix-cache entries (grammar parsed; not built yet, so a value refuses)"),
+    Knob("ADMIT_COALESCE_MS", "off", "off | N ms, 1 <= N <= 2000",
+         "admission coalesce door: hold arrivals into a deep live batch up to N ms"),
+)
+KNOB_NAMES = tuple(k.name for k in KNOBS)
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    max_context: int | None = None  # None: resolved against the model at load
+    decode_slots: int = 16
+    mix_gather_rows: int = 512
+    mix_max_prompts: int = 4
+    mix_chunk_tokens: int | None = None
+    async_prefill: str | None = None
+    prefix_cache: int | None = None
+    admit_coalesce_ms: int | None = None
+
+    def with_model_limit(self, model_max: int) -> "ServingConfig":
+        """Settle MAX_CONTEXT against the model (after its metadata is read, before weights are cast)."""
+        from dataclasses import replace
+
+        if self.max_context is None:
+            return replace(self, max_context=min(4096, model_max))
+        if self.max_context > model_max:
+            raise KnobError(f"{PREFIX}MAX_CONTEXT={self.max_context} exceeds the model's {model_max} positions "
+                            f"(accepted: N, 64 <= N <= {model_max})")
+        return self
+
+
+def env_lookup(cli: dict[str, str | None] | None = None, environ=None) -> Callable[[str], str | None]:
+    """CLI value first, then TAILGATE_<NAME> from the environment."""
+    environ = os.environ if environ is None else environ
+    cli = cli or {}
+
+    def lookup(name: str) -> str | None:
+        v = cli.get(name)
+        return v if v is not None else environ.get(PREFIX + name)
+
+    return lookup
+
+
+def resolve(lookup: Callable[[str], str | None]) -> ServingConfig:
+    raw = {name: lookup(name) for name in KNOB_NAMES}
+
+    def present(name):
+        v = raw[name]
+        return v is not None and v.strip() != ""
+
+    max_context = _int_in("MAX_CONTEXT", raw["MAX_CONTEXT"], 64, 1 << 20, "N, 64 <= N <= model's max positions") \
+        if present("MAX_CONTEXT") else None
+    slots = _int_in("DECODE_SLOTS", raw["DECODE_SLOTS"], 1, 256, "N, 1 <= N <= 256") if present("DECODE_SLOTS") else 16
+    ceiling = max_context or 1 << 20
+    gather = _int_in("MIX_GATHER_ROWS", raw["MIX_GATHER_ROWS"], 1, ceiling, f"N, 1 <= N <= MAX_CONTEXT") \
+        if present("MIX_GATHER_ROWS") else 512
+    prompts = _int_in("MIX_MAX_PROMPTS", raw["MIX_MAX_PROMPTS"], 1, slots, f"N, 1 <= N <= DECODE_SLOTS ({slots})") \
+        if present("MIX_MAX_PROMPTS") else min(4, slots)
+    chunk = parse_mix_chunk_tokens(raw["MIX_CHUNK_TOKENS"], max_context or 4096)
+    lane = parse_async_prefill(raw["ASYNC_PREFILL"])
+    cache = parse_off_or_int("PREFIX_CACHE", raw["PREFIX_CACHE"], 1, 1024)
+    door = parse_admit_coalesce_ms(raw["ADMIT_COALESCE_MS"])
+    # Cross-knob rules, in one place.
+    if door is not None and lane is not None:
+        raise KnobError(f"{PREFIX}ADMIT_COALESCE_MS={raw['ADMIT_COALESCE_MS']!r} refuses with "
+                        f"{PREFIX}ASYNC_PREFILL={raw['ASYNC_PREFILL']!r}: the lane flies one prefill at a time, "
+                        "so the door could only delay it")
+    for name, value in (("MIX_CHUNK_TOKENS", chunk), ("ASYNC_PREFILL", lane), ("PREFIX_CACHE", cache)):
+        if value is not None:
+            raise KnobError(f"{PREFIX}{name}={raw[name]!r}: this build does not have that feature yet (accepted now: off)")
+    return ServingConfig(max_context, slots, gather, prompts, chunk, lane, cache, door)
+
+
+def knob_table_markdown() -> str:
+    rows = ["| env var / flag | default | grammar | what it does |", "|---|---|---|---|"]
+    for k in KNOBS:
+        rows.append(f"| `{PREFIX}{k.name}` / `--{k.name.lower().replace('_', '-')}` | {k.default} | {k.grammar} | {k.doc} |")
+    return "\n".join(rows)

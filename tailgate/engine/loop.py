@@ -1,0 +1,74 @@
+"""The engine loop: one thread owns the scheduler (and through it the model).
+
+Submissions and aborts arrive from other threads through a locked inbox; an idle engine sleeps
+on a condition variable until a submission arrives (no spinning).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from .request import Event, Request
+from .scheduler import Scheduler
+
+
+class Engine:
+    def __init__(self, scheduler: Scheduler, clock=time.monotonic):
+        self.scheduler = scheduler
+        self.clock = clock
+        self._cv = threading.Condition()
+        self._inbox: list[Request] = []
+        self._running = False
+        self._thread: threading.Thread | None = None
+        self.observers: list[Callable[[list[Event]], None]] = []  # called with each step's events
+        self.error: BaseException | None = None
+
+    def start(self) -> "Engine":
+        self._running = True
+        self._thread = threading.Thread(target=self._loop, name="tailgate-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cv:
+            self._running = False
+            self._cv.notify_all()
+        if self._thread:
+            self._thread.join(timeout)
+
+    def submit(self, req: Request) -> None:
+        req.arrival = req.arrival or self.clock()
+        with self._cv:
+            self._inbox.append(req)
+            self._cv.notify()
+
+    def abort(self, req: Request) -> None:
+        """Mark a request cancelled; the engine retires it (and frees its pages) on its next turn."""
+        req.cancelled = True
+        with self._cv:
+            self._cv.notify()
+
+    @property
+    def waiting(self) -> int:
+        with self._cv:
+            return len(self._inbox) + len(self.scheduler.queue)
+
+    def _loop(self) -> None:
+        sched = self.scheduler
+        try:
+            while True:
+                with self._cv:
+                    while self._running and not self._inbox and not sched.has_work():
+                        self._cv.wait()
+                    if not self._running:
+                        return
+                    inbox, self._inbox = self._inbox, []
+                for req in inbox:
+                    sched.submit(req)
+                events = sched.step(self.clock())
+                for obs in self.observers:
+                    obs(events)
+        except BaseException as e:  # fatal: fail every open request so no client hangs
+            self.error = e
+            raise

@@ -1,0 +1,39 @@
+"""Engine metrics as plain numbers; the server renders them for Prometheus."""
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from dataclasses import dataclass, field
+
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                   20.0, 40.0, 80.0)
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+@dataclass
+class Histogram:
+    buckets: tuple = LATENCY_BUCKETS
+    counts: list = field(default_factory=list)
+    total: float = 0.0
+    n: int = 0
+
+    def __post_init__(self):
+        self.counts = [0] * (len(self.buckets) + 1)
+
+    def observe(self, v: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, v)] += 1
+        self.total += v
+        self.n += 1
+
+
+@dataclass
+class EngineMetrics:
+    door_releases: Counter = field(default_factory=Counter)  # reason -> count
+    door_hold: Histogram = field(default_factory=Histogram)
+    prefill_rows: Histogram = field(default_factory=lambda: Histogram(ROW_BUCKETS))
+    decode_rows: Histogram = field(default_factory=lambda: Histogram(ROW_BUCKETS))
+    steps: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished: Counter = field(default_factory=Counter)  # reason -> count
+    preemptions: int = 0

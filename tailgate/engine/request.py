@@ -1,0 +1,92 @@
+"""Requests and the events the engine emits about them (plain data, no torch)."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+_ids = itertools.count()
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 or -1 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0 or self.top_k == 1
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    max_tokens: int
+    params: SamplingParams = field(default_factory=SamplingParams)
+    eos_ids: frozenset = frozenset()
+    stop_token_ids: frozenset = frozenset()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logprobs: int | None = None  # None: no logprobs; k >= 0: the sampled token's plus top k
+    id: str = field(default_factory=lambda: f"req-{next(_ids)}")
+    arrival: float = 0.0
+    cancelled: bool = False
+    sink: object = None  # callable(event) set by whoever submitted it
+    held_at: float | None = None  # set while the door holds it
+
+
+@dataclass
+class Event:
+    request_id: str
+    at: float  # engine clock
+
+
+@dataclass
+class Scheduled(Event):
+    queued_at: float = 0.0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass
+class Token(Event):
+    token: int = 0
+    logprob: float | None = None
+    top_logprobs: list | None = None  # [(token, logprob)] when asked
+
+
+@dataclass
+class Finished(Event):
+    reason: str = "stop"  # stop | length | abort | error
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    message: str = ""
+
+
+@dataclass
+class Rejected(Event):
+    reason: str = ""
+
+
+@dataclass
+class RowSample:
+    """What the executor needs to sample one row: the request's knobs and its history."""
+
+    request_id: str
+    params: SamplingParams
+    suppress: tuple[int, ...] = ()  # ids masked to -inf (EOS before min_tokens)
+    logprobs: int | None = None
+    prompt: list[int] | None = None  # passed only when a penalty needs the history
+    output: list[int] | None = None
+
+
+@dataclass
+class Sampled:
+    token: int
+    logprob: float | None = None
+    top_logprobs: list | None = None

@@ -1,0 +1,251 @@
+"""The scheduler: queue, roster, intake turn with mixed admission and gather, decode rounds.
+
+Plain Python, no torch. It decides who runs and with which pages, hands each step to an
+executor (the model runner + sampler, or a fake in tests) and turns sampled tokens into events.
+`now` is always a parameter, so the door and every timing rule are tested without sleeping.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..config import ServingConfig
+from .door import CoalesceDoor
+from .metrics import EngineMetrics
+from .pages import KVBook, SeqPages, pages_for
+from .plan import Segment
+from .request import Event, Finished, Rejected, Request, RowSample, Sampled, Scheduled, Token
+
+
+class Executor(Protocol):
+    def run(self, segments: list[Segment], rows: list[RowSample]) -> list[Sampled]: ...
+
+    def release(self, request_id: str) -> None: ...
+
+
+@dataclass
+class Active:
+    req: Request
+    pages: SeqPages
+    queued_at: float
+    scheduled_at: float
+    output: list[int] = field(default_factory=list)
+
+    @property
+    def last(self) -> int:
+        return self.output[-1]
+
+
+class Scheduler:
+    def __init__(self, executor: Executor, book: KVBook, config: ServingConfig, vocab_size: int, clock=time.monotonic):
+        if config.max_context is None:
+            raise ValueError("ServingConfig.max_context must be settled against the model first")
+        self.executor = executor
+        self.book = book
+        self.cfg = config
+        self.slots = config.decode_slots
+        self.vocab_size = vocab_size
+        self.clock = clock
+        self.queue: deque[Request] = deque()
+        self.roster: list[Active] = []
+        self.door = CoalesceDoor(config.admit_coalesce_ms / 1000.0, config.mix_max_prompts) \
+            if config.admit_coalesce_ms else None
+        self.metrics = EngineMetrics()
+        self._events: list[tuple[Request, Event]] = []
+
+    # ---- intake -------------------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        if not req.arrival:
+            req.arrival = self.clock()
+        self.queue.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.queue or self.roster)
+
+    @property
+    def held(self) -> int:
+        return sum(1 for r in self.queue if r.held_at is not None)
+
+    def step(self, now: float | None = None) -> list[Event]:
+        """One engine iteration: an intake turn (door permitting), then one decode round."""
+        now = self.clock() if now is None else now
+        self._retire_cancelled()
+        self.intake_turn(now)
+        if self.roster:
+            self._decode_round()
+        self.metrics.steps += 1
+        out, self._events = self._events, []
+        for req, ev in out:
+            if req.sink is not None:
+                req.sink(ev)
+        return [ev for _, ev in out]
+
+    def intake_turn(self, now: float) -> bool:
+        """Admit from the queue head; returns whether the door was open."""
+        if self.door is not None:
+            opened, reason = self.door.decide(len(self.queue), len(self.roster), self.slots, now)
+            if not opened:
+                for r in self.queue:
+                    if r.held_at is None:
+                        r.held_at = now
+                return False
+            if reason is not None:
+                self.metrics.door_releases[reason] += 1
+            for r in self.queue:
+                if r.held_at is not None:
+                    self.metrics.door_hold.observe(now - r.held_at)
+                    r.held_at = None
+        attempts = 0
+        # Every popped request spends the turn's budget (cancelled and invalid ones too), so a
+        # backlog of dead submissions cannot stall the live streams for an unbounded time.
+        while self.queue and attempts < self.slots and len(self.roster) < self.slots:
+            leader = self.queue.popleft()
+            attempts += 1
+            if not self._admissible(leader):
+                continue
+            live = bool(self.roster)
+            if live:
+                self._ready_decode_rows()
+                live = bool(self.roster)
+            pages = SeqPages()
+            if not self.book.reserve(pages, len(leader.prompt)):
+                if live:
+                    self.queue.appendleft(leader)  # someone live will free pages: wait at the head
+                    break
+                self._reject(leader, f"the prompt needs {pages_for(len(leader.prompt))} KV pages per pool, more "
+                                     "than the pools hold with nothing running")
+                continue
+            newcomers = [(leader, pages)]
+            if live:
+                attempts = self._gather(newcomers, attempts)
+            for req, _ in newcomers:
+                self._emit(req, Scheduled(req.id, self.clock(), queued_at=req.arrival, prompt_tokens=len(req.prompt)))
+            self._run(newcomers, self.roster if live else [])
+        return True
+
+    def _gather(self, newcomers: list, attempts: int) -> int:
+        """Coincident prompts join the leader's mixed step while every rule holds."""
+        rows = len(newcomers[0][0].prompt)  # the leader is never bounded
+        while (self.queue and len(newcomers) < self.cfg.mix_max_prompts and rows < self.cfg.mix_gather_rows
+               and len(newcomers) + len(self.roster) < self.slots and attempts < self.slots):
+            f = self.queue.popleft()
+            attempts += 1
+            if not self._admissible(f):
+                continue
+            pages = SeqPages()
+            if rows + len(f.prompt) > self.cfg.mix_gather_rows or not self.book.reserve(pages, len(f.prompt)):
+                self.queue.appendleft(f)
+                break
+            rows += len(f.prompt)
+            newcomers.append((f, pages))
+        return attempts
+
+    def _admissible(self, req: Request) -> bool:
+        """Cancelled requests retire; invalid ones are rejected (fail closed)."""
+        if req.cancelled:
+            self._emit(req, Finished(req.id, self.clock(), reason="abort", prompt_tokens=len(req.prompt)))
+            return False
+        why = self._invalid(req)
+        if why:
+            self._reject(req, why)
+            return False
+        return True
+
+    def _invalid(self, req: Request) -> str | None:
+        if not req.prompt:
+            return "empty prompts are not served"
+        if req.max_tokens < 1:
+            return f"max_tokens must be at least 1, got {req.max_tokens}"
+        total = len(req.prompt) + req.max_tokens
+        if total > self.cfg.max_context:
+            return (f"maximum context length is {self.cfg.max_context} tokens, but the prompt contains "
+                    f"{len(req.prompt)} tokens and max_tokens is {req.max_tokens}")
+        bad = next((t for t in req.prompt if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            return f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})"
+        return None
+
+    # ---- steps --------------------------------------------------------------------------
+    def _ready_decode_rows(self) -> None:
+        """Give every live row a page for its next token; a row whose pools cannot grow fails."""
+        for a in list(self.roster):
+            if not self.book.reserve(a.pages, a.pages.frontier + 1):
+                self._finish(a, "error", "KV pools exhausted")
+
+    def _decode_round(self) -> None:
+        self._ready_decode_rows()
+        if self.roster:
+            self._run([], self.roster)
+
+    def _run(self, newcomers: list[tuple[Request, SeqPages]], rows: list[Active]) -> None:
+        """One forward pass: newcomers' prompts first, then every live row's next token."""
+        rows = list(rows)
+        segs = [Segment(r.prompt, 0, p) for r, p in newcomers] + [Segment([a.last], a.pages.frontier, a.pages) for a in rows]
+        samples = [self._row_sample(r, []) for r, _ in newcomers] + [self._row_sample(a.req, a.output) for a in rows]
+        m = self.metrics
+        m.prefill_rows.observe(sum(len(r.prompt) for r, _ in newcomers)) if newcomers else None
+        m.decode_rows.observe(len(rows)) if rows else None
+        try:
+            outs = self.executor.run(segs, samples)
+        except Exception as e:  # a failed step fails everyone in it, loudly, and nothing else
+            msg = f"step failed: {e}"
+            for r, p in newcomers:
+                self.book.free(p)
+                self._emit(r, Finished(r.id, self.clock(), reason="error", prompt_tokens=len(r.prompt), message=msg))
+            for a in rows:
+                self._finish(a, "error", msg)
+            return
+        now = self.clock()
+        for (r, p), out in zip(newcomers, outs):
+            self.book.advance(p, len(r.prompt))
+            m.prompt_tokens += len(r.prompt)
+            a = Active(r, p, queued_at=r.arrival, scheduled_at=now)
+            if self._settle(a, out):
+                self.roster.append(a)
+        for a, out in zip(rows, outs[len(newcomers):]):
+            self.book.advance(a.pages, 1)
+            self._settle(a, out)
+
+    def _row_sample(self, req: Request, output: list[int]) -> RowSample:
+        p = req.params
+        suppress = ()
+        if len(output) < req.min_tokens:
+            suppress = tuple(req.stop_token_ids) + (() if req.ignore_eos else tuple(req.eos_ids))
+        penal = p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
+        return RowSample(req.id, p, suppress, req.logprobs, req.prompt if penal else None, output if penal else None)
+
+    def _settle(self, a: Active, out: Sampled) -> bool:
+        """Apply one sampled token; returns whether the request is still live."""
+        req, t = a.req, out.token
+        if (t in req.eos_ids and not req.ignore_eos) or t in req.stop_token_ids:
+            self._finish(a, "stop")  # the stop token itself is not emitted
+            return False
+        a.output.append(t)
+        self.metrics.generation_tokens += 1
+        self._emit(req, Token(req.id, self.clock(), token=t, logprob=out.logprob, top_logprobs=out.top_logprobs))
+        if len(a.output) >= req.max_tokens:
+            self._finish(a, "length")
+            return False
+        return True
+
+    def _finish(self, a: Active, reason: str, message: str = "") -> None:
+        if a in self.roster:
+            self.roster.remove(a)
+        self.book.free(a.pages)
+        self.executor.release(a.req.id)
+        self.metrics.finished[reason] += 1
+        self._emit(a.req, Finished(a.req.id, self.clock(), reason=reason, prompt_tokens=len(a.req.prompt),
+                                   completion_tokens=len(a.output), message=message))
+
+    def _retire_cancelled(self) -> None:
+        for a in [a for a in self.roster if a.req.cancelled]:
+            self._finish(a, "abort")  # pages return at once
+
+    def _reject(self, req: Request, why: str) -> None:
+        self.metrics.finished["rejected"] += 1
+        self._emit(req, Rejected(req.id, self.clock(), reason=why))
+
+    def _emit(self, req: Request, ev: Event) -> None:
+        self._events.append((req, ev))

@@ -1,0 +1,56 @@
+"""ModelExecutor: the scheduler's executor backed by the real runner and sampler."""
+from __future__ import annotations
+
+import torch
+
+from ..engine.plan import Segment
+from ..engine.request import RowSample, Sampled
+from .runner import ModelRunner
+from .sampler import apply_penalties, make_generator, sample
+
+
+class ModelExecutor:
+    def __init__(self, runner: ModelRunner):
+        self.runner = runner
+        self._gens: dict[str, torch.Generator] = {}
+
+    def run(self, segments: list[Segment], rows: list[RowSample]) -> list[Sampled]:
+        logits = self.runner.step(segments)
+        params = [r.params for r in rows]
+        edited = {}
+        for i, r in enumerate(rows):
+            if r.suppress or r.prompt is not None:
+                x = logits[i].float()
+                if r.prompt is not None:
+                    x = apply_penalties(x, r.params, r.prompt, r.output or [])
+                if r.suppress:
+                    x[list(r.suppress)] = float("-inf")
+                edited[i] = x
+        if edited:
+            logits = logits.float()
+            for i, x in edited.items():
+                logits[i] = x
+        gens = []
+        for r in rows:
+            if r.params.greedy:
+                gens.append(None)
+                continue
+            if r.request_id not in self._gens:
+                self._gens[r.request_id] = make_generator(r.params.seed)
+            gens.append(self._gens[r.request_id])
+        tokens = sample(logits, params, gens)
+        out = []
+        for i, (r, t) in enumerate(zip(rows, tokens)):
+            if r.logprobs is None:
+                out.append(Sampled(t))
+                continue
+            lp = torch.log_softmax(logits[i].float(), -1)
+            top = None
+            if r.logprobs > 0:
+                v, idx = lp.topk(r.logprobs)
+                top = list(zip(idx.tolist(), v.tolist()))
+            out.append(Sampled(t, float(lp[t]), top))
+        return out
+
+    def release(self, request_id: str) -> None:
+        self._gens.pop(request_id, None)

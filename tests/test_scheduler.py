@@ -1,0 +1,179 @@
+"""Scheduling decisions as plain data: a fake executor records every step plan."""
+from __future__ import annotations
+
+from tailgate.config import ServingConfig
+from tailgate.engine.pages import KVBook
+from tailgate.engine.request import Finished, Rejected, Request, Sampled, Scheduled, Token
+from tailgate.engine.scheduler import Scheduler
+
+VOCAB = 1000
+
+
+class FakeExecutor:
+    """Every row samples token 7; records the (prompt lengths, decode rows) of each step."""
+
+    def __init__(self):
+        self.plans = []
+
+    def run(self, segments, rows):
+        self.plans.append(([len(s.tokens) for s in segments if len(s.tokens) > 1 or s.start == 0],
+                           sum(1 for s in segments if len(s.tokens) == 1 and s.start > 0)))
+        return [Sampled(7) for _ in segments]
+
+    def release(self, request_id):
+        pass
+
+
+def make(slots=4, door_ms=None, max_prompts=4, gather_rows=512, global_pages=None, local_pages=None):
+    cfg = ServingConfig(max_context=256, decode_slots=slots, mix_gather_rows=gather_rows,
+                        mix_max_prompts=max_prompts, admit_coalesce_ms=door_ms)
+    book = KVBook(global_pages or slots * 16 + 1, local_pages, None)
+    ex = FakeExecutor()
+    return Scheduler(ex, book, cfg, VOCAB, clock=lambda: 0.0), ex
+
+
+def req(n=10, max_tokens=50, **kw):
+    return Request(prompt=list(range(1, n + 1)), max_tokens=max_tokens, arrival=1.0, **kw)
+
+
+def scheduled(events):
+    return [e.request_id for e in events if isinstance(e, Scheduled)]
+
+
+def test_an_idle_roster_admits_the_head_alone_then_mixes_the_rest():
+    s, ex = make()
+    a, b, c = req(), req(), req()
+    for r in (a, b, c):
+        s.submit(r)
+    ev = s.step(0.0)
+    assert scheduled(ev) == [a.id, b.id, c.id]  # one intake turn, one step output
+    assert ex.plans[0] == ([10], 0)  # solo prefill
+    assert ex.plans[1] == ([10, 10], 1)  # b and c gathered into one mixed step with a's row
+    assert ex.plans[2] == ([], 3)  # then the decode round
+
+
+def test_gather_respects_max_prompts_and_the_row_budget():
+    s, ex = make(slots=8, max_prompts=2, gather_rows=25)
+    s.submit(req())
+    s.step(0.0)
+    for n in (20, 3, 4, 30):
+        s.submit(req(n))
+    s.step(0.0)
+    # leader 20 + follower 3 (rows 23 <= 25, max_prompts 2); then leader 4 (rows 4 + 30 > 25): alone; then 30
+    assert ex.plans[2:5] == [([20, 3], 1), ([4], 3), ([30], 4)]
+
+
+def test_a_long_leader_is_never_bounded_by_the_gather_budget():
+    s, ex = make(gather_rows=8)
+    s.submit(req())
+    s.step(0.0)
+    s.submit(req(100))
+    s.step(0.0)
+    assert ex.plans[2] == ([100], 1)
+
+
+def test_the_roster_edge_holds_arrivals_without_scheduling_them():
+    s, ex = make(slots=2)
+    a, b, c = req(max_tokens=6), req(max_tokens=50), req()
+    for r in (a, b):
+        s.submit(r)
+    s.step(0.0)  # a: 3 tokens (solo, mixed with b, decode round)
+    s.submit(c)
+    for _ in range(3):  # a reaches 6 tokens in the third round and frees its slot
+        ev = s.step(0.0)
+        assert c.id not in scheduled(ev) and list(s.queue) == [c] and len(s.roster) <= 2
+    assert len(s.roster) == 1
+    assert c.id in scheduled(s.step(0.0))  # the freed slot admits c on the next turn
+
+
+def test_an_intake_turn_spends_at_most_slots_attempts():
+    s, ex = make(slots=2)
+    dead = [req() for _ in range(3)]
+    for r in dead:
+        r.cancelled = True
+        s.submit(r)
+    ok = req()
+    s.submit(ok)
+    ev = s.step(0.0)
+    assert [e.request_id for e in ev if isinstance(e, Finished)] == [dead[0].id, dead[1].id]
+    assert ok.id not in scheduled(ev)
+    ev = s.step(0.0)
+    assert ok.id in scheduled(ev)
+
+
+def test_pages_short_with_a_live_roster_wait_at_the_head_and_never_fit_alone_is_rejected():
+    s, ex = make(slots=4, global_pages=6)  # 5 usable pages = 80 tokens
+    a = req(40, max_tokens=4)
+    s.submit(a)
+    s.step(0.0)
+    b = req(60)
+    s.submit(b)
+    s.step(0.0)
+    assert s.queue and s.queue[0] is b  # waits at the head while a is live
+    ev = []
+    for _ in range(3):
+        ev += s.step(0.0)
+    assert b.id in scheduled(ev)
+    huge = req(100, max_tokens=5)
+    s2, _ = make(slots=4, global_pages=6)
+    s2.submit(huge)
+    ev = s2.step(0.0)
+    assert [e.reason for e in ev if isinstance(e, Rejected)][0].startswith("the prompt needs 7 KV pages")
+
+
+def test_invalid_requests_are_rejected_with_a_reason():
+    s, _ = make()
+    bad = [Request(prompt=[], max_tokens=5), Request(prompt=[1], max_tokens=0),
+           Request(prompt=[1] * 250, max_tokens=10), Request(prompt=[5, VOCAB], max_tokens=5)]
+    for r in bad:
+        s.submit(r)
+    ev = s.step(0.0)
+    reasons = [e.reason for e in ev if isinstance(e, Rejected)]
+    assert len(reasons) == 4
+    assert "empty" in reasons[0] and "max_tokens" in reasons[1]
+    assert "maximum context length is 256 tokens" in reasons[2] and "outside the vocabulary" in reasons[3]
+    assert s.book.glob.used == 0
+
+
+def test_the_door_holds_a_deep_batch_and_releases_a_full_cohort_together():
+    s, ex = make(slots=4, door_ms=2000)
+    inc = req(max_tokens=200)
+    s.submit(inc)
+    s.step(0.0)
+    x, y = req(), req()
+    s.submit(x)
+    s.submit(y)
+    for t in (0.1, 0.2, 0.3):
+        ev = s.step(t)
+        assert not scheduled(ev) and any(isinstance(e, Token) and e.request_id == inc.id for e in ev)
+    assert s.held == 2
+    z = req()
+    s.submit(z)
+    ev = s.step(0.4)
+    assert scheduled(ev) == [x.id, y.id, z.id]
+    assert s.metrics.door_releases["cohort"] == 1 and s.metrics.door_hold.n == 3 and s.held == 0
+
+
+def test_the_door_releases_an_incomplete_cohort_after_its_window():
+    s, ex = make(slots=4, door_ms=20)
+    s.submit(req(max_tokens=200))
+    s.step(0.0)
+    x, y = req(), req()
+    s.submit(x)
+    s.submit(y)
+    assert not scheduled(s.step(1.0))
+    assert not scheduled(s.step(1.019))
+    assert scheduled(s.step(1.020)) == [x.id, y.id]
+    assert s.metrics.door_releases["window"] == 1
+
+
+def test_a_cancelled_live_request_returns_its_pages_at_once():
+    s, _ = make()
+    a = req(max_tokens=100)
+    s.submit(a)
+    s.step(0.0)
+    assert s.book.glob.used > 0
+    a.cancelled = True
+    ev = s.step(0.0)
+    assert [e.reason for e in ev if isinstance(e, Finished)] == ["abort"]
+    assert s.book.glob.used == 0 and not s.roster
