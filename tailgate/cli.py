@@ -65,9 +65,23 @@ def cmd_bench_step(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from .config import KNOB_NAMES, env_lookup
+    from .server.main import serve
+
+    lookup = env_lookup({name: getattr(args, "knob_" + name) for name in KNOB_NAMES})
+    return serve(args, lookup)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="tailgate", description="LLM serving engine that protects the decode tail")
     sub = parser.add_subparsers(dest="cmd", required=True)
+    from .server.main import add_serve_args
+
+    sv = sub.add_parser("serve", help="serve the OpenAI-compatible API")
+    _add_model_args(sv)
+    add_serve_args(sv)
+    sv.set_defaults(fn=cmd_serve)
     g = sub.add_parser("generate", help="one-shot generation from a prompt")
     g.add_argument("prompt")
     _add_model_args(g)
@@ -85,7 +99,13 @@ def main(argv=None) -> int:
     b.add_argument("--reps", type=int, default=5)
     b.set_defaults(fn=cmd_bench_step)
     args = parser.parse_args(argv)
-    return args.fn(args)
+    from .config import KnobError
+
+    try:
+        return args.fn(args)
+    except (KnobError, FileNotFoundError) as e:
+        print(f"tailgate: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

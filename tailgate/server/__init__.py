@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP server: validation, chat templates, SSE, metrics. Never touches pages."""

@@ -1,0 +1,69 @@
+"""`tailgate serve`: knobs first, then the HTTP server, then the model (health says 503 meanwhile)."""
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+
+from ..config import resolve
+from ..model.weights import resolve_model_path, served_name
+from .app import ServerState, create_app
+
+
+def serve(args, lookup) -> int:
+    import uvicorn
+
+    cfg = resolve(lookup)  # refuses bad knobs before anything loads (KnobError -> exit 2 in cli)
+    resolve_model_path(args.model)  # a missing model file fails now, not after the server is up
+    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    state = ServerState(served_name=args.served_model_name or served_name(args.model), api_key=args.api_key,
+                        max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens)
+    app = create_app(state)
+
+    def load():
+        try:
+            import torch
+
+            from ..assemble import build_engine
+
+            if args.threads:
+                torch.set_num_threads(args.threads)
+            engine, model, settled = build_engine(args.model, cfg, dtype=args.dtype, device=args.device)
+            state.model, state.cfg = model, settled
+            engine.start()
+            state.engine = engine
+            logging.getLogger("tailgate").info("serving %s on http://%s:%d (max_context=%d, slots=%d, door=%s)",
+                                               state.served_name, args.host, args.port, settled.max_context,
+                                               settled.decode_slots, settled.admit_coalesce_ms or "off")
+        except Exception as e:  # health reports it; the process stays up to say why
+            state.load_error = f"model failed to load: {e}"
+            logging.getLogger("tailgate").exception("model failed to load")
+
+    threading.Thread(target=load, name="tailgate-load", daemon=True).start()
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=args.drain_timeout, access_log=False)
+    uvicorn.Server(config).run()
+    if state.engine is not None:
+        state.engine.stop()
+    return 0
+
+
+def add_serve_args(p) -> None:
+    from ..config import KNOBS
+
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on every /v1 route")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--max-queued-requests", type=int, default=256, help="429 beyond this many waiting requests")
+    p.add_argument("--max-queued-tokens", type=int, default=1 << 20, help="429 beyond this many waiting prompt tokens")
+    p.add_argument("--drain-timeout", type=int, default=30, help="seconds SIGTERM waits for in-flight requests")
+    p.add_argument("--log-level", default="info")
+    for k in KNOBS:
+        p.add_argument("--" + k.name.lower().replace("_", "-"), dest="knob_" + k.name, default=None,
+                       help=f"{k.doc} [{k.grammar}; default {k.default}; env TAILGATE_{k.name}]")
+
+
+if __name__ == "__main__":
+    sys.exit("use `tailgate serve`")

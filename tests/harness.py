@@ -1,0 +1,78 @@
+"""A live engine on the real model, with a step collector (shared by the engine-level gates)."""
+from __future__ import annotations
+
+import threading
+import time
+
+from tailgate.assemble import build_engine
+from tailgate.config import resolve
+from tailgate.engine.request import Finished, Rejected, Request, Scheduled, Token
+
+
+def ids(n: int, salt: int = 0) -> list[int]:
+    """Deterministic prompts of exact length (ids well inside every vocabulary)."""
+    return [2] + [1000 + (i * 37 + salt) % 20000 for i in range(n - 1)]
+
+
+class Harness:
+    def __init__(self, loaded, dtype="bf16", **knobs):
+        knobs.setdefault("MAX_CONTEXT", "1024")
+        cfg = resolve(lambda name: knobs.get(name))
+        self.engine, self.model, self.cfg = build_engine("", cfg, dtype=dtype, device="cpu", loaded=loaded)
+        self.sched = self.engine.scheduler
+        self.lock = threading.Lock()
+        self.steps: list[list] = []
+        self.events: dict[str, list] = {}
+        self.engine.observers.append(self._on_step)
+        self.engine.start()
+
+    def _on_step(self, events):
+        with self.lock:
+            if events:
+                self.steps.append(events)
+
+    def _sink(self, rid):
+        def sink(ev):
+            with self.lock:
+                self.events.setdefault(rid, []).append(ev)
+        return sink
+
+    def submit(self, prompt, max_tokens=8, **kw) -> Request:
+        r = Request(prompt=list(prompt), max_tokens=max_tokens, **kw)
+        r.sink = self._sink(r.id)
+        self.engine.submit(r)
+        return r
+
+    def of(self, r, kind):
+        with self.lock:
+            return [e for e in self.events.get(r.id, []) if isinstance(e, kind)]
+
+    def tokens(self, r) -> list[int]:
+        return [e.token for e in self.of(r, Token)]
+
+    def done(self, r) -> bool:
+        return bool(self.of(r, Finished) or self.of(r, Rejected))
+
+    def scheduled_step(self, r) -> int | None:
+        with self.lock:
+            for i, evs in enumerate(self.steps):
+                if any(isinstance(e, Scheduled) and e.request_id == r.id for e in evs):
+                    return i
+        return None
+
+    def wait(self, pred, timeout=60.0) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if pred():
+                return True
+            if self.engine.error:
+                raise self.engine.error
+            time.sleep(0.002)
+        return pred()
+
+    def close(self):
+        """Stop, then check every KV page went back to its pool."""
+        self.wait(lambda: not self.sched.has_work(), 120)
+        self.engine.stop()
+        book = self.sched.book
+        assert book.glob.used == 0 and (book.local is None or book.local.used == 0), "KV pages leaked"

@@ -1,0 +1,150 @@
+"""Engine-level gates: a live engine thread on the real Gemma 3 270M."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tailgate.engine.request import Finished, Rejected, Scheduled
+from tailgate.model import serial
+from harness import Harness, ids
+
+
+@pytest.fixture(scope="module")
+def gemma(loaded):
+    return loaded("gemma3-270m")
+
+
+def test_the_coalesce_door_releases_one_admission_burst(gemma):
+    h = Harness(gemma, DECODE_SLOTS="4", ADMIT_COALESCE_MS="2000")
+    try:
+        inc = h.submit(ids(40), max_tokens=400)
+        assert h.wait(lambda: len(h.tokens(inc)) >= 2)
+        x, y = h.submit(ids(40, 1), max_tokens=4), h.submit(ids(40, 2), max_tokens=4)
+        before = len(h.tokens(inc))
+        time.sleep(0.5)
+        # Deep: (1 + 2) * 2 >= 4; cohort min(4, 3) = 3 > 2 pending: both held, the stream flows.
+        assert len(h.tokens(inc)) > before
+        assert not h.of(x, Scheduled) and not h.of(y, Scheduled)
+        assert h.sched.held == 2
+        z = h.submit(ids(40, 3), max_tokens=4)
+        assert h.wait(lambda: all(h.of(r, Scheduled) for r in (x, y, z)))
+        steps = {h.scheduled_step(r) for r in (x, y, z)}
+        assert len(steps) == 1, "the cohort split across steps"
+        assert all(len(h.of(r, Scheduled)) == 1 for r in (x, y, z))
+        assert h.wait(lambda: all(h.done(r) for r in (x, y, z)))
+        assert all(len(h.tokens(r)) == 4 for r in (x, y, z))
+        assert h.sched.metrics.door_releases["cohort"] == 1
+        h.engine.abort(inc)
+    finally:
+        h.close()
+
+
+def test_a_short_window_releases_an_incomplete_cohort(gemma):
+    h = Harness(gemma, DECODE_SLOTS="4", ADMIT_COALESCE_MS="20")
+    try:
+        inc = h.submit(ids(40), max_tokens=400)
+        assert h.wait(lambda: len(h.tokens(inc)) >= 2)
+        x, y = h.submit(ids(40, 1), max_tokens=3), h.submit(ids(40, 2), max_tokens=3)
+        assert h.wait(lambda: h.of(x, Scheduled) and h.of(y, Scheduled))
+        assert h.scheduled_step(x) == h.scheduled_step(y)
+        sx = h.of(x, Scheduled)[0]
+        assert sx.at - sx.queued_at >= 0.020  # released no earlier than the window
+        assert h.sched.metrics.door_releases["window"] >= 1
+        h.engine.abort(inc)
+    finally:
+        h.close()
+
+
+def test_the_slots_hold_at_the_roster_edge(gemma):
+    h = Harness(gemma, DECODE_SLOTS="2")
+    try:
+        a = h.submit(ids(20), max_tokens=30)
+        b = h.submit(ids(20, 1), max_tokens=400)
+        assert h.wait(lambda: len(h.tokens(a)) >= 1 and len(h.tokens(b)) >= 1)
+        c = h.submit(ids(20, 2), max_tokens=5)
+        assert h.wait(lambda: h.engine.waiting == 1 and len(h.sched.roster) == 2)
+        time.sleep(0.3)
+        assert not h.of(c, Scheduled) or h.done(a)  # held while both slots are taken
+        assert h.wait(lambda: h.done(a))
+        assert h.wait(lambda: h.done(c))
+        assert len(h.tokens(a)) == 30 and len(h.tokens(c)) == 5
+        assert h.of(c, Scheduled)[0].at >= h.of(a, Finished)[0].at
+        h.engine.abort(b)
+    finally:
+        h.close()
+
+
+def test_an_idle_refill_matches_a_fresh_engine(gemma):
+    prompts = [ids(30, s) for s in range(3)]
+
+    def episode(h):
+        rs = [h.submit(p, max_tokens=12) for p in prompts]
+        assert h.wait(lambda: all(h.done(r) for r in rs))
+        return [h.tokens(r) for r in rs]
+
+    h = Harness(gemma)
+    try:
+        first = episode(h)
+        assert h.wait(lambda: not h.sched.has_work())
+        second = episode(h)  # the roster drained: a new episode starts from an idle engine
+    finally:
+        h.close()
+    fresh = Harness(gemma)
+    try:
+        assert episode(fresh) == second == first
+    finally:
+        fresh.close()
+
+
+def test_the_gathered_lifecycle_completes(gemma):
+    h = Harness(gemma, DECODE_SLOTS="4")
+    try:
+        inc = h.submit(ids(20), max_tokens=400)
+        assert h.wait(lambda: len(h.tokens(inc)) >= 1)
+        # Hold the engine's intake briefly so all four land in one queue together.
+        with h.engine._cv:
+            dead = h.submit(ids(20, 1), max_tokens=4)
+            h.engine.abort(dead)
+            empty = h.submit([], max_tokens=4)
+            bad = h.submit(ids(20, 2) + [10 ** 7], max_tokens=4)
+            ok = h.submit(ids(20, 3), max_tokens=4)
+        assert h.wait(lambda: h.done(ok))
+        assert h.of(dead, Finished)[0].reason == "abort"
+        assert "empty" in h.of(empty, Rejected)[0].reason
+        assert "outside the vocabulary" in h.of(bad, Rejected)[0].reason
+        assert len(h.tokens(ok)) == 4 and h.of(ok, Finished)[0].reason == "length"
+        h.engine.abort(inc)
+    finally:
+        h.close()
+
+
+def test_gathered_output_is_token_exact_vs_serial(gemma, rig):
+    r = rig("gemma3-270m", "fp32")
+    prompts = [ids(24, s) for s in range(4)]
+    want = [serial.generate(r.runner, r.book, p, 10) for p in prompts]
+    h = Harness(gemma, dtype="fp32", DECODE_SLOTS="8")
+    try:
+        with h.engine._cv:  # four coincident arrivals: one solo, then three gathered in one mixed step
+            rs = [h.submit(p, max_tokens=10) for p in prompts]
+        assert h.wait(lambda: all(h.done(x) for x in rs))
+        assert h.scheduled_step(rs[1]) == h.scheduled_step(rs[3])
+        assert [h.tokens(x) for x in rs] == want
+    finally:
+        h.close()
+
+
+@pytest.mark.parametrize("env", [{"TAILGATE_ADMIT_COALESCE_MS": "5000"}, {"TAILGATE_DECODE_SLOTS": "0"},
+                                 {"TAILGATE_ADMIT_COALESCE_MS": "300", "TAILGATE_ASYNC_PREFILL": "shared"}])
+def test_bad_knobs_refuse_before_any_weights_load(env, tmp_path):
+    # A model path that does not exist: if knobs were checked after loading, the error would be about it.
+    env = {**os.environ, **env, "TAILGATE_CACHE_DIR": str(tmp_path)}
+    p = subprocess.run([sys.executable, "-m", "tailgate.cli", "serve", "--model", str(tmp_path / "missing.gguf")],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    name = [k for k in env if k.startswith("TAILGATE_") and k != "TAILGATE_CACHE_DIR"][0]
+    assert name in p.stderr and "missing.gguf" not in p.stderr
+    assert not any(tmp_path.iterdir())
