@@ -218,7 +218,7 @@ def create_app(state: ServerState) -> Starlette:
 
     def check_model(name: str | None) -> None:
         if name is not None and name not in (state.served_name, "default"):
-            raise ApiError(404, f"The model `{name}` does not exist.", "model", code="model_not_found")
+            raise ApiError(400, f"The model `{name}` does not exist.", "model", code="model_not_found")
 
     async def generate(req: HttpRequest, kind: str):
         try:

@@ -1,0 +1,227 @@
+"""Gates against a live `tailgate serve` process on a free port, through the official openai SDK."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from starlette.testclient import TestClient
+
+from tailgate.model import serial
+from tailgate.server.app import ServerState, create_app
+
+MODEL = "gemma3-270m"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = free_port()
+    env = {**os.environ, "TAILGATE_DECODE_SLOTS": "2", "TAILGATE_MAX_CONTEXT": "512"}
+    p = subprocess.Popen([sys.executable, "-m", "tailgate.cli", "serve", "--port", str(port), "--dtype", "bf16",
+                          "--max-queued-requests", "3", "--log-level", "warning"], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    seen = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            code = httpx.get(base + "/health", timeout=2).status_code
+            if not seen or seen[-1] != code:
+                seen.append(code)
+            if code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert p.poll() is None, p.stderr.read()
+        time.sleep(0.05)
+    yield base, seen
+    p.terminate()
+    p.wait(30)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0)
+
+
+def pages_used(base) -> float:
+    for line in httpx.get(base + "/metrics").text.splitlines():
+        if line.startswith("tailgate:kv_pages_used"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no tailgate:kv_pages_used in /metrics")
+
+
+def wait_idle(base, timeout=30):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and pages_used(base) != 0:
+        time.sleep(0.05)
+    return pages_used(base)
+
+
+def test_health_is_503_while_loading_then_200(server):
+    assert server[1][0] == 503 and server[1][-1] == 200
+
+
+def test_completions_chat_and_streaming_with_usage(client):
+    r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0)
+    assert r.choices[0].text.strip() and r.usage.completion_tokens == 8 and r.choices[0].finish_reason == "length"
+    c = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi."}], max_tokens=6)
+    assert c.choices[0].message.role == "assistant" and c.usage.prompt_tokens > 5
+    chunks = list(client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=10, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    assert chunks[-1].usage.completion_tokens == 10 and not chunks[-1].choices
+    assert text == client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=10,
+                                             temperature=0).choices[0].text
+    stream = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                 max_tokens=5, stream=True))
+    assert stream[0].choices[0].delta.role == "assistant" and stream[-1].choices[0].finish_reason == "length"
+
+
+def test_n_logprobs_stop_and_seed(client):
+    r = client.completions.create(model=MODEL, prompt="I like", max_tokens=6, n=2, temperature=1.0, seed=3)
+    assert len(r.choices) == 2 and r.usage.completion_tokens == 12
+    lp = client.completions.create(model=MODEL, prompt="I like", max_tokens=5, temperature=0, logprobs=2)
+    block = lp.choices[0].logprobs
+    assert len(block.token_logprobs) == 5 and all(v <= 0 for v in block.token_logprobs)
+    assert all(len(t) == 2 for t in block.top_logprobs)
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+                                          logprobs=True, top_logprobs=2)
+    assert len(chat.choices[0].logprobs.content) == 3
+    full = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=16,
+                                     temperature=0).choices[0].text
+    stop = full[8:12]
+    cut = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=16, temperature=0,
+                                    stop=[stop])
+    assert cut.choices[0].text == full[:full.index(stop)] and cut.choices[0].finish_reason == "stop"
+    same = [client.completions.create(model=MODEL, prompt="My name is", max_tokens=12, temperature=1.0,
+                                      seed=1234).choices[0].text for _ in range(2)]
+    other = client.completions.create(model=MODEL, prompt="My name is", max_tokens=12, temperature=1.0,
+                                      seed=99).choices[0].text
+    assert same[0] == same[1] and other != same[0]
+
+
+def test_greedy_http_output_equals_the_engine(client, rig):
+    r = rig(MODEL, "bf16")
+    tok = r.model.tokenizer
+    want = serial.generate(r.runner, r.book, tok.encode("The capital of France is"), 12)
+    got = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=12, temperature=0,
+                                    logprobs=0)
+    assert got.choices[0].text == tok.decode(want)
+
+
+def post(base, path, body, raw=False):
+    return httpx.post(base + path, content=body if raw else json.dumps(body),
+                      headers={"content-type": "application/json"}, timeout=30)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"prompt": "hi " * 600, "max_tokens": 4}, "prompt"),
+    ({"prompt": "hi", "max_tokens": -1}, "max_tokens"),
+    ({"prompt": "hi", "top_p": 0}, "top_p"),
+    ({"prompt": "hi", "top_p": 1.5}, "top_p"),
+    ({"prompt": "hi", "model": "gpt-4"}, "model"),
+    ({"prompt": "hi", "temperature": "hot"}, "temperature"),
+    ({"prompt": [5, 10 ** 9]}, "prompt"),
+    ({"prompt": "hi", "logit_bias": {"5": 3}}, "logit_bias"),
+    ({"prompt": 7}, "prompt"),
+])
+def test_bad_requests_get_400_and_lose_nothing_else(server, client, body, param):
+    base = server[0]
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", list(client.completions.create(
+        model=MODEL, prompt="A healthy stream", max_tokens=20, temperature=0, stream=True,
+        stream_options={"include_usage": True}))))
+    t.start()
+    r = post(base, "/v1/completions", body)
+    t.join(60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"] and err["type"] == "BadRequestError"
+    assert out["r"][-1].usage.completion_tokens == 20
+    if param == "prompt" and "hi " in str(body.get("prompt")):
+        assert "maximum context length is 512 tokens" in err["message"]
+
+
+def test_malformed_json_is_a_400(server):
+    r = post(server[0], "/v1/chat/completions", b"{not json", raw=True)
+    assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"]
+
+
+def test_a_disconnect_mid_stream_returns_pages_and_spares_the_others(server, client):
+    base = server[0]
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", client.completions.create(
+        model=MODEL, prompt="Other stream", max_tokens=40, temperature=0)))
+    t.start()
+    with httpx.stream("POST", base + "/v1/completions", json={"prompt": "Tell me a story", "max_tokens": 400,
+                                                             "stream": True}, timeout=30) as s:
+        for i, _ in enumerate(s.iter_lines()):
+            if i > 6:
+                break  # hang up mid-stream
+    t.join(120)
+    assert out["r"].usage.completion_tokens == 40
+    assert wait_idle(base) == 0
+
+
+def test_a_full_queue_answers_429_with_retry_after(server):
+    base = server[0]
+    results = []
+
+    def fire():
+        results.append(post(base, "/v1/completions", {"prompt": "x", "max_tokens": 60, "ignore_eos": True}))
+
+    threads = [threading.Thread(target=fire) for _ in range(8)]  # 2 slots + 3 waiting < 8
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    codes = sorted(r.status_code for r in results)
+    assert 429 in codes and 200 in codes
+    r429 = next(r for r in results if r.status_code == 429)
+    assert r429.headers["retry-after"] == "1" and r429.json()["error"]["type"] == "RateLimitError"
+    assert wait_idle(base) == 0
+
+
+def test_a_vllm_bench_serve_body_is_accepted(server):
+    body = {"model": MODEL, "prompt": "hello hello hello", "temperature": 0.0, "repetition_penalty": 1.0,
+            "max_tokens": 16, "max_completion_tokens": 16, "logprobs": None, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    r = post(server[0], "/v1/completions", body)
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    assert r.status_code == 200 and events[-1]["usage"]["completion_tokens"] == 16
+    assert r.text.rstrip().endswith("data: [DONE]")
+
+
+def test_metrics_show_vllm_families(server):
+    text = httpx.get(server[0] + "/metrics").text
+    for fam in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_count",
+                "vllm:e2e_request_latency_seconds_sum", "vllm:request_queue_time_seconds_count",
+                "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
+                "tailgate:door_held_requests", "tailgate:step_decode_rows_count"):
+        assert fam in text, fam
+    assert 'model_name="gemma3-270m"' in text
+
+
+def test_the_api_key_is_checked_before_anything_else():
+    app = create_app(ServerState(served_name="m", api_key="sekrit"))
+    c = TestClient(app)
+    r = c.post("/v1/completions", json={"prompt": "x"})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    r = c.post("/v1/completions", json={"prompt": "x"}, headers={"Authorization": "Bearer sekrit"})
+    assert r.status_code == 503  # right key; the model is not loaded in this app
+    assert c.get("/health").status_code == 503
