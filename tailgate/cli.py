@@ -73,6 +73,25 @@ def cmd_serve(args) -> int:
     return serve(args, lookup)
 
 
+def cmd_bench_engine(args) -> int:
+    import json
+
+    import torch
+
+    from .bench import engine_load
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    doors = tuple(args.doors.split(","))
+    res = engine_load.run(args.model, doors, tuple(int(c) for c in args.concurrency.split(",")), args.rounds,
+                          args.input_len, args.output_len, args.dtype, args.slots, not args.no_bursty)
+    print(engine_load.table(res, doors))
+    if args.save:
+        with open(args.save, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="tailgate", description="LLM serving engine that protects the decode tail")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -98,6 +117,32 @@ def main(argv=None) -> int:
     b.add_argument("--context", type=int, default=256, help="KV tokens per decode row")
     b.add_argument("--reps", type=int, default=5)
     b.set_defaults(fn=cmd_bench_step)
+    e = bench.add_parser("engine", help="in-process load generator: door off vs on, alternating rounds")
+    _add_model_args(e)
+    e.add_argument("--doors", default="off,300", help="comma-separated ADMIT_COALESCE_MS values, one arm each")
+    e.add_argument("--concurrency", default="4,8,16")
+    e.add_argument("--rounds", type=int, default=2)
+    e.add_argument("--input-len", type=int, default=256)
+    e.add_argument("--output-len", type=int, default=64)
+    e.add_argument("--slots", type=int, default=16)
+    e.add_argument("--no-bursty", action="store_true")
+    e.add_argument("--save", default=None, help="write the raw per-round results as JSON")
+    e.set_defaults(fn=cmd_bench_engine)
+    from .bench import serve as bench_serve
+
+    bs = bench.add_parser("serve", help="serving benchmark against any OpenAI-compatible server")
+    bench_serve.add_args(bs)
+    bs.set_defaults(fn=bench_serve.main)
+    from .bench import ab as bench_ab
+
+    ba = bench.add_parser("ab", help="alternating A/B rounds of whole server configurations")
+    bench_ab.add_args(ba)
+    ba.set_defaults(fn=bench_ab.main)
+    from .bench import plot as bench_plot
+
+    bp = bench.add_parser("plot", help="ITL/TTFT CDFs and a token timeline from --save-detailed results")
+    bench_plot.add_args(bp)
+    bp.set_defaults(fn=bench_plot.main)
     args = parser.parse_args(argv)
     from .config import KnobError
 

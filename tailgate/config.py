@@ -159,5 +159,7 @@ def resolve(lookup: Callable[[str], str | None]) -> ServingConfig:
 def knob_table_markdown() -> str:
     rows = ["| env var / flag | default | grammar | what it does |", "|---|---|---|---|"]
     for k in KNOBS:
-        rows.append(f"| `{PREFIX}{k.name}` / `--{k.name.lower().replace('_', '-')}` | {k.default} | {k.grammar} | {k.doc} |")
+        esc = lambda t: t.replace("|", "\\|")  # noqa: E731
+        rows.append(f"| `{PREFIX}{k.name}` / `--{k.name.lower().replace('_', '-')}` | {esc(k.default)} | "
+                    f"{esc(k.grammar)} | {esc(k.doc)} |")
     return "\n".join(rows)

@@ -119,6 +119,19 @@ def _load_gguf(path: Path, log) -> LoadedModel:
     return LoadedModel(spec, weights, Tokenizer(str(cdir / "tokenizer.json"), tok_meta), path)
 
 
+def load_tokenizer(model: str) -> Tokenizer:
+    """The tokenizer alone (bench clients): from the conversion cache, an HF directory, or a fresh
+    conversion of a GGUF file's metadata."""
+    path = resolve_model_path(model)
+    if path.is_dir():
+        spec = hf_loader.read_spec(path)
+        return Tokenizer(str(path / "tokenizer.json"), hf_loader.read_tokenizer_meta(path, spec))
+    cdir = cache_root() / f"{_file_hash(path)[:24]}-v{CACHE_VERSION}"
+    if not (cdir / "meta.json").exists():
+        return load_model(model).tokenizer
+    return Tokenizer(str(cdir / "tokenizer.json"), json.loads((cdir / "meta.json").read_text())["tokenizer"])
+
+
 def load_model(model: str, log=lambda m: print(m, file=sys.stderr)) -> LoadedModel:
     path = resolve_model_path(model)
     if path.is_file():

@@ -262,23 +262,37 @@ def create_app(state: ServerState) -> Starlette:
             elif gen.g.echo:
                 for c in gen.choices:
                     yield sse(gen.chunk(c, gen.g.prompt_texts[c.index // gen.g.n], [], None))
-            finished = set()
             while gen.live():
-                idx, ev = await gen.queue.get()
-                c = gen.choices[idx]
-                seen = len(c.logprobs)
-                try:
-                    text = gen.handle(idx, ev)
-                except ApiError as e:
-                    yield sse(e.body())
-                    gen.abort_all()
+                batch = [await gen.queue.get()]
+                while not gen.queue.empty():  # events of one engine step arrive together
+                    batch.append(gen.queue.get_nowait())
+                out, failed = [], None
+                for idx, ev in batch:
+                    c = gen.choices[idx]
+                    if c.finish is not None:
+                        continue
+                    seen = len(c.logprobs)
+                    try:
+                        text = gen.handle(idx, ev)
+                    except ApiError as e:
+                        failed = e
+                        break
+                    items = c.logprobs[seen:]
+                    if text or items:
+                        out.append(gen.chunk(c, text or "", items, None))
+                    if c.finish is not None:
+                        # The finish reason rides the choice's last chunk when it has one in this
+                        # batch (as vLLM's does), so clients do not see an extra empty "token".
+                        last = next((o for o in reversed(out) if o["choices"][0]["index"] == idx), None)
+                        if last is not None:
+                            last["choices"][0]["finish_reason"] = c.finish
+                        else:
+                            out.append(gen.chunk(c, "", [], c.finish))
+                for o in out:
+                    yield sse(o)
+                if failed is not None:
+                    yield sse(failed.body())
                     break
-                items = c.logprobs[seen:]
-                if text or items:
-                    yield sse(gen.chunk(c, text or "", items, None))
-                if c.finish is not None and idx not in finished:
-                    finished.add(idx)
-                    yield sse(gen.chunk(c, "", [], c.finish))
             if gen.g.include_usage:
                 yield sse({"id": gen.id, "object": "chat.completion.chunk" if gen.g.kind == "chat" else
                            "text_completion", "created": gen.created, "model": state.served_name, "choices": [],

@@ -1,0 +1,154 @@
+"""`tailgate bench ab`: alternating A/B rounds of whole server configurations.
+
+Each round starts every arm's server itself on a free port, waits for health, sends one warm-up
+burst, runs the same workload, stops the server and cools down; the boot order rotates across
+rounds so neither arm always runs on a warmer (or more tired) machine. A round with failures or
+short outputs is refused, not averaged in.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import time
+
+import httpx
+
+from .serve import Sample, checks, compute_metrics, random_dataset, run_load
+
+METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd: str, port: int, log_path: str) -> subprocess.Popen:
+    log = open(log_path, "w")
+    return subprocess.Popen(cmd.format(port=port), shell=True, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def stop(p: subprocess.Popen, timeout: float = 60) -> None:
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def wait_healthy(base: str, p: subprocess.Popen, timeout: float) -> str:
+    """Wait for /health 200, then return the served model name from /v1/models."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if p.poll() is not None:
+            raise RuntimeError(f"server exited with {p.returncode} before it was healthy")
+        try:
+            if httpx.get(base + "/health", timeout=2).status_code == 200:
+                return httpx.get(base + "/v1/models", timeout=5).json()["data"][0]["id"]
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"server not healthy after {timeout:.0f}s")
+
+
+def run(arms: list[tuple[str, str]], tok, workload: dict, rounds: int, cool_s: float, log_dir: str,
+        health_timeout: float = 900, emit=print) -> dict:
+    samples = random_dataset(tok, workload["num_prompts"], workload["input_len"], workload["output_len"],
+                             seed=workload.get("seed", 0))
+    warm = [Sample(s.prompt, s.prompt_len, 8) for s in samples[:4]]
+    out = {name: [] for name, _ in arms}
+    refused = []
+    os.makedirs(log_dir, exist_ok=True)
+    for rnd in range(rounds):
+        k = rnd % len(arms)
+        order = arms[k:] + arms[:k]  # rotate the boot order
+        for name, cmd in order:
+            port = free_port()
+            base = f"http://127.0.0.1:{port}"
+            p = start(cmd, port, os.path.join(log_dir, f"{name}-r{rnd}.log"))
+            try:
+                model = wait_healthy(base, p, health_timeout)
+                asyncio.run(run_load(base, "/v1/completions", model, warm, float("inf"), 1.0, None, [], 0.0, True,
+                                     progress=False))
+                res, dur = asyncio.run(run_load(base, "/v1/completions", model, samples, workload["rate"],
+                                                workload.get("burstiness", 1.0), workload["concurrency"], [],
+                                                0.0, True, progress=False, seed=rnd))
+            finally:
+                stop(p)
+            problems = checks(res, True)
+            m = compute_metrics(res, dur)
+            emit(f"round {rnd} {name:>10s}: " + "  ".join(f"{k}={m[k]:.1f}" for k in METRICS)
+                 + (f"  REFUSED: {'; '.join(problems)}" if problems else ""))
+            if problems:
+                refused.append({"round": rnd, "arm": name, "problems": problems})
+            else:
+                out[name].append(m)
+            time.sleep(cool_s)
+    return {"arms": [n for n, _ in arms], "workload": workload, "rounds": out, "refused": refused}
+
+
+def table(result: dict) -> str:
+    names = result["arms"]
+    lines = ["| metric | " + " | ".join(names) + " | " + " | ".join(f"{n} vs {names[0]}" for n in names[1:]) + " |",
+             "|---|" + "---|" * (2 * len(names) - 1)]
+    for k in METRICS:
+        cells, means = [], []
+        for n in names:
+            vals = [m[k] for m in result["rounds"][n]]
+            if not vals:
+                cells.append("n/a")
+                means.append(None)
+                continue
+            mu = statistics.fmean(vals)
+            means.append(mu)
+            cells.append(f"{mu:.1f} [{min(vals):.1f}–{max(vals):.1f}]")
+        rel = [f"{100 * (mu / means[0] - 1):+.1f}%" if mu is not None and means[0] else "n/a" for mu in means[1:]]
+        lines.append(f"| {k} | " + " | ".join(cells) + " | " + " | ".join(rel) + " |")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    from ..model.weights import load_tokenizer
+
+    arms = []
+    for a in args.arm:
+        name, _, cmd = a.partition("=")
+        if not cmd or "{port}" not in cmd:
+            raise SystemExit(f"--arm {a!r}: expected NAME=COMMAND with a {{port}} placeholder")
+        arms.append((name, cmd))
+    workload = {"num_prompts": args.num_prompts, "input_len": args.random_input_len,
+                "output_len": args.random_output_len, "rate": args.request_rate, "burstiness": args.burstiness,
+                "concurrency": args.max_concurrency, "seed": args.seed}
+    res = run(arms, load_tokenizer(args.tokenizer), workload, args.rounds, args.cool, args.log_dir)
+    print(table(res))
+    if args.save_result:
+        with open(args.save_result, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+def add_args(p) -> None:
+    p.add_argument("--arm", action="append", required=True,
+                   help="NAME=COMMAND that serves on {port}, e.g. 'door=TAILGATE_ADMIT_COALESCE_MS=300 "
+                        ".venv/bin/tailgate serve --port {port}'")
+    p.add_argument("--tokenizer", default="gemma3-270m")
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--random-input-len", type=int, default=256)
+    p.add_argument("--random-output-len", type=int, default=64)
+    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--burstiness", type=float, default=1.0)
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--cool", type=float, default=5.0, help="seconds between servers")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-dir", default="results/ab-logs")
+    p.add_argument("--save-result", default=None)

@@ -1,0 +1,328 @@
+"""`tailgate bench serve`: a serving benchmark for any OpenAI-compatible server, timed exactly as
+vLLM's `bench serve` defines TTFT, ITL, TPOT and E2EL, with vLLM's result field names."""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+
+from .stats import summarize
+
+
+@dataclass
+class Sample:
+    prompt: list[int] | str
+    prompt_len: int
+    output_len: int
+    probe: bool = False
+
+
+@dataclass
+class Result:
+    prompt_len: int
+    output_len: int
+    probe: bool
+    send: float = 0.0
+    chunk_times: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    success: bool = False
+    error: str = ""
+    finish_reasons: list = field(default_factory=list)
+    queued: float = 0.0  # client-side wait for a concurrency slot
+
+
+def random_dataset(tok, n, input_len, output_len, range_ratio=0.0, prefix_len=0, seed=0, chat=False) -> list[Sample]:
+    """Random token prompts of exact length (re-encoded and trimmed so the server counts the same);
+    an optional shared prefix. Completions get token ids, chat gets the decoded text."""
+    rng = random.Random(seed)
+    vocab = tok.vocab_size
+    lo_id, hi_id = min(1000, vocab // 4), vocab - 1
+    prefix = [rng.randint(lo_id, hi_id) for _ in range(prefix_len)]
+    out = []
+    for _ in range(n):
+        il = rng.randint(int(input_len * (1 - range_ratio)), int(input_len * (1 + range_ratio))) if range_ratio else input_len
+        ol = rng.randint(max(1, int(output_len * (1 - range_ratio))), int(output_len * (1 + range_ratio))) if range_ratio else output_len
+        body = prefix + [rng.randint(lo_id, hi_id) for _ in range(max(1, il - prefix_len))]
+        text = tok.decode(body, skip_special=True)
+        ids = tok.encode(text)
+        while len(ids) < il:  # re-encoding can merge tokens: top up, then trim to the exact count
+            ids = ids + tok.encode(" " + tok.decode([rng.randint(lo_id, hi_id)]), add_bos=False)
+        ids = ids[:il]
+        out.append(Sample(tok.decode(ids, skip_special=False) if chat else ids, il, ol))
+    return out
+
+
+def file_dataset(path, tok, n, output_len) -> list[Sample]:
+    """JSONL of {"prompt": str} (optionally "output_len"), or a ShareGPT JSON list."""
+    rows = []
+    with open(path) as f:
+        text = f.read()
+    if text.lstrip().startswith("["):
+        for conv in json.loads(text):
+            turns = conv.get("conversations") or []
+            if len(turns) >= 2:
+                rows.append({"prompt": turns[0]["value"], "output_len": len(tok.encode(turns[1]["value"]))})
+    else:
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    out = []
+    for r in rows[:n]:
+        ids = tok.encode(r["prompt"])
+        out.append(Sample(r["prompt"], len(ids), int(r.get("output_len") or output_len)))
+    return out
+
+
+def gamma_offsets(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
+    """Arrival offsets with gamma gaps of shape `burstiness` (1 = Poisson), rescaled so the last
+    arrival lands at n / rate, as vLLM does."""
+    if rate == float("inf"):
+        return [0.0] * n
+    rng = np.random.default_rng(seed)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
+    t = np.cumsum(gaps)
+    t = t * (n / rate) / t[-1]
+    return [float(x) for x in t]
+
+
+async def send_one(client, url, sample: Sample, model, kind, temperature, ignore_eos, headers) -> Result:
+    res = Result(sample.prompt_len, sample.output_len, sample.probe)
+    if kind == "chat":
+        body = {"model": model, "messages": [{"role": "user", "content": sample.prompt}],
+                "max_completion_tokens": sample.output_len}
+    else:
+        body = {"model": model, "prompt": sample.prompt, "max_tokens": sample.output_len}
+    body.update({"temperature": temperature, "stream": True, "stream_options": {"include_usage": True},
+                 "ignore_eos": ignore_eos})
+    res.send = time.perf_counter()
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as r:
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}: {(await r.aread()).decode()[:200]}"
+                return res
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data.strip() == "[DONE]":
+                    break
+                obj = json.loads(data)
+                if "error" in obj:
+                    res.error = str(obj["error"])[:200]
+                    return res
+                now = time.perf_counter()
+                if obj.get("choices"):
+                    ch = obj["choices"][0]
+                    content = ch.get("text") if kind != "chat" else (ch.get("delta") or {}).get("content")
+                    if content:  # a content chunk: TTFT on the first, an ITL gap for each after
+                        res.chunk_times.append(now)
+                    if ch.get("finish_reason"):
+                        res.finish_reasons.append(ch["finish_reason"])
+                if obj.get("usage"):
+                    res.output_tokens = obj["usage"].get("completion_tokens") or 0
+        res.success = bool(res.chunk_times)
+        if not res.success:
+            res.error = "no content chunk"
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        res.error = f"{type(e).__name__}: {e}"
+    return res
+
+
+async def run_load(base_url, endpoint, model, samples, rate, burstiness, concurrency, probes, temperature,
+                   ignore_eos, api_key=None, seed=0, progress=True) -> tuple[list[Result], float]:
+    kind = "chat" if "chat" in endpoint else "completion"
+    url = base_url.rstrip("/") + endpoint
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    sem = asyncio.Semaphore(concurrency) if concurrency else None
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(samples) + len(probes), desc="requests", file=sys.stderr)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(6 * 3600.0), limits=limits) as client:
+        async def go(s: Sample, at: float, t0: float):
+            await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
+            q0 = time.perf_counter()
+            if sem is not None and not s.probe:  # probes bypass the cap: they measure a newcomer's stall
+                async with sem:
+                    r = await send_one(client, url, s, model, kind, temperature, ignore_eos, headers)
+            else:
+                r = await send_one(client, url, s, model, kind, temperature, ignore_eos, headers)
+            r.queued = r.send - q0
+            if bar:
+                bar.update(1)
+            return r
+
+        offsets = gamma_offsets(len(samples), rate, burstiness, seed)
+        t0 = time.perf_counter()
+        tasks = [go(s, at, t0) for s, at in zip(samples, offsets)]
+        tasks += [go(s, at, t0) for s, at in probes]
+        results = await asyncio.gather(*tasks)
+        dur = time.perf_counter() - t0
+    if bar:
+        bar.close()
+    return list(results), dur
+
+
+def compute_metrics(results: list[Result], duration: float, percentiles=(50, 90, 99), goodput=None) -> dict:
+    ok = [r for r in results if r.success and not r.probe]
+    ttft, itl, tpot, e2el = [], [], [], []
+    for r in ok:
+        t = r.chunk_times
+        ttft.append(t[0] - r.send)
+        itl += [b - a for a, b in zip(t, t[1:])]
+        e2el.append(t[-1] - r.send)
+        n = r.output_tokens or len(t)
+        if n > 1:
+            tpot.append((t[-1] - t[0]) / (n - 1))
+    out_tokens = sum(r.output_tokens or len(r.chunk_times) for r in ok)
+    in_tokens = sum(r.prompt_len for r in ok)
+    m = {"duration": duration, "completed": len(ok), "failed": sum(1 for r in results if not r.success and not r.probe),
+         "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
+         "request_throughput": len(ok) / duration, "output_throughput": out_tokens / duration,
+         "total_token_throughput": (in_tokens + out_tokens) / duration}
+    for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2el)):
+        m.update(summarize(name, xs, percentiles))
+    # Peak output tok/s over 1 s buckets, and the most requests in flight at once.
+    times = [t for r in ok for t in r.chunk_times]
+    if times:
+        start = min(r.send for r in ok)
+        buckets = np.bincount([int(t - start) for t in times])
+        m["max_output_tokens_per_s"] = float(buckets.max())
+        edges = sorted([(r.send, 1) for r in ok] + [(r.chunk_times[-1], -1) for r in ok])
+        cur = peak = 0
+        for _, d in edges:
+            cur += d
+            peak = max(peak, cur)
+        m["max_concurrent_requests"] = peak
+    if goodput:
+        good = 0
+        for r in ok:
+            t = r.chunk_times
+            v = {"ttft": (t[0] - r.send) * 1e3, "e2el": (t[-1] - r.send) * 1e3,
+                 "itl": max([b - a for a, b in zip(t, t[1:])] or [0]) * 1e3,
+                 "tpot": ((t[-1] - t[0]) / max(1, (r.output_tokens or len(t)) - 1)) * 1e3}
+            good += all(v[k] <= lim for k, lim in goodput.items())
+        m["request_goodput"] = good / duration
+    probes = [r for r in results if r.probe and r.success]
+    if probes:
+        m["probe_completed"] = len(probes)
+        m.update({f"probe_{k}": v for k, v in summarize("ttft", [r.chunk_times[0] - r.send for r in probes],
+                                                          percentiles).items()})
+    queued = [r.queued for r in results if not r.probe]
+    m["mean_client_queue_ms"] = 1e3 * sum(queued) / max(1, len(queued))
+    return m
+
+
+def checks(results: list[Result], ignore_eos: bool) -> list[str]:
+    """What would make the run untrustworthy: failures, short outputs, error finish reasons."""
+    warn = []
+    failed = [r for r in results if not r.success]
+    if failed:
+        warn.append(f"{len(failed)} requests failed, e.g. {failed[0].error}")
+    if ignore_eos:
+        short = [r for r in results if r.success and r.output_tokens != r.output_len]
+        if short:
+            warn.append(f"{len(short)} requests returned fewer/more tokens than asked with ignore_eos "
+                        f"(e.g. {short[0].output_tokens} of {short[0].output_len})")
+    bad = [r for r in results for f in r.finish_reasons if f not in ("length", "stop")]
+    if bad:
+        warn.append(f"{len(bad)} finish reasons report errors: {bad[0].finish_reasons}")
+    return warn
+
+
+def print_table(m: dict, percentiles=(50, 90, 99)) -> None:
+    print("{s:=^60}".format(s=" Serving Benchmark Result "))
+    for k in ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
+              "output_throughput", "max_output_tokens_per_s", "max_concurrent_requests", "total_token_throughput",
+              "request_goodput", "mean_client_queue_ms"):
+        if k in m:
+            print(f"{k:<40}{m[k]:>16.2f}" if isinstance(m[k], float) else f"{k:<40}{m[k]:>16}")
+    for name in ("ttft", "tpot", "itl", "e2el", "probe_ttft"):
+        keys = [f"mean_{name}_ms", f"median_{name}_ms"] + [f"p{p:g}_{name}_ms" for p in percentiles]
+        keys = [k if not name.startswith("probe") else "probe_" + k.replace("probe_", "") for k in keys]
+        if all(k in m for k in keys):
+            print("{s:-^60}".format(s=name.upper()))
+            for k in keys:
+                print(f"{k:<40}{m[k]:>16.2f}")
+    print("=" * 60)
+
+
+def main(args) -> int:
+    from ..model.weights import load_tokenizer
+
+    tok = load_tokenizer(args.tokenizer)
+    chat = "chat" in args.endpoint
+    n = args.num_prompts
+    if args.dataset_path:
+        samples = file_dataset(args.dataset_path, tok, n, args.random_output_len)
+    else:
+        samples = random_dataset(tok, n, args.random_input_len, args.random_output_len, args.random_range_ratio,
+                                 args.random_prefix_len, args.seed, chat)
+    probes = []
+    if args.probe_request_rate:
+        horizon = n / args.request_rate if args.request_rate != float("inf") else 30.0
+        rng = np.random.default_rng(args.seed + 1)
+        t = 0.0
+        probe_samples = random_dataset(tok, 10000, 32, 16, seed=args.seed + 2, chat=chat)
+        while True:
+            t += rng.exponential(1.0 / args.probe_request_rate)
+            if t > horizon or len(probes) >= len(probe_samples):
+                break
+            s = probe_samples[len(probes)]
+            s.probe = True
+            probes.append((s, t))
+    pct = tuple(float(p) for p in args.metric_percentiles.split(","))
+    goodput = dict((k, float(v)) for k, v in (g.split(":") for g in args.goodput)) if args.goodput else None
+    results, dur = asyncio.run(run_load(args.base_url, args.endpoint, args.model, samples, args.request_rate,
+                                        args.burstiness, args.max_concurrency, probes, args.temperature,
+                                        args.ignore_eos, args.api_key, args.seed))
+    m = compute_metrics(results, dur, pct, goodput)
+    print_table(m, pct)
+    for w in checks(results, args.ignore_eos):
+        print("WARNING:", w, file=sys.stderr)
+    if args.save_result:
+        out = {"date": time.strftime("%Y%m%d-%H%M%S"), "backend": "openai", "model_id": args.model,
+               "num_prompts": n, "request_rate": args.request_rate, "burstiness": args.burstiness,
+               "max_concurrency": args.max_concurrency, **m}
+        if args.save_detailed:
+            ok = [r for r in results if not r.probe]
+            out.update({"input_lens": [r.prompt_len for r in ok], "output_lens": [r.output_tokens for r in ok],
+                        "ttfts": [(r.chunk_times[0] - r.send) if r.chunk_times else None for r in ok],
+                        "itls": [[b - a for a, b in zip(r.chunk_times, r.chunk_times[1:])] for r in ok],
+                        "start_times": [r.send for r in ok], "token_times": [r.chunk_times for r in ok],
+                        "errors": [r.error for r in ok]})
+        with open(args.save_result, "w") as f:
+            json.dump(out, f, indent=1)
+    return 1 if checks(results, args.ignore_eos) and args.strict else 0
+
+
+def add_args(p) -> None:
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--endpoint", default="/v1/completions")
+    p.add_argument("--model", default="gemma3-270m", help="the served model name sent in requests")
+    p.add_argument("--tokenizer", default="gemma3-270m", help="tokenizer to build exact-length prompts with")
+    p.add_argument("--dataset-name", default="random", choices=["random"])
+    p.add_argument("--dataset-path", default=None, help="JSONL of {\"prompt\": ...} or a ShareGPT JSON file")
+    p.add_argument("--num-prompts", type=int, default=100)
+    p.add_argument("--random-input-len", type=int, default=256)
+    p.add_argument("--random-output-len", type=int, default=64)
+    p.add_argument("--random-range-ratio", type=float, default=0.0)
+    p.add_argument("--random-prefix-len", type=int, default=0)
+    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--burstiness", type=float, default=1.0)
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--probe-request-rate", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--metric-percentiles", default="50,90,99")
+    p.add_argument("--goodput", nargs="*", default=None, help="e.g. ttft:500 itl:100")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--save-result", default=None)
+    p.add_argument("--save-detailed", action="store_true")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a trust check fails")

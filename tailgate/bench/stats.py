@@ -1,0 +1,35 @@
+"""Latency statistics with vLLM's definitions (shared by the in-process and HTTP benchmarks)."""
+from __future__ import annotations
+
+import statistics
+
+
+def percentile(xs: list[float], p: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default, as vLLM uses)."""
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    k = (len(s) - 1) * p / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def summarize(name: str, xs: list[float], percentiles=(50, 90, 99)) -> dict:
+    """mean/median/std and each percentile, in ms, under vLLM's field names."""
+    ms = [x * 1000 for x in xs]
+    out = {f"mean_{name}_ms": statistics.fmean(ms) if ms else 0.0,
+           f"median_{name}_ms": statistics.median(ms) if ms else 0.0,
+           f"std_{name}_ms": statistics.pstdev(ms) if len(ms) > 1 else 0.0}
+    for p in percentiles:
+        out[f"p{p:g}_{name}_ms"] = percentile(ms, p)
+    return out
+
+
+def request_metrics(send: float, token_times: list[float]) -> tuple[float, list[float], float | None, float]:
+    """TTFT = first token - send; ITLs = every gap; TPOT = (E2EL - TTFT) / (tokens - 1); E2EL."""
+    ttft = token_times[0] - send
+    itls = [b - a for a, b in zip(token_times, token_times[1:])]
+    e2el = token_times[-1] - send
+    tpot = (e2el - ttft) / (len(token_times) - 1) if len(token_times) > 1 else None
+    return ttft, itls, tpot, e2el
