@@ -133,3 +133,20 @@ def test_a_failing_server_shows_up_as_failures_not_fast_requests():
     m = compute_metrics(res, dur)
     assert m["failed"] == 4 and m["completed"] == 0 and m["mean_ttft_ms"] == 0.0
     assert "HTTP 500" in res[0].error
+
+
+def test_ab_rotates_boot_order_and_refuses_rounds_with_short_output(tmp_path, loaded):
+    import sys
+
+    from tailgate.bench import ab
+
+    fake = f"{sys.executable} {__file__.rsplit('/', 1)[0]}/fake_openai.py --port {{port}}"
+    lines = []
+    w = {"num_prompts": 4, "input_len": 8, "output_len": 4, "rate": float("inf"), "concurrency": 2}
+    res = ab.run([("fast", fake + " --gap-ms 2"), ("short", fake + " --short")], loaded("gemma3-270m").tokenizer,
+                 [w], rounds=2, cool_s=0.0, log_dir=str(tmp_path), health_timeout=60, emit=lines.append)
+    assert [line.split()[3].rstrip(":") for line in lines] == ["fast", "short", "short", "fast"]  # rotated
+    cell = ab.cell_name(w)
+    assert len(res["cells"][cell]["fast"]) == 2 and res["cells"][cell]["short"] == []
+    assert len(res["refused"]) == 2 and "fewer/more tokens" in res["refused"][0]["problems"][0]
+    assert "fast" in ab.table(res)

@@ -60,12 +60,18 @@ def wait_healthy(base: str, p: subprocess.Popen, timeout: float) -> str:
     raise RuntimeError(f"server not healthy after {timeout:.0f}s")
 
 
-def run(arms: list[tuple[str, str]], tok, workload: dict, rounds: int, cool_s: float, log_dir: str,
+def cell_name(w: dict) -> str:
+    rate = "inf" if w["rate"] == float("inf") else f"{w['rate']:g}"
+    return f"c{w['concurrency'] or 'inf'}-r{rate}-b{w.get('burstiness', 1.0):g}-n{w['num_prompts']}"
+
+
+def run(arms: list[tuple[str, str]], tok, workloads: list[dict], rounds: int, cool_s: float, log_dir: str,
         health_timeout: float = 900, emit=print) -> dict:
-    samples = random_dataset(tok, workload["num_prompts"], workload["input_len"], workload["output_len"],
-                             seed=workload.get("seed", 0))
-    warm = [Sample(s.prompt, s.prompt_len, 8) for s in samples[:4]]
-    out = {name: [] for name, _ in arms}
+    """Every round boots each arm once and runs every workload cell on it, in the same order."""
+    data = {cell_name(w): random_dataset(tok, w["num_prompts"], w["input_len"], w["output_len"],
+                                         seed=w.get("seed", 0)) for w in workloads}
+    warm = [Sample(s.prompt, s.prompt_len, 8) for s in next(iter(data.values()))[:4]]
+    out = {cell_name(w): {name: [] for name, _ in arms} for w in workloads}
     refused = []
     os.makedirs(log_dir, exist_ok=True)
     for rnd in range(rounds):
@@ -79,31 +85,36 @@ def run(arms: list[tuple[str, str]], tok, workload: dict, rounds: int, cool_s: f
                 model = wait_healthy(base, p, health_timeout)
                 asyncio.run(run_load(base, "/v1/completions", model, warm, float("inf"), 1.0, None, [], 0.0, True,
                                      progress=False))
-                res, dur = asyncio.run(run_load(base, "/v1/completions", model, samples, workload["rate"],
-                                                workload.get("burstiness", 1.0), workload["concurrency"], [],
-                                                0.0, True, progress=False, seed=rnd))
+                for w in workloads:
+                    cell = cell_name(w)
+                    res, dur = asyncio.run(run_load(base, "/v1/completions", model, data[cell], w["rate"],
+                                                    w.get("burstiness", 1.0), w["concurrency"], [], 0.0, True,
+                                                    progress=False, seed=rnd))
+                    problems = checks(res, True)
+                    m = compute_metrics(res, dur)
+                    emit(f"round {rnd} {cell} {name:>10s}: " + "  ".join(f"{k}={m[k]:.1f}" for k in METRICS)
+                         + (f"  REFUSED: {'; '.join(problems)}" if problems else ""))
+                    if problems:
+                        refused.append({"round": rnd, "cell": cell, "arm": name, "problems": problems})
+                    else:
+                        out[cell][name].append(m)
             finally:
                 stop(p)
-            problems = checks(res, True)
-            m = compute_metrics(res, dur)
-            emit(f"round {rnd} {name:>10s}: " + "  ".join(f"{k}={m[k]:.1f}" for k in METRICS)
-                 + (f"  REFUSED: {'; '.join(problems)}" if problems else ""))
-            if problems:
-                refused.append({"round": rnd, "arm": name, "problems": problems})
-            else:
-                out[name].append(m)
             time.sleep(cool_s)
-    return {"arms": [n for n, _ in arms], "workload": workload, "rounds": out, "refused": refused}
+    return {"arms": [n for n, _ in arms], "workloads": workloads, "cells": out, "refused": refused}
 
 
 def table(result: dict) -> str:
-    names = result["arms"]
+    return "\n\n".join(f"### {cell}\n" + cell_table(result["arms"], arms) for cell, arms in result["cells"].items())
+
+
+def cell_table(names: list[str], rounds: dict) -> str:
     lines = ["| metric | " + " | ".join(names) + " | " + " | ".join(f"{n} vs {names[0]}" for n in names[1:]) + " |",
              "|---|" + "---|" * (2 * len(names) - 1)]
     for k in METRICS:
         cells, means = [], []
         for n in names:
-            vals = [m[k] for m in result["rounds"][n]]
+            vals = [m[k] for m in rounds[n]]
             if not vals:
                 cells.append("n/a")
                 means.append(None)
@@ -125,10 +136,15 @@ def main(args) -> int:
         if not cmd or "{port}" not in cmd:
             raise SystemExit(f"--arm {a!r}: expected NAME=COMMAND with a {{port}} placeholder")
         arms.append((name, cmd))
-    workload = {"num_prompts": args.num_prompts, "input_len": args.random_input_len,
-                "output_len": args.random_output_len, "rate": args.request_rate, "burstiness": args.burstiness,
-                "concurrency": args.max_concurrency, "seed": args.seed}
-    res = run(arms, load_tokenizer(args.tokenizer), workload, args.rounds, args.cool, args.log_dir)
+    workloads = []
+    for c in (args.max_concurrency.split(",") if args.max_concurrency else ["0"]):
+        for r in args.request_rate.split(","):
+            c_int = int(c) or None
+            n = args.num_prompts or (4 * c_int if c_int else 32)  # default: prompts = 4 x C
+            workloads.append({"num_prompts": n, "input_len": args.random_input_len,
+                              "output_len": args.random_output_len, "rate": float(r), "burstiness": args.burstiness,
+                              "concurrency": c_int, "seed": args.seed})
+    res = run(arms, load_tokenizer(args.tokenizer), workloads, args.rounds, args.cool, args.log_dir)
     print(table(res))
     if args.save_result:
         with open(args.save_result, "w") as f:
@@ -141,12 +157,12 @@ def add_args(p) -> None:
                    help="NAME=COMMAND that serves on {port}, e.g. 'door=TAILGATE_ADMIT_COALESCE_MS=300 "
                         ".venv/bin/tailgate serve --port {port}'")
     p.add_argument("--tokenizer", default="gemma3-270m")
-    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--num-prompts", type=int, default=0, help="0: 4 x concurrency (32 for an open loop)")
     p.add_argument("--random-input-len", type=int, default=256)
     p.add_argument("--random-output-len", type=int, default=64)
-    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--request-rate", default="inf", help="comma-separated rates; one cell each")
     p.add_argument("--burstiness", type=float, default=1.0)
-    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--max-concurrency", default=None, help="comma-separated, e.g. 4,8,16; one cell each")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--cool", type=float, default=5.0, help="seconds between servers")
     p.add_argument("--seed", type=int, default=0)

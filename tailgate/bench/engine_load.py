@@ -93,20 +93,22 @@ def closed_loop(engine, c, n_requests, in_len, out_len, seed=0):
     return run.summary(time.monotonic() - t0)
 
 
-def bursty(engine, streams, bursts, burst_size, gap_s, in_len, out_len, seed=0):
-    """`streams` long-lived streams decode while bursts of `burst_size` short requests arrive
-    every `gap_s`; the live streams' ITL is the tail the door exists to protect."""
+def bursty(engine, streams, arrivals, mean_gap_s, in_len, out_len, burstiness=0.5, seed=0):
+    """`streams` long-lived streams decode while `arrivals` short requests come in with gamma gaps
+    of shape `burstiness` (< 1: clumped); the live streams' ITL is the tail the door protects."""
+    from .serve import gamma_offsets
+
     rng = random.Random(seed)
     run = Run(engine)
     t0 = time.monotonic()
     live = [run.submit(prompt_ids(rng, in_len), out_len * 4) for _ in range(streams)]
     for r in live:
         r["live"] = True
-    time.sleep(gap_s)
-    for _ in range(bursts):
-        for _ in range(burst_size):
-            run.submit(prompt_ids(rng, in_len), out_len)
-        time.sleep(gap_s)
+    time.sleep(1.0)
+    start = time.monotonic()
+    for at in gamma_offsets(arrivals, 1.0 / mean_gap_s, burstiness, seed):
+        time.sleep(max(0.0, start + at - time.monotonic()))
+        run.submit(prompt_ids(rng, in_len), out_len)
     run.wait_all()
     wall = time.monotonic() - t0
     out = run.summary(wall)
@@ -135,7 +137,7 @@ def run(model="gemma3-270m", doors=("off", "300"), concurrencies=(4, 8, 16), rou
                     if kind == "closed":
                         res = closed_loop(engine, c, 4 * c, in_len, out_len, seed=rnd)
                     else:
-                        res = bursty(engine, streams=4, bursts=4, burst_size=4, gap_s=1.5, in_len=in_len,
+                        res = bursty(engine, streams=8, arrivals=16, mean_gap_s=0.4, in_len=in_len,
                                      out_len=out_len // 2, seed=rnd)
                     hold = engine.scheduler.metrics.door_hold
                     res["held_mean_ms"] = 1e3 * hold.total / hold.n if hold.n else 0.0

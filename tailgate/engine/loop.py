@@ -71,4 +71,5 @@ class Engine:
                     obs(events)
         except BaseException as e:  # fatal: fail every open request so no client hangs
             self.error = e
+            sched.fail_all(f"engine failed: {e!r}")
             raise

@@ -91,12 +91,12 @@ class Scheduler:
                     if r.held_at is None:
                         r.held_at = now
                 return False
-            if reason is not None:
+            released = [r for r in self.queue if r.held_at is not None]
+            if released and reason is not None:  # count openings that let held arrivals through
                 self.metrics.door_releases[reason] += 1
-            for r in self.queue:
-                if r.held_at is not None:
-                    self.metrics.door_hold.observe(now - r.held_at)
-                    r.held_at = None
+            for r in released:
+                self.metrics.door_hold.observe(now - r.held_at)
+                r.held_at = None
         attempts = 0
         # Every popped request spends the turn's budget (cancelled and invalid ones too), so a
         # backlog of dead submissions cannot stall the live streams for an unbounded time.
@@ -238,6 +238,18 @@ class Scheduler:
         self.metrics.finished[reason] += 1
         self._emit(a.req, Finished(a.req.id, self.clock(), reason=reason, prompt_tokens=len(a.req.prompt),
                                    completion_tokens=len(a.output), message=message))
+
+    def fail_all(self, message: str) -> None:
+        """Fatal path: finish every queued and live request with an error and deliver it."""
+        for a in list(self.roster):
+            self._finish(a, "error", message)
+        while self.queue:
+            r = self.queue.popleft()
+            self._emit(r, Finished(r.id, self.clock(), reason="error", prompt_tokens=len(r.prompt), message=message))
+        out, self._events = self._events, []
+        for req, ev in out:
+            if req.sink is not None:
+                req.sink(ev)
 
     def _retire_cancelled(self) -> None:
         for a in [a for a in self.roster if a.req.cancelled]:
