@@ -18,9 +18,10 @@ import time
 
 import httpx
 
-from .serve import Sample, checks, compute_metrics, random_dataset, run_load
+from .serve import Sample, checks, compute_metrics, probe_schedule, random_dataset, run_load
 
-METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms")
+METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms",
+           "probe_median_ttft_ms", "probe_p99_ttft_ms")
 
 
 def free_port() -> int:
@@ -62,15 +63,21 @@ def wait_healthy(base: str, p: subprocess.Popen, timeout: float) -> str:
 
 def cell_name(w: dict) -> str:
     rate = "inf" if w["rate"] == float("inf") else f"{w['rate']:g}"
-    return f"c{w['concurrency'] or 'inf'}-r{rate}-b{w.get('burstiness', 1.0):g}-n{w['num_prompts']}"
+    probe = f"-p{w['probe_rate']:g}" if w.get("probe_rate") else ""
+    return f"c{w['concurrency'] or 'inf'}-r{rate}-b{w.get('burstiness', 1.0):g}-n{w['num_prompts']}{probe}"
 
 
 def run(arms: list[tuple[str, str]], tok, workloads: list[dict], rounds: int, cool_s: float, log_dir: str,
         health_timeout: float = 900, emit=print) -> dict:
     """Every round boots each arm once and runs every workload cell on it, in the same order."""
+    # Every cell and the warm-up get prompts of their own (distinct seeds): a server with a prefix
+    # cache must not be handed a later cell's prompts warm.
     data = {cell_name(w): random_dataset(tok, w["num_prompts"], w["input_len"], w["output_len"],
-                                         seed=w.get("seed", 0)) for w in workloads}
-    warm = [Sample(s.prompt, s.prompt_len, 8) for s in next(iter(data.values()))[:4]]
+                                         seed=1000 * (i + 1) + w.get("seed", 0)) for i, w in enumerate(workloads)}
+    probes = {cell_name(w): probe_schedule(tok, w.get("probe_rate", 0.0), w["num_prompts"] / w["rate"]
+                                           if w["rate"] != float("inf") else 30.0, 1000 * (i + 1) + w.get("seed", 0))
+              for i, w in enumerate(workloads)}
+    warm = [Sample(s.prompt, s.prompt_len, 8) for s in random_dataset(tok, 4, workloads[0]["input_len"], 8, seed=7)]
     out = {cell_name(w): {name: [] for name, _ in arms} for w in workloads}
     refused = []
     os.makedirs(log_dir, exist_ok=True)
@@ -82,17 +89,22 @@ def run(arms: list[tuple[str, str]], tok, workloads: list[dict], rounds: int, co
             base = f"http://127.0.0.1:{port}"
             p = start(cmd, port, os.path.join(log_dir, f"{name}-r{rnd}.log"))
             try:
-                model = wait_healthy(base, p, health_timeout)
+                try:
+                    model = wait_healthy(base, p, health_timeout)
+                except RuntimeError as e:  # a server that cannot start loses its round, loudly
+                    emit(f"round {rnd} {name:>10s}: REFUSED: {e} (log: {log_dir}/{name}-r{rnd}.log)")
+                    refused.append({"round": rnd, "arm": name, "problems": [str(e)]})
+                    continue
                 asyncio.run(run_load(base, "/v1/completions", model, warm, float("inf"), 1.0, None, [], 0.0, True,
                                      progress=False))
                 for w in workloads:
                     cell = cell_name(w)
                     res, dur = asyncio.run(run_load(base, "/v1/completions", model, data[cell], w["rate"],
-                                                    w.get("burstiness", 1.0), w["concurrency"], [], 0.0, True,
-                                                    progress=False, seed=rnd))
+                                                    w.get("burstiness", 1.0), w["concurrency"], probes[cell], 0.0,
+                                                    True, progress=False, seed=rnd))
                     problems = checks(res, True)
                     m = compute_metrics(res, dur)
-                    emit(f"round {rnd} {cell} {name:>10s}: " + "  ".join(f"{k}={m[k]:.1f}" for k in METRICS)
+                    emit(f"round {rnd} {cell} {name:>10s}: " + "  ".join(f"{k}={m[k]:.1f}" for k in METRICS if k in m)
                          + (f"  REFUSED: {'; '.join(problems)}" if problems else ""))
                     if problems:
                         refused.append({"round": rnd, "cell": cell, "arm": name, "problems": problems})
@@ -114,7 +126,7 @@ def cell_table(names: list[str], rounds: dict) -> str:
     for k in METRICS:
         cells, means = [], []
         for n in names:
-            vals = [m[k] for m in rounds[n]]
+            vals = [m[k] for m in rounds[n] if k in m]
             if not vals:
                 cells.append("n/a")
                 means.append(None)
@@ -143,7 +155,7 @@ def main(args) -> int:
             n = args.num_prompts or (4 * c_int if c_int else 32)  # default: prompts = 4 x C
             workloads.append({"num_prompts": n, "input_len": args.random_input_len,
                               "output_len": args.random_output_len, "rate": float(r), "burstiness": args.burstiness,
-                              "concurrency": c_int, "seed": args.seed})
+                              "concurrency": c_int, "seed": args.seed, "probe_rate": args.probe_request_rate})
     res = run(arms, load_tokenizer(args.tokenizer), workloads, args.rounds, args.cool, args.log_dir)
     print(table(res))
     if args.save_result:
@@ -163,6 +175,7 @@ def add_args(p) -> None:
     p.add_argument("--request-rate", default="inf", help="comma-separated rates; one cell each")
     p.add_argument("--burstiness", type=float, default=1.0)
     p.add_argument("--max-concurrency", default=None, help="comma-separated, e.g. 4,8,16; one cell each")
+    p.add_argument("--probe-request-rate", type=float, default=0.0, help="probes beside the load (see bench serve)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--cool", type=float, default=5.0, help="seconds between servers")
     p.add_argument("--seed", type=int, default=0)

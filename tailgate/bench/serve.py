@@ -252,6 +252,22 @@ def print_table(m: dict, percentiles=(50, 90, 99)) -> None:
     print("=" * 60)
 
 
+def probe_schedule(tok, rate: float, horizon: float, seed: int, chat: bool = False) -> list[tuple[Sample, float]]:
+    """Poisson probes (32 in / 16 out) over [0, horizon): the stall a small newcomer feels."""
+    if not rate:
+        return []
+    rng = np.random.default_rng(seed + 1)
+    times = []
+    t = rng.exponential(1.0 / rate)
+    while t < horizon:
+        times.append(t)
+        t += rng.exponential(1.0 / rate)
+    samples = random_dataset(tok, len(times), 32, 16, seed=seed + 2, chat=chat)
+    for s in samples:
+        s.probe = True
+    return list(zip(samples, times))
+
+
 def main(args) -> int:
     from ..model.weights import load_tokenizer
 
@@ -263,19 +279,8 @@ def main(args) -> int:
     else:
         samples = random_dataset(tok, n, args.random_input_len, args.random_output_len, args.random_range_ratio,
                                  args.random_prefix_len, args.seed, chat)
-    probes = []
-    if args.probe_request_rate:
-        horizon = n / args.request_rate if args.request_rate != float("inf") else 30.0
-        rng = np.random.default_rng(args.seed + 1)
-        t = 0.0
-        probe_samples = random_dataset(tok, 10000, 32, 16, seed=args.seed + 2, chat=chat)
-        while True:
-            t += rng.exponential(1.0 / args.probe_request_rate)
-            if t > horizon or len(probes) >= len(probe_samples):
-                break
-            s = probe_samples[len(probes)]
-            s.probe = True
-            probes.append((s, t))
+    horizon = n / args.request_rate if args.request_rate != float("inf") else 30.0
+    probes = probe_schedule(tok, args.probe_request_rate, horizon, args.seed, chat)
     pct = tuple(float(p) for p in args.metric_percentiles.split(","))
     goodput = dict((k, float(v)) for k, v in (g.split(":") for g in args.goodput)) if args.goodput else None
     results, dur = asyncio.run(run_load(args.base_url, args.endpoint, args.model, samples, args.request_rate,

@@ -96,7 +96,7 @@ def run(model: str = "gemma3-270m", dtype: str = "auto", decode_batches=(1, 4, 1
 
 def matmuls_only(runner: ModelRunner, rows: int) -> None:
     """The step's weight matmuls (every layer, plus the head for every row) with nothing else."""
-    import torch.nn.functional as F
+    from ..model.layers import linear
 
     spec, w = runner.spec, runner.w
     x = torch.randn(rows, spec.hidden, dtype=runner.dtype)
@@ -104,5 +104,5 @@ def matmuls_only(runner: ModelRunner, rows: int) -> None:
     m = torch.randn(rows, spec.ffn, dtype=runner.dtype)
     for i in range(spec.n_layers):
         p = f"layers.{i}."
-        F.linear(x, w[p + "qkv"]), F.linear(a, w[p + "o"]), F.linear(x, w[p + "gate_up"]), F.linear(m, w[p + "down"])
-    F.linear(x, w["head"])
+        linear(x, w[p + "qkv"]), linear(a, w[p + "o"]), linear(x, w[p + "gate_up"]), linear(m, w[p + "down"])
+    linear(x, w["head"])

@@ -19,7 +19,8 @@ class FamilyView:
     """Where this step's keys live for one KV family (global or sliding)."""
 
     write_slots: torch.Tensor  # [T] flat slot (page*16+offset) each new row's K/V goes to
-    prefill: list[tuple[int, int, torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (r0, r1, key slots [K], mask [Tq, K])
+    # (r0, r1, key slots [K], mask [Tq, K]); slots and mask are None for a fresh causal prompt
+    prefill: list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]] = field(default_factory=list)
     decode_slots: torch.Tensor | None = None  # [B, K]
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, K]
 
@@ -64,6 +65,11 @@ def build_context(segments: list[Segment], windows: dict[str, int | None], devic
         view = FamilyView(write_slots=t(write))
         for s in prefill:
             r0, r1 = rows[id(s)]
+            if s.start == 0 and (window is None or len(s.tokens) <= window):
+                # A fresh prompt within the window: its keys are this step's own rows and the
+                # mask is plain causal, so attention skips the gather and the explicit mask.
+                view.prefill.append((r0, r1, None, None))
+                continue
             k0 = _key_start(s.start, window)
             kpos = np.arange(k0, s.end)
             qpos = np.arange(s.start, s.end)

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from .context import StepContext
 from .kv_cache import KVCache
-from .layers import apply_rope, paged_attention, rms_norm, rope_tables
+from .layers import apply_rope, linear, paged_attention, rms_norm, rope_tables
 from .spec import ModelSpec
 
 
@@ -24,20 +24,20 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
         p = f"layers.{i}."
         fam, k_pool, v_pool = kv.layer(i)
         x = rms_norm(h, w[p + "attn_norm"], spec.eps)
-        q, k, v = F.linear(x, w[p + "qkv"]).split([hq * d, hkv * d, hkv * d], dim=-1)
+        q, k, v = linear(x, w[p + "qkv"]).split([hq * d, hkv * d, hkv * d], dim=-1)
         q = rms_norm(q.view(T, hq, d), w[p + "q_norm"], spec.eps)
         k = rms_norm(k.view(T, hkv, d), w[p + "k_norm"], spec.eps)
         cos, sin = ropes[fam]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         a = paged_attention(q, k, v.view(T, hkv, d), k_pool, v_pool, ctx.families[fam], ctx.decode_rows, spec.scale)
-        a = F.linear(a.reshape(T, hq * d), w[p + "o"])
+        a = linear(a.reshape(T, hq * d), w[p + "o"])
         h = h + rms_norm(a, w[p + "post_attn_norm"], spec.eps)
         x = rms_norm(h, w[p + "ffn_norm"], spec.eps)
-        gate, up = F.linear(x, w[p + "gate_up"]).chunk(2, dim=-1)
-        x = F.linear(F.gelu(gate, approximate="tanh") * up, w[p + "down"])
+        gate, up = linear(x, w[p + "gate_up"]).chunk(2, dim=-1)
+        x = linear(F.gelu(gate, approximate="tanh") * up, w[p + "down"])
         h = h + rms_norm(x, w[p + "post_ffn_norm"], spec.eps)
     h = rms_norm(h[ctx.sample_rows], w["final_norm"], spec.eps)
-    logits = F.linear(h, w["head"])
+    logits = linear(h, w["head"])
     if spec.final_softcap:
         logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
     return logits

@@ -7,6 +7,28 @@ import torch.nn.functional as F
 from .context import FamilyView
 
 
+class Packed:
+    """A bf16 weight reordered once into oneDNN's blocked (AMX) layout. Measured on this CPU:
+    25-40 % faster than F.linear, which reorders the plain weight on every call (the tied 262k
+    head: 25 -> 17 ms at 1 row), and bit-identical to it for 1, 16 and 256 rows."""
+
+    __slots__ = ("w", "out_features")
+
+    def __init__(self, w: torch.Tensor):
+        self.w = torch.ops.mkldnn._reorder_linear_weight(w, 16)
+        self.out_features = w.shape[0]
+
+
+def can_pack(dtype, device) -> bool:
+    return device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+
+
+def linear(x: torch.Tensor, w) -> torch.Tensor:
+    if isinstance(w, Packed):
+        return torch.ops.mkldnn._linear_pointwise(x, w.w, None, "none", [], "")
+    return F.linear(x, w)
+
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm in fp32 (as HF does), times the stored multiplier, back to x's dtype."""
     xf = x.float()
@@ -40,10 +62,13 @@ def paged_attention(q, k_new, v_new, k_pool, v_pool, view: FamilyView, decode_ro
     v_pool.index_copy_(0, view.write_slots, v_new)
     out = torch.empty_like(q)
     for r0, r1, slots, mask in view.prefill:
-        k = F.embedding(slots, kflat).view(-1, hkv, d).transpose(0, 1).unsqueeze(0)  # [1, Hkv, K, D]
-        v = F.embedding(slots, vflat).view(-1, hkv, d).transpose(0, 1).unsqueeze(0)
-        o = F.scaled_dot_product_attention(q[r0:r1].transpose(0, 1).unsqueeze(0), k, v,
-                                           attn_mask=mask, scale=scale, enable_gqa=True)
+        if slots is None:  # fresh prompt: attend over its own new rows, causally
+            k, v = k_new[r0:r1].transpose(0, 1).unsqueeze(0), v_new[r0:r1].transpose(0, 1).unsqueeze(0)
+        else:
+            k = F.embedding(slots, kflat).view(-1, hkv, d).transpose(0, 1).unsqueeze(0)  # [1, Hkv, K, D]
+            v = F.embedding(slots, vflat).view(-1, hkv, d).transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(q[r0:r1].transpose(0, 1).unsqueeze(0), k, v, attn_mask=mask,
+                                           is_causal=mask is None, scale=scale, enable_gqa=True)
         out[r0:r1] = o[0].transpose(0, 1)
     d0, d1 = decode_rows
     if d1 > d0:

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from .context import StepContext
 from .kv_cache import KVCache
-from .layers import apply_rope, paged_attention, rms_norm, rope_tables
+from .layers import apply_rope, linear, paged_attention, rms_norm, rope_tables
 from .spec import ModelSpec
 
 
@@ -19,12 +19,12 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
         p = f"layers.{i}."
         fam, k_pool, v_pool = kv.layer(i)
         x = rms_norm(h, w[p + "attn_norm"], spec.eps)
-        q, k, v = F.linear(x, w[p + "qkv"]).split([hq * d, hkv * d, hkv * d], dim=-1)
+        q, k, v = linear(x, w[p + "qkv"]).split([hq * d, hkv * d, hkv * d], dim=-1)
         q, k = apply_rope(q.view(T, hq, d), cos, sin), apply_rope(k.view(T, hkv, d), cos, sin)
         a = paged_attention(q, k, v.view(T, hkv, d), k_pool, v_pool, ctx.families[fam], ctx.decode_rows, spec.scale)
-        h = h + F.linear(a.reshape(T, hq * d), w[p + "o"])
+        h = h + linear(a.reshape(T, hq * d), w[p + "o"])
         x = rms_norm(h, w[p + "ffn_norm"], spec.eps)
-        gate, up = F.linear(x, w[p + "gate_up"]).chunk(2, dim=-1)
-        h = h + F.linear(F.silu(gate) * up, w[p + "down"])
+        gate, up = linear(x, w[p + "gate_up"]).chunk(2, dim=-1)
+        h = h + linear(F.silu(gate) * up, w[p + "down"])
     h = rms_norm(h[ctx.sample_rows], w["final_norm"], spec.eps)
-    return F.linear(h, w["head"])
+    return linear(h, w["head"])

@@ -7,6 +7,7 @@ from ..engine.plan import Segment
 from . import gemma3, llama
 from .context import build_context
 from .kv_cache import KVCache
+from .layers import Packed, can_pack
 from .spec import ModelSpec
 
 _FORWARD = {"gemma3": gemma3.forward, "llama": llama.forward}
@@ -37,10 +38,12 @@ def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
     return table[dtype]
 
 
-def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, dtype, device) -> dict[str, torch.Tensor]:
+def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, dtype, device, pack: bool = True) -> dict:
     """Fuse q/k/v and gate/up into one matmul each, keep matrices [out, in] for F.linear, cast.
 
     Norm weights stay fp32: the norms run in fp32 (as HF's do) and cast back afterwards.
+    bf16 matrices on a CPU are prepacked for oneDNN (`layers.Packed`); fp32 keeps F.linear, the
+    path the exactness gates compare against HF.
     """
     w = {}
     cast = lambda t: t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
@@ -56,6 +59,9 @@ def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, dtype, device
     w["embed"] = cast(raw["embed"])
     w["head"] = cast(raw["lm_head"]) if "lm_head" in raw else w["embed"]
     w["final_norm"] = raw["final_norm"].to(device=device, dtype=torch.float32)
+    if pack and can_pack(dtype, torch.device(device)):
+        for k in [k for k in w if k.endswith(("qkv", ".o", "gate_up", "down")) or k == "head"]:
+            w[k] = Packed(w[k])
     return w
 
 
