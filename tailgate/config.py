@@ -137,7 +137,7 @@ def resolve(lookup: Callable[[str], str | None]) -> ServingConfig:
         if present("MAX_CONTEXT") else None
     slots = _int_in("DECODE_SLOTS", raw["DECODE_SLOTS"], 1, 256, "N, 1 <= N <= 256") if present("DECODE_SLOTS") else 16
     ceiling = max_context or 1 << 20
-    gather = _int_in("MIX_GATHER_ROWS", raw["MIX_GATHER_ROWS"], 1, ceiling, f"N, 1 <= N <= MAX_CONTEXT") \
+    gather = _int_in("MIX_GATHER_ROWS", raw["MIX_GATHER_ROWS"], 1, ceiling, "N, 1 <= N <= MAX_CONTEXT") \
         if present("MIX_GATHER_ROWS") else 512
     prompts = _int_in("MIX_MAX_PROMPTS", raw["MIX_MAX_PROMPTS"], 1, slots, f"N, 1 <= N <= DECODE_SLOTS ({slots})") \
         if present("MIX_MAX_PROMPTS") else min(4, slots)

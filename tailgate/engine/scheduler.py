@@ -185,8 +185,10 @@ class Scheduler:
         segs = [Segment(r.prompt, 0, p) for r, p in newcomers] + [Segment([a.last], a.pages.frontier, a.pages) for a in rows]
         samples = [self._row_sample(r, []) for r, _ in newcomers] + [self._row_sample(a.req, a.output) for a in rows]
         m = self.metrics
-        m.prefill_rows.observe(sum(len(r.prompt) for r, _ in newcomers)) if newcomers else None
-        m.decode_rows.observe(len(rows)) if rows else None
+        if newcomers:
+            m.prefill_rows.observe(sum(len(r.prompt) for r, _ in newcomers))
+        if rows:
+            m.decode_rows.observe(len(rows))
         try:
             outs = self.executor.run(segs, samples)
         except Exception as e:  # a failed step fails everyone in it, loudly, and nothing else
