@@ -75,7 +75,3 @@ LONG_TEXT = (
     "By noon the market had filled with cloth merchants, spice sellers and a man who sold nothing but "
     "keys, hundreds of them, each tagged with the name of a door he swore still existed somewhere. "
 )
-
-
-def text_ids(tok, text):
-    return tok.encode(text)

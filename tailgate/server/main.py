@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 
 from ..config import resolve
@@ -63,7 +62,3 @@ def add_serve_args(p) -> None:
     for k in KNOBS:
         p.add_argument("--" + k.name.lower().replace("_", "-"), dest="knob_" + k.name, default=None,
                        help=f"{k.doc} [{k.grammar}; default {k.default}; env TAILGATE_{k.name}]")
-
-
-if __name__ == "__main__":
-    sys.exit("use `tailgate serve`")
