@@ -53,7 +53,8 @@ class Scheduler:
         self.door = CoalesceDoor(config.admit_coalesce_ms / 1000.0, config.mix_max_prompts) \
             if config.admit_coalesce_ms else None
         self.metrics = EngineMetrics()
-        self._events: list[tuple[Request, Event]] = []
+        self._events: list[tuple[Request, Event]] = []  # not yet delivered
+        self._iteration: list[Event] = []  # everything this iteration emitted (the step output)
 
     # ---- intake -------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -76,11 +77,19 @@ class Scheduler:
         if self.roster:
             self._decode_round()
         self.metrics.steps += 1
+        self._deliver()
+        out, self._iteration = self._iteration, []
+        return out
+
+    def _deliver(self) -> None:
+        """Hand pending events to their sinks now. Called after every model step, not once per
+        iteration: an iteration can run a mixed step and then a decode round, and a stream
+        should see the first token when it exists, not one step later."""
         out, self._events = self._events, []
         for req, ev in out:
+            self._iteration.append(ev)
             if req.sink is not None:
                 req.sink(ev)
-        return [ev for _, ev in out]
 
     def intake_turn(self, now: float) -> bool:
         """Admit from the queue head; returns whether the door was open."""
@@ -209,6 +218,7 @@ class Scheduler:
         for a, out in zip(rows, outs[len(newcomers):]):
             self.book.advance(a.pages, 1)
             self._settle(a, out)
+        self._deliver()
 
     def _row_sample(self, req: Request, output: list[int]) -> RowSample:
         p = req.params
@@ -248,10 +258,7 @@ class Scheduler:
         while self.queue:
             r = self.queue.popleft()
             self._emit(r, Finished(r.id, self.clock(), reason="error", prompt_tokens=len(r.prompt), message=message))
-        out, self._events = self._events, []
-        for req, ev in out:
-            if req.sink is not None:
-                req.sink(ev)
+        self._deliver()
 
     def _retire_cancelled(self) -> None:
         for a in [a for a in self.roster if a.req.cancelled]:
