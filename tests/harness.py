@@ -70,6 +70,12 @@ class Harness:
             time.sleep(0.002)
         return pred()
 
+    def __enter__(self) -> "Harness":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def close(self):
         """Stop, then check every KV page went back to its pool."""
         self.wait(lambda: not self.sched.has_work(), 120)

@@ -19,8 +19,7 @@ def gemma(loaded):
 
 
 def test_the_coalesce_door_releases_one_admission_burst(gemma):
-    h = Harness(gemma, DECODE_SLOTS="4", ADMIT_COALESCE_MS="2000")
-    try:
+    with Harness(gemma, DECODE_SLOTS="4", ADMIT_COALESCE_MS="2000") as h:
         inc = h.submit(ids(40), max_tokens=400)
         assert h.wait(lambda: len(h.tokens(inc)) >= 2)
         x, y = h.submit(ids(40, 1), max_tokens=4), h.submit(ids(40, 2), max_tokens=4)
@@ -39,13 +38,10 @@ def test_the_coalesce_door_releases_one_admission_burst(gemma):
         assert all(len(h.tokens(r)) == 4 for r in (x, y, z))
         assert h.sched.metrics.door_releases["cohort"] == 1
         h.engine.abort(inc)
-    finally:
-        h.close()
 
 
 def test_a_short_window_releases_an_incomplete_cohort(gemma):
-    h = Harness(gemma, DECODE_SLOTS="4", ADMIT_COALESCE_MS="20")
-    try:
+    with Harness(gemma, DECODE_SLOTS="4", ADMIT_COALESCE_MS="20") as h:
         inc = h.submit(ids(40), max_tokens=400)
         assert h.wait(lambda: len(h.tokens(inc)) >= 2)
         x, y = h.submit(ids(40, 1), max_tokens=3), h.submit(ids(40, 2), max_tokens=3)
@@ -55,13 +51,10 @@ def test_a_short_window_releases_an_incomplete_cohort(gemma):
         assert sx.at - sx.queued_at >= 0.020  # released no earlier than the window
         assert h.sched.metrics.door_releases["window"] >= 1
         h.engine.abort(inc)
-    finally:
-        h.close()
 
 
 def test_the_slots_hold_at_the_roster_edge(gemma):
-    h = Harness(gemma, DECODE_SLOTS="2")
-    try:
+    with Harness(gemma, DECODE_SLOTS="2") as h:
         a = h.submit(ids(20), max_tokens=30)
         b = h.submit(ids(20, 1), max_tokens=400)
         assert h.wait(lambda: len(h.tokens(a)) >= 1 and len(h.tokens(b)) >= 1)
@@ -74,8 +67,6 @@ def test_the_slots_hold_at_the_roster_edge(gemma):
         assert len(h.tokens(a)) == 30 and len(h.tokens(c)) == 5
         assert h.of(c, Scheduled)[0].at >= h.of(a, Finished)[0].at
         h.engine.abort(b)
-    finally:
-        h.close()
 
 
 def test_an_idle_refill_matches_a_fresh_engine(gemma):
@@ -86,23 +77,16 @@ def test_an_idle_refill_matches_a_fresh_engine(gemma):
         assert h.wait(lambda: all(h.done(r) for r in rs))
         return [h.tokens(r) for r in rs]
 
-    h = Harness(gemma)
-    try:
+    with Harness(gemma) as h:
         first = episode(h)
         assert h.wait(lambda: not h.sched.has_work())
         second = episode(h)  # the roster drained: a new episode starts from an idle engine
-    finally:
-        h.close()
-    fresh = Harness(gemma)
-    try:
+    with Harness(gemma) as fresh:
         assert episode(fresh) == second == first
-    finally:
-        fresh.close()
 
 
 def test_the_gathered_lifecycle_completes(gemma):
-    h = Harness(gemma, DECODE_SLOTS="4")
-    try:
+    with Harness(gemma, DECODE_SLOTS="4") as h:
         inc = h.submit(ids(20), max_tokens=400)
         assert h.wait(lambda: len(h.tokens(inc)) >= 1)
         # Hold the engine's intake briefly so all four land in one queue together.
@@ -118,23 +102,18 @@ def test_the_gathered_lifecycle_completes(gemma):
         assert "outside the vocabulary" in h.of(bad, Rejected)[0].reason
         assert len(h.tokens(ok)) == 4 and h.of(ok, Finished)[0].reason == "length"
         h.engine.abort(inc)
-    finally:
-        h.close()
 
 
 def test_gathered_output_is_token_exact_vs_serial(gemma, rig):
     r = rig("gemma3-270m", "fp32")
     prompts = [ids(24, s) for s in range(4)]
     want = [serial.generate(r.runner, r.book, p, 10) for p in prompts]
-    h = Harness(gemma, dtype="fp32", DECODE_SLOTS="8")
-    try:
+    with Harness(gemma, dtype="fp32", DECODE_SLOTS="8") as h:
         with h.engine._cv:  # four coincident arrivals: one solo, then three gathered in one mixed step
             rs = [h.submit(p, max_tokens=10) for p in prompts]
         assert h.wait(lambda: all(h.done(x) for x in rs))
         assert h.scheduled_step(rs[1]) == h.scheduled_step(rs[3])
         assert [h.tokens(x) for x in rs] == want
-    finally:
-        h.close()
 
 
 @pytest.mark.parametrize("env", [{"TAILGATE_ADMIT_COALESCE_MS": "5000"}, {"TAILGATE_DECODE_SLOTS": "0"},
