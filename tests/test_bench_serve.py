@@ -150,3 +150,18 @@ def test_ab_rotates_boot_order_and_refuses_rounds_with_short_output(tmp_path, lo
     assert len(res["cells"][cell]["fast"]) == 2 and res["cells"][cell]["short"] == []
     assert len(res["refused"]) == 2 and "fewer/more tokens" in res["refused"][0]["problems"][0]
     assert "fast" in ab.table(res)
+
+
+def test_dataset_files_load_as_jsonl_or_sharegpt(tmp_path, loaded):
+    from tailgate.bench.serve import file_dataset
+
+    tok = loaded("gemma3-270m").tokenizer
+    jl = tmp_path / "p.jsonl"
+    jl.write_text(json.dumps({"prompt": "Hello there"}) + "\n" + json.dumps({"prompt": "Hi", "output_len": 7}) + "\n")
+    a = file_dataset(str(jl), tok, 10, 32)
+    assert [s.output_len for s in a] == [32, 7] and a[0].prompt_len == len(tok.encode("Hello there"))
+    sg = tmp_path / "s.json"
+    sg.write_text(json.dumps([{"conversations": [{"value": "Tell me a joke"}, {"value": "No jokes today"}]},
+                              {"conversations": [{"value": "alone"}]}]))
+    b = file_dataset(str(sg), tok, 10, 32)
+    assert len(b) == 1 and b[0].prompt == "Tell me a joke" and b[0].output_len == len(tok.encode("No jokes today", add_bos=False))

@@ -67,7 +67,7 @@ def file_dataset(path, tok, n, output_len) -> list[Sample]:
         for conv in json.loads(text):
             turns = conv.get("conversations") or []
             if len(turns) >= 2:
-                rows.append({"prompt": turns[0]["value"], "output_len": len(tok.encode(turns[1]["value"]))})
+                rows.append({"prompt": turns[0]["value"], "output_len": len(tok.encode(turns[1]["value"], add_bos=False))})
     else:
         rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     out = []
