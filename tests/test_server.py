@@ -84,6 +84,9 @@ def test_completions_chat_and_streaming_with_usage(client):
                                             stream=True, stream_options={"include_usage": True}))
     text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
     assert chunks[-1].usage.completion_tokens == 10 and not chunks[-1].choices
+    content = [ch for ch in chunks if ch.choices]
+    assert len(content) == 10  # one chunk per token; the finish rides the last one
+    assert content[-1].choices[0].finish_reason == "length" and content[-1].choices[0].text
     assert text == client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=10,
                                              temperature=0).choices[0].text
     stream = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],

@@ -131,6 +131,11 @@ class Generation:
             if c.stream.stopped:
                 self._finish(c, "stop", ev.at)
                 st.engine.abort(c.req)
+            elif c.tokens >= c.req.max_tokens:
+                # The last token: finish on its own chunk, as vLLM does, instead of sending an
+                # empty chunk when the engine's Finished arrives a moment later.
+                text += c.stream.flush()
+                self._finish(c, "length", ev.at)
             return text
         if isinstance(ev, Rejected):
             st.pending.pop(c.req.id, None)
