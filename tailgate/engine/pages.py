@@ -90,12 +90,6 @@ class KVBook:
         seq.reserved = total_tokens
         return True
 
-    def fits(self, total_tokens: int, seq: SeqPages | None = None) -> bool:
-        seq = seq or SeqPages()
-        need_g = pages_for(total_tokens) - len(seq.global_pages)
-        need_l = pages_for(total_tokens) - len(seq.local_pages)
-        return need_g <= self.glob.available and (not self.local or need_l <= self.local.available)
-
     def advance(self, seq: SeqPages, tokens: int) -> None:
         """Record `tokens` more written KV; release sliding pages no future query can see."""
         seq.frontier += tokens
