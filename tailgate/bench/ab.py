@@ -12,13 +12,13 @@ import json
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import time
 
 import httpx
 
 from .serve import Sample, checks, compute_metrics, probe_schedule, random_dataset, run_load
+from .stats import ab_table
 
 METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms",
            "probe_median_ttft_ms", "probe_p99_ttft_ms")
@@ -117,26 +117,7 @@ def run(arms: list[tuple[str, str]], tok, workloads: list[dict], rounds: int, co
 
 
 def table(result: dict) -> str:
-    return "\n\n".join(f"### {cell}\n" + cell_table(result["arms"], arms) for cell, arms in result["cells"].items())
-
-
-def cell_table(names: list[str], rounds: dict) -> str:
-    lines = ["| metric | " + " | ".join(names) + " | " + " | ".join(f"{n} vs {names[0]}" for n in names[1:]) + " |",
-             "|---|" + "---|" * (2 * len(names) - 1)]
-    for k in METRICS:
-        cells, means = [], []
-        for n in names:
-            vals = [m[k] for m in rounds[n] if k in m]
-            if not vals:
-                cells.append("n/a")
-                means.append(None)
-                continue
-            mu = statistics.fmean(vals)
-            means.append(mu)
-            cells.append(f"{mu:.1f} [{min(vals):.1f}–{max(vals):.1f}]")
-        rel = [f"{100 * (mu / means[0] - 1):+.1f}%" if mu is not None and means[0] else "n/a" for mu in means[1:]]
-        lines.append(f"| {k} | " + " | ".join(cells) + " | " + " | ".join(rel) + " |")
-    return "\n".join(lines)
+    return "\n\n".join(f"### {cell}\n" + ab_table(result["arms"], arms, METRICS) for cell, arms in result["cells"].items())
 
 
 def main(args) -> int:

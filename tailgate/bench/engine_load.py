@@ -4,13 +4,12 @@ live streams plus bursts of coincident arrivals."""
 from __future__ import annotations
 
 import random
-import statistics
 import threading
 import time
 
 from ..config import resolve
 from ..engine.request import Finished, Rejected, Request, Scheduled, Token
-from .stats import percentile, request_metrics
+from .stats import ab_table, percentile, request_metrics
 
 
 class Run:
@@ -153,16 +152,8 @@ def run(model="gemma3-270m", doors=("off", "300"), concurrencies=(4, 8, 16), rou
 
 def table(results: dict, doors) -> str:
     metrics = ["output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "held_mean_ms"]
-    lines = []
+    out = []
     for cell, arms in results.items():
         ms = metrics + (["stream_itl_p99_ms", "stream_itl_max_ms"] if cell == "bursty" else [])
-        lines.append(f"\n{cell}")
-        lines.append("| metric | " + " | ".join(f"door {d}" for d in doors) + " | change |")
-        lines.append("|---|" + "---|" * (len(doors) + 1))
-        for k in ms:
-            vals = [[r[k] for r in arms[d]] for d in doors]
-            means = [statistics.fmean(v) for v in vals]
-            cells = [f"{mu:.1f} [{min(v):.1f}–{max(v):.1f}]" for mu, v in zip(means, vals)]
-            change = f"{100 * (means[-1] / means[0] - 1):+.1f}%" if means[0] else "n/a"
-            lines.append(f"| {k} | " + " | ".join(cells) + f" | {change} |")
-    return "\n".join(lines)
+        out.append(f"\n{cell}\n" + ab_table(list(doors), arms, ms))
+    return "\n".join(out)

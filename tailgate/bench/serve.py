@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
-from .stats import summarize
+from .stats import request_metrics, summarize
 
 
 @dataclass
@@ -172,13 +172,12 @@ def compute_metrics(results: list[Result], duration: float, percentiles=(50, 90,
     ok = [r for r in results if r.success and not r.probe]
     ttft, itl, tpot, e2el = [], [], [], []
     for r in ok:
-        t = r.chunk_times
-        ttft.append(t[0] - r.send)
-        itl += [b - a for a, b in zip(t, t[1:])]
-        e2el.append(t[-1] - r.send)
-        n = r.output_tokens or len(t)
-        if n > 1:
-            tpot.append((t[-1] - t[0]) / (n - 1))
+        a, gaps, b, c = request_metrics(r.send, r.chunk_times, r.output_tokens)
+        ttft.append(a)
+        itl += gaps
+        e2el.append(c)
+        if b is not None:
+            tpot.append(b)
     out_tokens = sum(r.output_tokens or len(r.chunk_times) for r in ok)
     in_tokens = sum(r.prompt_len for r in ok)
     m = {"duration": duration, "completed": len(ok), "failed": sum(1 for r in results if not r.success and not r.probe),

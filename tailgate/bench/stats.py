@@ -26,10 +26,33 @@ def summarize(name: str, xs: list[float], percentiles=(50, 90, 99)) -> dict:
     return out
 
 
-def request_metrics(send: float, token_times: list[float]) -> tuple[float, list[float], float | None, float]:
-    """TTFT = first token - send; ITLs = every gap; TPOT = (E2EL - TTFT) / (tokens - 1); E2EL."""
+def request_metrics(send: float, token_times: list[float], tokens: int | None = None
+                    ) -> tuple[float, list[float], float | None, float]:
+    """TTFT = first token - send; ITLs = every gap; TPOT = (E2EL - TTFT) / (tokens - 1); E2EL.
+    `tokens` is the server's count (usage) when a chunk may carry several; default one per time."""
+    n = tokens or len(token_times)
     ttft = token_times[0] - send
     itls = [b - a for a, b in zip(token_times, token_times[1:])]
     e2el = token_times[-1] - send
-    tpot = (e2el - ttft) / (len(token_times) - 1) if len(token_times) > 1 else None
+    tpot = (e2el - ttft) / (n - 1) if n > 1 else None
     return ttft, itls, tpot, e2el
+
+
+def ab_table(names: list[str], rounds: dict, metrics) -> str:
+    """Each metric as `mean [min–max]` per arm over its rounds, and each arm's change vs the first."""
+    lines = ["| metric | " + " | ".join(names) + " | " + " | ".join(f"{n} vs {names[0]}" for n in names[1:]) + " |",
+             "|---|" + "---|" * (2 * len(names) - 1)]
+    for k in metrics:
+        cells, means = [], []
+        for n in names:
+            vals = [m[k] for m in rounds[n] if k in m]
+            if not vals:
+                cells.append("n/a")
+                means.append(None)
+                continue
+            mu = statistics.fmean(vals)
+            means.append(mu)
+            cells.append(f"{mu:.1f} [{min(vals):.1f}–{max(vals):.1f}]")
+        rel = [f"{100 * (mu / means[0] - 1):+.1f}%" if mu is not None and means[0] else "n/a" for mu in means[1:]]
+        lines.append(f"| {k} | " + " | ".join(cells) + " | " + " | ".join(rel) + " |")
+    return "\n".join(lines)

@@ -7,7 +7,7 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..engine.metrics import Histogram
-from ..engine.request import Finished, Rejected, Request, SamplingParams, Scheduled, Token
+from ..engine.request import Finished, Rejected, Request, Scheduled, Token
 from .prom import Exposition
 from .protocol import ApiError, GenRequest, bad, parse_chat, parse_completion
 from .text import TextStream
@@ -91,7 +91,7 @@ class Generation:
             for j in range(g.n):
                 params = g.params
                 if params.seed is not None and j:
-                    params = SamplingParams(**{**params.__dict__, "seed": params.seed + j})
+                    params = replace(params, seed=params.seed + j)
                 r = Request(prompt=p, max_tokens=max_tokens, params=params, eos_ids=frozenset(tok.eos_ids),
                             stop_token_ids=frozenset(g.stop_token_ids), ignore_eos=g.ignore_eos,
                             min_tokens=min(g.min_tokens, max_tokens), logprobs=g.logprobs)
