@@ -11,20 +11,23 @@ from .engine.scheduler import Scheduler
 
 
 def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device: str = "auto",
-                 loaded=None, clock=time.monotonic, log=lambda m: print(m, file=sys.stderr)):
+                 loaded=None, clock=time.monotonic, log=lambda m: print(m, file=sys.stderr), kernels: str = "auto"):
     """Returns (engine not yet started, loaded model, settled config). `config` must come from
     `config.resolve`, so every knob was checked before this touches any weights."""
     from .model.executor import ModelExecutor
+    from .model.kernels import choose
     from .model.runner import ModelRunner
     from .model.weights import load_model
 
+    plan = choose(dtype, kernels, device)  # a choice this machine cannot run refuses before loading
+    log(plan.line())
     m = loaded or load_model(model, log=log)
     cfg = config.with_model_limit(m.spec.max_position)
     window = m.spec.sliding_window if m.spec.has_sliding else None
     # Whole-prompt admission: up to mix_max_prompts prompts hold full-length sliding pages
     # during their prefill step, on top of one window per slot.
     pages = pool_pages(cfg.max_context, cfg.decode_slots, window, transient_prompts=cfg.mix_max_prompts)
-    runner = ModelRunner(m.spec, m.weights, pages, dtype=dtype, device=device)
+    runner = ModelRunner(m.spec, m.weights, pages, plan=plan)
     book = KVBook(pages["global"], pages.get("local"), window)
     sched = Scheduler(ModelExecutor(runner), book, cfg, m.spec.vocab_size, clock=clock)
     return Engine(sched, clock=clock), m, cfg

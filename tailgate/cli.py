@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -10,6 +11,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="gemma3-270m",
                    help="gemma3-270m | smollm2-135m | path to a .gguf file | HF checkpoint directory")
     p.add_argument("--dtype", default="auto", help="auto | bf16 | fp32 | fp16 (auto: bf16 where the CPU has it)")
+    p.add_argument("--kernels", default=os.environ.get("TAILGATE_KERNELS", "auto"),
+                   help="auto | torch | onednn | int8 | int4 (env TAILGATE_KERNELS; auto: the fastest for this "
+                        "CPU, see docs/kernels.md; an explicit --dtype fp32/bf16 keeps weights dense)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
 
@@ -25,12 +29,16 @@ def cmd_generate(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    from .model.kernels import choose
+
+    plan = choose(args.dtype, args.kernels, args.device)  # refuses before any weights load
+    print(f"[{plan.line()}]", file=sys.stderr)
     t0 = time.perf_counter()
     m = load_model(args.model)
     ids = m.tokenizer.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else m.tokenizer.encode(args.prompt)
     ctx = len(ids) + args.max_tokens
     pages = pool_pages(ctx, 1, m.spec.sliding_window)
-    runner = ModelRunner(m.spec, m.weights, pages, dtype=args.dtype, device=args.device)
+    runner = ModelRunner(m.spec, m.weights, pages, plan=plan)
     book = KVBook(pages["global"], pages.get("local"), m.spec.sliding_window)
     print(f"[loaded {m.source.name} in {time.perf_counter() - t0:.1f}s, {runner.dtype}, {runner.device}]", file=sys.stderr)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
@@ -61,7 +69,7 @@ def cmd_bench_step(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    step.run(args.model, args.dtype, context=args.context, reps=args.reps)
+    step.run(args.model, args.dtype, context=args.context, reps=args.reps, kernels=args.kernels)
     return 0
 
 
@@ -145,10 +153,11 @@ def main(argv=None) -> int:
     bp.set_defaults(fn=bench_plot.main)
     args = parser.parse_args(argv)
     from .config import KnobError
+    from .model.kernels import KernelError
 
     try:
         return args.fn(args)
-    except (KnobError, FileNotFoundError) as e:
+    except (KnobError, KernelError, FileNotFoundError) as e:
         print(f"tailgate: {e}", file=sys.stderr)
         return 2
 

@@ -30,10 +30,10 @@ def loaded():
 class Rig:
     """A runner and a page book sized for tests (4 slots, 2048-token context)."""
 
-    def __init__(self, m, dtype, slots=4, max_context=2048):
+    def __init__(self, m, dtype, slots=4, max_context=2048, kernels="auto"):
         self.model = m
         self.pages = pool_pages(max_context, slots, m.spec.sliding_window, transient_prompts=slots)
-        self.runner = ModelRunner(m.spec, m.weights, self.pages, dtype=dtype, device="cpu")
+        self.runner = ModelRunner(m.spec, m.weights, self.pages, dtype=dtype, device="cpu", kernels=kernels)
         self.book = KVBook(self.pages["global"], self.pages.get("local"), m.spec.sliding_window)
 
     def assert_no_leak(self):
@@ -45,10 +45,10 @@ class Rig:
 def rig(loaded):
     cache = {}
 
-    def get(name="gemma3-270m", dtype="fp32"):
-        if (name, dtype) not in cache:
-            cache[(name, dtype)] = Rig(loaded(name), dtype)
-        return cache[(name, dtype)]
+    def get(name="gemma3-270m", dtype="fp32", kernels="auto"):
+        if (name, dtype, kernels) not in cache:
+            cache[(name, dtype, kernels)] = Rig(loaded(name), dtype, kernels=kernels)
+        return cache[(name, dtype, kernels)]
 
     return get
 

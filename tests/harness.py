@@ -15,7 +15,7 @@ def ids(n: int, salt: int = 0) -> list[int]:
 
 
 class Harness:
-    def __init__(self, loaded, dtype="bf16", **knobs):
+    def __init__(self, loaded, dtype="auto", **knobs):
         knobs.setdefault("MAX_CONTEXT", "1024")
         cfg = resolve(lambda name: knobs.get(name))
         self.engine, self.model, self.cfg = build_engine("", cfg, dtype=dtype, device="cpu", loaded=loaded)

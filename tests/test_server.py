@@ -30,7 +30,7 @@ def free_port() -> int:
 def server():
     port = free_port()
     env = {**os.environ, "TAILGATE_DECODE_SLOTS": "2", "TAILGATE_MAX_CONTEXT": "512"}
-    p = subprocess.Popen([sys.executable, "-m", "tailgate.cli", "serve", "--port", str(port), "--dtype", "bf16",
+    p = subprocess.Popen([sys.executable, "-m", "tailgate.cli", "serve", "--port", str(port), "--dtype", "auto",
                           "--max-queued-requests", "3", "--log-level", "warning"], env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
@@ -118,7 +118,7 @@ def test_n_logprobs_stop_and_seed(client):
 
 
 def test_greedy_http_output_equals_the_engine(client, rig):
-    r = rig(MODEL, "bf16")
+    r = rig(MODEL, "auto")
     tok = r.model.tokenizer
     want = serial.generate(r.runner, r.book, tok.encode("The capital of France is"), 12)
     got = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=12, temperature=0,

@@ -7,26 +7,11 @@ import torch.nn.functional as F
 from .context import FamilyView
 
 
-class Packed:
-    """A bf16 weight reordered once into oneDNN's blocked (AMX) layout. Measured on this CPU:
-    25-40 % faster than F.linear, which reorders the plain weight on every call (the tied 262k
-    head: 25 -> 17 ms at 1 row), and bit-identical to it for 1, 16 and 256 rows."""
-
-    __slots__ = ("w", "out_features")
-
-    def __init__(self, w: torch.Tensor):
-        self.w = torch.ops.mkldnn._reorder_linear_weight(w, 16)
-        self.out_features = w.shape[0]
-
-
-def can_pack(dtype, device) -> bool:
-    return device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-
-
 def linear(x: torch.Tensor, w) -> torch.Tensor:
-    if isinstance(w, Packed):
-        return torch.ops.mkldnn._linear_pointwise(x, w.w, None, "none", [], "")
-    return F.linear(x, w)
+    """x @ w.T: a plain tensor goes to F.linear; a `kernels.Linear` picks its own kernel."""
+    if isinstance(w, torch.Tensor):
+        return F.linear(x, w)
+    return w(x)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -34,6 +34,7 @@ class ServerState:
     model: object = None
     cfg: object = None
     load_error: str | None = None
+    kernels: dict | None = None  # the KernelPlan chosen at start (`/version` shows it)
     pending: dict = field(default_factory=dict)  # request id -> prompt tokens, until Scheduled
     ttft: Histogram = field(default_factory=Histogram)
     itl: Histogram = field(default_factory=Histogram)
@@ -329,7 +330,7 @@ def create_app(state: ServerState) -> Starlette:
         return JSONResponse({"status": "ok"})
 
     async def version(req):
-        return JSONResponse({"version": __version__})
+        return JSONResponse({"version": __version__, "kernels": state.kernels})
 
     async def tokenize(req):
         try:

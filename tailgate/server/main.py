@@ -14,10 +14,14 @@ def serve(args, lookup) -> int:
 
     cfg = resolve(lookup)  # refuses bad knobs before anything loads (KnobError -> exit 2 in cli)
     resolve_model_path(args.model)  # a missing model file fails now, not after the server is up
+    from ..model.kernels import choose
+
+    plan = choose(args.dtype, args.kernels, args.device)  # KernelError -> exit 2, nothing loaded
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     state = ServerState(served_name=args.served_model_name or served_name(args.model), api_key=args.api_key,
-                        max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens)
+                        max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
+                        kernels=plan.as_dict())
     app = create_app(state)
 
     def load():
@@ -28,7 +32,8 @@ def serve(args, lookup) -> int:
 
             if args.threads:
                 torch.set_num_threads(args.threads)
-            engine, model, settled = build_engine(args.model, cfg, dtype=args.dtype, device=args.device)
+            engine, model, settled = build_engine(args.model, cfg, dtype=args.dtype, device=args.device,
+                                                   kernels=args.kernels, log=logging.getLogger("tailgate").info)
             state.model, state.cfg = model, settled
             engine.start()
             state.engine = engine

@@ -1,0 +1,162 @@
+"""One kernel choice per machine, made before any weights load and printed in one line.
+
+`choose()` turns (--dtype, --kernels, --device, the CPU) into a `KernelPlan`: the runtime dtype,
+the dense matmul kernel, and an optional weight-only quantized kernel that small steps use.
+`Linear` is one weight matrix holding the kernels its plan asked for; it picks by the number of
+rows of each call, so a decode step of 4 rows and a 256-row prefill use different kernels.
+
+Why these kernels (torch 2.13, 2 threads, Gemma 3 270M shapes; see docs/kernels.md for tables):
+- AMX / AVX-512 BF16 Xeon: prepacked oneDNN bf16 is the fastest dense path (25-40 % over
+  F.linear, which reorders the weight on every call).
+- AVX2-only CPU (AMD EPYC Zen 3): bf16 is emulated (a 16-row layer pass 4x slower than fp32) and
+  MKL's fp32 sgemm is 1.5-3x slower than oneDNN's prepacked fp32, so the dense path is oneDNN fp32.
+  Small steps are memory-bound (the fp32 head streams 671 MB at ~12.7 GB/s); weight-only int8
+  reads a quarter of the bytes and wins while a step has few rows (quality cost: KL ~0.004 nat
+  per token vs fp32, docs/kernels.md). int4 is faster still but lossy on this file (its q/k/v,
+  gate/up are 5-bit and its head 8-bit), so it is opt-in.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .cpu import CpuInfo, this_cpu
+
+DTYPE_GRAMMAR = "auto | bf16 | fp32 | fp16"
+KERNEL_GRAMMAR = "auto | torch | onednn | int8 | int4"
+_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
+           "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
+INT4_GROUP = 32  # the file's own Q4_K/Q5_0 group size
+
+# Steps of at most this many rows use the quantized kernel, per weight group (layers, head).
+# Measured on AMD EPYC (Zen 3, AVX2), torch 2.13, 2 threads; `tailgate bench kernels` prints
+# the crossover on any machine. Above the cut oneDNN fp32 wins (it reads the weights once for
+# all rows; the quantized kernels' per-row work grows faster).
+# AMD EPYC, 18 layers' four matmuls (ms) at M = 1/4/16/64: oneDNN fp32 12.8/37.5/75.5/194,
+# int8 7.1/15.2/62.0/305; the 262k head: oneDNN fp32 48.6/62.6/94.9/308, int8 28.6/37.1/146/637,
+# int4 15.4/28.1/116/476 (int4 layers 9.0/16.9/70.3/286).
+QUANT_ROWS = {
+    ("avx2", "int8"): (16, 6),
+    ("avx2", "int4"): (16, 8),
+}
+# A CPU class without a measured cut uses these (the same shapes of memory-bound crossover).
+DEFAULT_QUANT_ROWS = {"int8": (16, 6), "int4": (16, 8)}
+# `auto` on each CPU class: the quantized kernel it adds for small steps (None: dense only).
+AUTO_QUANT = {"avx2": "int8", "avx512": "int8"}
+
+
+class KernelError(ValueError):
+    """A --dtype/--kernels choice this machine cannot honour; raised before any weights load."""
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    device: str
+    dtype: torch.dtype
+    dense: str  # "onednn" (prepacked) | "torch" (F.linear)
+    quant: str | None = None  # "int8" | "int4": weight-only, bf16 activations, small steps only
+    quant_rows: tuple[int, int] = (0, 0)  # (layers, head): calls with at most this many rows
+    cpu: str = ""
+    isa: str = ""
+
+    def line(self) -> str:
+        dt = str(self.dtype).removeprefix("torch.")
+        s = f"kernels: {dt} {'oneDNN prepacked' if self.dense == 'onednn' else 'F.linear'}"
+        if self.quant:
+            s += f" + {self.quant} weight-only for calls of <= {self.quant_rows[0]} rows (layers) / " \
+                 f"<= {self.quant_rows[1]} rows (head)"
+        return s + f" [{self.cpu}; {self.isa}; {self.device}]"
+
+    def as_dict(self) -> dict:
+        return {"device": self.device, "dtype": str(self.dtype).removeprefix("torch."), "dense": self.dense,
+                "quant": self.quant, "quant_rows": {"layers": self.quant_rows[0], "head": self.quant_rows[1]},
+                "cpu": self.cpu, "isa": self.isa}
+
+
+def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto", device="auto",
+           cpu: CpuInfo | None = None, mkldnn: bool | None = None, cuda: bool | None = None) -> KernelPlan:
+    """The plan for this machine. `cpu`, `mkldnn` and `cuda` default to the real machine; tests
+    pass fakes. Refuses (KernelError) a value outside the grammar or a kernel the CPU cannot run."""
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    mkldnn = torch.backends.mkldnn.is_available() if mkldnn is None else mkldnn
+    dev = torch.device("cuda" if cuda else "cpu") if device in (None, "", "auto") else torch.device(device)
+    want = "auto" if dtype in (None, "") else dtype
+    if isinstance(want, str) and want != "auto" and want not in _DTYPES:
+        raise KernelError(f"--dtype {want!r} not recognized (accepted: {DTYPE_GRAMMAR})")
+    kind = (kernels or "auto").strip().lower()
+    if kind not in KERNEL_GRAMMAR.split(" | "):
+        raise KernelError(f"--kernels {kernels!r} not recognized (accepted: {KERNEL_GRAMMAR})")
+    if dev.type != "cpu":
+        if kind not in ("auto", "torch"):
+            raise KernelError(f"--kernels {kind} is a CPU kernel; on {dev} use auto or torch")
+        dt = torch.bfloat16 if want == "auto" else (want if isinstance(want, torch.dtype) else _DTYPES[want])
+        return KernelPlan(str(dev), dt, "torch", cpu=torch.cuda.get_device_name(dev) if cuda else str(dev), isa=dev.type)
+    cpu = cpu or this_cpu()
+    if want == "auto":
+        dt = torch.bfloat16 if cpu.native_bf16 else torch.float32
+    else:
+        dt = want if isinstance(want, torch.dtype) else _DTYPES[want]
+    packable = mkldnn and (dt == torch.float32 or (dt == torch.bfloat16 and cpu.onednn_bf16))
+    if kind == "onednn" and not packable:
+        why = "torch was built without oneDNN" if not mkldnn else (
+            f"oneDNN's {dt} weight reorder needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT, which this CPU "
+            f"({cpu.model}) lacks" if dt == torch.bfloat16 else f"oneDNN has no prepacked {dt} path")
+        raise KernelError(f"--kernels onednn refused: {why} (try --dtype fp32 or --kernels auto)")
+    dense = "onednn" if packable and kind != "torch" else "torch"
+    quant = kind if kind in ("int8", "int4") else (AUTO_QUANT.get(cpu.isa) if kind == "auto" and want == "auto" else None)
+    if quant and dt == torch.float16:
+        raise KernelError(f"--kernels {quant} runs with fp32 or bf16 activations, not --dtype fp16")
+    rows = QUANT_ROWS.get((cpu.isa, quant), DEFAULT_QUANT_ROWS.get(quant, (0, 0))) if quant else (0, 0)
+    return KernelPlan("cpu", dt, dense, quant, rows, cpu.model, cpu.isa)
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8: w ~= q * s. Returns (q int8 [N, K], s bf16 [N])."""
+    w = w.float()
+    s = (w.abs().amax(1) / 127).clamp(min=1e-12)
+    q = torch.round(w / s[:, None]).clamp(-127, 127).to(torch.int8)
+    return q.contiguous(), s.to(torch.bfloat16)
+
+
+def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric int4 per group of `group` inputs (the GGUF's own Q4_K layout: w = q*scale + min),
+    packed for `_weight_int4pack_mm_for_cpu`, whose convention is w = (q - 8) * scale + zero."""
+    w = w.float()
+    n, k = w.shape
+    g = w.view(n, k // group, group)
+    lo, hi = g.amin(-1), g.amax(-1)
+    scale = ((hi - lo) / 15).clamp(min=1e-12)
+    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32).view(n, k)
+    zero = lo + 8 * scale
+    scales_zeros = torch.stack([scale.t(), zero.t()], -1).contiguous().to(torch.bfloat16)  # [K/g, N, 2]
+    return torch._convert_weight_to_int4pack_for_cpu(q, 1), scales_zeros
+
+
+class Linear:
+    """One weight matrix [out, in] with the kernels its plan chose; `x @ w.T` by row count."""
+
+    __slots__ = ("w", "packed", "quant", "q", "qs", "max_q_rows", "out_features")
+
+    def __init__(self, w: torch.Tensor, plan: KernelPlan, group: str):
+        self.out_features = w.shape[0]
+        self.quant, self.q, self.qs, self.max_q_rows = None, None, None, 0
+        cut = plan.quant_rows[0 if group == "layers" else 1]
+        if plan.quant and cut > 0 and w.shape[1] % INT4_GROUP == 0 and w.shape[0] % 16 == 0:
+            self.quant, self.max_q_rows = plan.quant, cut
+            self.q, self.qs = (quantize_int8 if plan.quant == "int8" else quantize_int4)(w)
+        self.packed = plan.dense == "onednn"
+        self.w = torch.ops.mkldnn._reorder_linear_weight(w, 16) if self.packed else w
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quant is not None and x.shape[0] <= self.max_q_rows:
+            xb = x.to(torch.bfloat16)  # with fp32 activations both ops take a scalar path (10-30x slower)
+            if self.quant == "int8":
+                y = torch._weight_int8pack_mm(xb, self.q, self.qs)
+            else:
+                y = torch._weight_int4pack_mm_for_cpu(xb, self.q, INT4_GROUP, self.qs)
+            return y.to(x.dtype)
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, self.w, None, "none", [], "")
+        return F.linear(x, self.w)

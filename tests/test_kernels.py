@@ -1,0 +1,161 @@
+"""The per-CPU kernel choice (from a faked cpuinfo) and every kernel's arithmetic on this CPU."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tailgate.model.cpu import parse_cpuinfo
+from tailgate.model.kernels import KernelError, Linear, choose, quantize_int4
+from tailgate.model.runner import ModelRunner
+
+EPYC = parse_cpuinfo("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse sse2 avx f16c fma avx2 bmi2\n")
+XEON = parse_cpuinfo("model name\t: Intel(R) Xeon(R) Platinum 8481C\nflags\t\t: avx avx2 fma avx512f avx512bw "
+                     "avx512vl avx512dq avx512_bf16 amx_bf16 amx_tile amx_int8\n")
+OLD = parse_cpuinfo("model name\t: Some CPU\nflags\t\t: sse sse2\n")
+
+
+def test_cpuinfo_is_read_into_the_model_name_and_an_isa_class():
+    assert (EPYC.model, EPYC.isa, EPYC.native_bf16, EPYC.onednn_bf16) == ("AMD EPYC 7B13", "avx2", False, False)
+    assert (XEON.isa, XEON.native_bf16, XEON.onednn_bf16) == ("amx", True, True)
+    assert OLD.isa == "baseline"
+
+
+def test_an_avx2_cpu_gets_prepacked_fp32_and_int8_for_small_steps():
+    p = choose(cpu=EPYC, mkldnn=True, cuda=False)
+    assert (p.dtype, p.dense, p.quant) == (torch.float32, "onednn", "int8")
+    assert min(p.quant_rows) >= 1 and "AMD EPYC 7B13" in p.line() and "int8" in p.line()
+
+
+def test_an_amx_cpu_keeps_prepacked_bf16_dense():
+    p = choose(cpu=XEON, mkldnn=True, cuda=False)
+    assert (p.dtype, p.dense, p.quant) == (torch.bfloat16, "onednn", None)
+
+
+def test_an_explicit_dtype_keeps_the_weights_dense_for_the_exactness_gates():
+    for cpu in (EPYC, XEON):
+        p = choose("fp32", cpu=cpu, mkldnn=True, cuda=False)
+        assert (p.dtype, p.dense, p.quant) == (torch.float32, "onednn", None)
+
+
+def test_bf16_without_onednn_support_falls_back_to_f_linear_and_a_forced_onednn_refuses():
+    p = choose("bf16", cpu=EPYC, mkldnn=True, cuda=False)
+    assert (p.dtype, p.dense) == (torch.bfloat16, "torch")
+    with pytest.raises(KernelError, match="AVX-512 BW/VL/DQ or AVX-NE-CONVERT.*AMD EPYC 7B13"):
+        choose("bf16", "onednn", cpu=EPYC, mkldnn=True, cuda=False)
+    assert choose("bf16", "onednn", cpu=XEON, mkldnn=True, cuda=False).dense == "onednn"
+
+
+def test_without_onednn_everything_is_f_linear():
+    assert choose(cpu=EPYC, mkldnn=False, cuda=False).dense == "torch"
+    with pytest.raises(KernelError, match="without oneDNN"):
+        choose("fp32", "onednn", cpu=EPYC, mkldnn=False, cuda=False)
+
+
+@pytest.mark.parametrize("dtype,kernels,match", [
+    ("bf17", "auto", r"--dtype 'bf17' not recognized \(accepted: auto \| bf16 \| fp32 \| fp16\)"),
+    ("auto", "int9", r"--kernels 'int9' not recognized \(accepted: auto \| torch \| onednn \| int8 \| int4\)"),
+    ("fp16", "int8", "fp32 or bf16 activations"),
+])
+def test_unknown_or_impossible_choices_refuse_naming_the_grammar(dtype, kernels, match):
+    with pytest.raises(KernelError, match=match):
+        choose(dtype, kernels, cpu=EPYC, mkldnn=True, cuda=False)
+
+
+def test_cpu_kernels_refuse_on_cuda():
+    with pytest.raises(KernelError, match="CPU kernel"):
+        choose("auto", "int8", device="cuda", cpu=EPYC, mkldnn=True, cuda=True)
+
+
+def test_a_forced_quantized_kernel_applies_on_any_cpu():
+    p = choose("auto", "int4", cpu=XEON, mkldnn=True, cuda=False)
+    assert p.quant == "int4" and p.dtype == torch.bfloat16
+
+
+def _plan(kind, rows=10 ** 9):
+    dense = "onednn" if torch.backends.mkldnn.is_available() else "torch"
+    base = choose("fp32", "torch" if dense == "torch" else "auto", device="cpu")
+    return dataclasses.replace(base, quant=kind, quant_rows=(rows, rows) if kind else (0, 0))
+
+
+@pytest.mark.parametrize("kind,tol", [(None, 1e-5), ("int8", 2e-2), ("int4", 0.15)])
+def test_every_kernel_computes_the_same_product_within_its_precision(kind, tol):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(256, 320, generator=g) * 0.05
+    lin = Linear(w, _plan(kind), "layers")
+    for rows in (1, 5, 64):
+        x = torch.randn(rows, 320, generator=g)
+        want = F.linear(x, w)
+        err = (lin(x) - want).norm() / want.norm()
+        assert err < tol, (kind, rows, err.item())
+
+
+def test_int4_reproduces_a_matrix_on_the_q4_grid_up_to_bf16_activations():
+    # Every group holds q = 0..15 exactly, with power-of-two scales: the file's own Q4_K shape.
+    g = torch.Generator().manual_seed(1)
+    q = torch.stack([torch.randperm(32, generator=g) % 16 for _ in range(64 * 10)]).float().view(64, 320)
+    scale = 2.0 ** -torch.randint(4, 8, (64, 10), generator=g).float()
+    w = (q.view(64, 10, 32) * scale[..., None] - 8 * scale[..., None]).view(64, 320)
+    packed, sz = quantize_int4(w)
+    x = torch.randn(3, 320, generator=g)
+    got = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, 32, sz).float()
+    want = F.linear(x.to(torch.bfloat16).float(), w)
+    assert torch.allclose(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_a_step_picks_its_kernel_by_row_count():
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(64, 64, generator=g)
+    lin = Linear(w, _plan("int8", rows=4), "layers")
+    small, big = torch.randn(4, 64, generator=g), torch.randn(5, 64, generator=g)
+    assert torch.allclose(lin(big), F.linear(big, w), atol=1e-4)  # dense above the cut
+    assert not torch.allclose(lin(small), F.linear(small, w), atol=1e-4)  # quantized at the cut
+
+
+def test_the_runner_reports_the_plan_it_was_built_with(rig):
+    r = rig("gemma3-270m", "fp32")
+    assert isinstance(r.runner, ModelRunner) and r.runner.plan.quant is None and r.runner.dtype == torch.float32
+
+
+# Every call quantized (the worst case: `auto` quantizes only small steps) vs the fp32 path,
+# teacher-forced on the oracle sequences. Measured on AMD EPYC (AVX2), docs/kernels.md:
+# int8 mean |Δ| 0.22-0.23, p99 0.86-1.5, KL 0.004; int4 (opt-in) mean 0.47-1.5, p99 1.1-7.8.
+# Bounds are ~2x that: a wrong scale or packing convention lands far outside them.
+QUALITY = {"int8": (0.5, 3.0, 0.02), "int4": (3.0, 16.0, 0.5)}  # mean |Δ|, p99 |Δ|, KL bounds
+
+
+@pytest.mark.parametrize("name", ["gemma3-270m", "smollm2-135m"])
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_quantized_paths_keep_quality(name, kind, rig, loaded):
+    from tailgate.model import serial
+    from test_oracle import PROMPTS, sequences
+
+    ref = rig(name, "fp32")
+    q = rig(name, "fp32", kernels=kind)  # an explicit quantized kernel: dense above the row cut
+    q.runner.w = {k: _requant(v, kind) for k, v in q.runner.w.items()}
+    means, p99s, kls, agree = [], [], [], []
+    for ids in sequences(ref.model.tokenizer):
+        a = torch.log_softmax(serial.teacher_forced_logits(ref.runner, ref.book, ids).float(), -1)
+        b = torch.log_softmax(serial.teacher_forced_logits(q.runner, q.book, ids).float(), -1)
+        d = (a - b).abs().mean(-1)
+        means.append(d.mean().item())
+        p99s.append(torch.quantile(d, 0.99).item())
+        kls.append((a.exp() * (a - b)).sum(-1).mean().item())
+    for p in PROMPTS:
+        ids = ref.model.tokenizer.encode(p)
+        x, y = serial.generate(ref.runner, ref.book, ids, 32), serial.generate(q.runner, q.book, ids, 32)
+        agree.append(next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), 32))
+    mean, p99, kl = sum(means) / len(means), max(p99s), max(kls)
+    print(f"{name} {kind}: mean|Δ|={mean:.3g} p99={p99:.3g} KL={kl:.3g} greedy agreement (tokens of 32)={agree}")
+    assert mean < QUALITY[kind][0] and p99 < QUALITY[kind][1]
+    assert kl < QUALITY[kind][2]
+    ref.assert_no_leak(), q.assert_no_leak()
+
+
+def _requant(w, kind):
+    """Every row count quantized, so the teacher-forced pass measures the quantized kernel alone."""
+    if isinstance(w, Linear) and w.quant == kind:
+        w.max_q_rows = 10 ** 9
+    return w
