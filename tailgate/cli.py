@@ -69,7 +69,8 @@ def cmd_bench_step(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    step.run(args.model, args.dtype, context=args.context, reps=args.reps, kernels=args.kernels)
+    step.run(args.model, args.dtype, context=args.context, reps=args.reps, kernels=args.kernels,
+             compare=not args.only_chosen)
     return 0
 
 
@@ -124,6 +125,7 @@ def main(argv=None) -> int:
     _add_model_args(b)
     b.add_argument("--context", type=int, default=256, help="KV tokens per decode row")
     b.add_argument("--reps", type=int, default=5)
+    b.add_argument("--only-chosen", action="store_true", help="skip the alternative kernel plans")
     b.set_defaults(fn=cmd_bench_step)
     e = bench.add_parser("engine", help="in-process load generator: door off vs on, alternating rounds")
     _add_model_args(e)

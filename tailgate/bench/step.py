@@ -1,5 +1,6 @@
-"""`tailgate bench step`: step latency of decode batches and prefill segments, as a fraction of
-this machine's bf16 matmul peak measured in the same run."""
+"""`tailgate bench step`: step latency of decode batches and prefill segments against the same
+step's weight matmuls alone, for the kernel plan this machine chose and every alternative it can
+run, with the CPU's model name and each dtype's matmul peak measured in the same run."""
 from __future__ import annotations
 
 import time
@@ -8,6 +9,7 @@ import torch
 
 from ..engine.pages import KVBook, SeqPages, pool_pages
 from ..engine.plan import Segment
+from ..model.kernels import KernelError, KernelPlan, choose
 from ..model.runner import ModelRunner
 from ..model.spec import ModelSpec
 
@@ -48,27 +50,59 @@ def _time(fn, reps):
     return times[len(times) // 2]
 
 
+def alternatives(chosen: KernelPlan) -> list[KernelPlan]:
+    """The chosen plan first, then every other plan this machine can run (dense fp32 both ways,
+    dense bf16 where oneDNN takes it, int8 and int4 small steps over the chosen dense path)."""
+    out = [chosen]
+    cands = [("fp32", "onednn"), ("fp32", "torch"), ("bf16", "onednn"), ("fp32", "int8"), ("fp32", "int4")]
+    for dtype, kernels in cands:
+        try:
+            p = choose(dtype, kernels, chosen.device)
+        except KernelError:
+            continue
+        if p not in out:
+            out.append(p)
+    return out
+
+
 def run(model: str = "gemma3-270m", dtype: str = "auto", decode_batches=(1, 4, 16, 64),
-        prefill_rows=(64, 256, 512, 1024), context: int = 256, reps: int = 5, loaded=None) -> list[dict]:
+        prefill_rows=(256, 512), context: int = 256, reps: int = 5, loaded=None, kernels: str = "auto",
+        compare: bool = True) -> list[dict]:
+    from ..model.cpu import this_cpu
     from ..model.weights import load_model
 
+    chosen = choose(dtype, kernels, "cpu")
     m = loaded or load_model(model)
+    cpu = this_cpu()
+    print(f"CPU: {cpu.model} ({cpu.isa}); torch {torch.__version__}; threads={torch.get_num_threads()}")
+    print(f"chosen {chosen.line()}")
+    rows_out = []
+    for plan in alternatives(chosen) if compare else [chosen]:
+        print(f"\n== {'chosen' if plan == chosen else 'alternative'}: {plan.line()}")
+        rows_out += run_plan(m, plan, decode_batches, prefill_rows, context, reps)
+    return rows_out
+
+
+def run_plan(m, plan: KernelPlan, decode_batches, prefill_rows, context: int, reps: int) -> list[dict]:
     spec = m.spec
     max_b = max(decode_batches)
     pages = pool_pages(max(max(prefill_rows), context + 2), max_b, spec.sliding_window, transient_prompts=2)
-    runner = ModelRunner(spec, m.weights, pages, dtype=dtype, device="cpu")
+    runner = ModelRunner(spec, m.weights, pages, plan=plan)
     book = KVBook(pages["global"], pages.get("local"), spec.sliding_window)
     peak = matmul_peak(runner.dtype)
-    print(f"matmul peak ({runner.dtype}, 1024x2048x2048): {peak / 1e9:.0f} GFLOP/s; threads={torch.get_num_threads()}")
+    print(f"matmul peak ({runner.dtype}, 1024x2048x2048): {peak / 1e9:.0f} GFLOP/s")
     rows_out = []
     window = spec.sliding_window or 10 ** 9
     n_sl = sum(spec.layer_sliding)
     n_gl = spec.n_layers - n_sl
+    name = plan.line().split(" [")[0].removeprefix("kernels: ")
 
-    def report(kind, n, secs, flops, extra=""):
+    def report(kind, n, secs, flops, mm):
         frac = flops / secs / peak
-        rows_out.append({"kind": kind, "n": n, "ms": secs * 1e3, "gflops": flops / secs / 1e9, "peak_frac": frac})
-        print(f"{kind:8s} {n:5d}  {secs * 1e3:8.1f} ms  {flops / secs / 1e9:7.1f} GFLOP/s  {100 * frac:5.1f}% of peak {extra}")
+        rows_out.append({"plan": name, "kind": kind, "n": n, "ms": secs * 1e3, "matmul_ms": mm * 1e3,
+                         "gflops": flops / secs / 1e9, "peak_frac": frac})
+        print(f"{kind:8s} {n:5d}  {secs * 1e3:8.1f} ms  {flops / secs / 1e9:7.1f} GFLOP/s  {100 * frac:5.1f}% of peak"
+              f"  matmuls alone {mm * 1e3:6.1f} ms ({secs / mm:.2f}x)")
 
     # Decode: B sequences, each with `context` tokens of KV, one new token each.
     seqs = [SeqPages() for _ in range(max_b)]
@@ -79,8 +113,8 @@ def run(model: str = "gemma3-270m", dtype: str = "auto", decode_batches=(1, 4, 1
         segs = [Segment([100], context, s) for s in seqs[:b]]
         secs = _time(lambda: runner.step(segs), reps)
         pairs = b * (n_sl * min(context + 1, window) + n_gl * (context + 1)) // spec.n_layers
-        mm = _time(lambda: matmuls_only(runner, b), reps)
-        report("decode", b, secs, step_flops(spec, b, b, pairs), f" matmuls alone {mm * 1e3:.1f} ms ({secs / mm:.2f}x)")
+        mm = _time(lambda: matmuls_only(runner, b, b), reps)
+        report("decode", b, secs, step_flops(spec, b, b, pairs), mm)
     for s in seqs:
         book.free(s)
     for n in prefill_rows:
@@ -89,13 +123,15 @@ def run(model: str = "gemma3-270m", dtype: str = "auto", decode_batches=(1, 4, 1
         seg = Segment([100 + i % 1000 for i in range(n)], 0, s)
         secs = _time(lambda: runner.step([seg]), max(2, reps // 2))
         pairs = (n_sl * sum(min(i + 1, window) for i in range(n)) + n_gl * n * (n + 1) // 2) // spec.n_layers
-        report("prefill", n, secs, step_flops(spec, n, 1, pairs))
+        mm = _time(lambda: matmuls_only(runner, n, 1), max(2, reps // 2))
+        report("prefill", n, secs, step_flops(spec, n, 1, pairs), mm)
         book.free(s)
     return rows_out
 
 
-def matmuls_only(runner: ModelRunner, rows: int) -> None:
-    """The step's weight matmuls (every layer, plus the head for every row) with nothing else."""
+def matmuls_only(runner: ModelRunner, rows: int, sampled: int) -> None:
+    """The step's weight matmuls (every layer for every row, the head for the sampled rows) with
+    nothing else, through the same kernels (and row-count choice) as the step."""
     from ..model.layers import linear
 
     spec, w = runner.spec, runner.w
@@ -105,4 +141,4 @@ def matmuls_only(runner: ModelRunner, rows: int) -> None:
     for i in range(spec.n_layers):
         p = f"layers.{i}."
         linear(x, w[p + "qkv"]), linear(a, w[p + "o"]), linear(x, w[p + "gate_up"]), linear(m, w[p + "down"])
-    linear(x, w["head"])
+    linear(x[:sampled], w["head"])
