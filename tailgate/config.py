@@ -80,7 +80,7 @@ KNOBS = (
     Knob("MIX_MAX_PROMPTS", "min(4, DECODE_SLOTS)", "N, 1 <= N <= DECODE_SLOTS",
          "most prompts one mixed step absorbs; also the door's cohort cap"),
     Knob("MIX_CHUNK_TOKENS", "off", "off | N, 64 <= N < MAX_CONTEXT (>=128 rounds down to x128)",
-         "chunked walk width (grammar parsed; the walk itself is not built yet, so a value refuses)"),
+         "chunked walk: gathered prompts enter the live batch at most N rows per step, one round per iteration (replaces MIX_GATHER_ROWS)"),
     Knob("ASYNC_PREFILL", "off", "off | 0 | false | shared",
          "side-lane prefill (grammar parsed; not built yet, so `shared` refuses); refuses with the door"),
     Knob("PREFIX_CACHE", "off", "off | K, 1 <= K <= 1024",
@@ -150,7 +150,7 @@ def resolve(lookup: Callable[[str], str | None]) -> ServingConfig:
         raise KnobError(f"{PREFIX}ADMIT_COALESCE_MS={raw['ADMIT_COALESCE_MS']!r} refuses with "
                         f"{PREFIX}ASYNC_PREFILL={raw['ASYNC_PREFILL']!r}: the lane flies one prefill at a time, "
                         "so the door could only delay it")
-    for name, value in (("MIX_CHUNK_TOKENS", chunk), ("ASYNC_PREFILL", lane), ("PREFIX_CACHE", cache)):
+    for name, value in (("ASYNC_PREFILL", lane), ("PREFIX_CACHE", cache)):
         if value is not None:
             raise KnobError(f"{PREFIX}{name}={raw[name]!r}: this build does not have that feature yet (accepted now: off)")
     return ServingConfig(max_context, slots, gather, prompts, chunk, lane, cache, door)

@@ -44,9 +44,14 @@ def test_the_door_and_the_lane_refuse_together():
 
 
 def test_features_not_built_yet_refuse_instead_of_being_ignored():
-    for knob, value in (("MIX_CHUNK_TOKENS", "1024"), ("ASYNC_PREFILL", "shared"), ("PREFIX_CACHE", "8")):
+    for knob, value in (("ASYNC_PREFILL", "shared"), ("PREFIX_CACHE", "8")):
         with pytest.raises(KnobError, match="does not have that feature yet"):
             resolve(table(**{knob: value}))
+
+
+def test_the_walk_width_is_settled_in_the_config():
+    assert resolve(table(MIX_CHUNK_TOKENS="300", MAX_CONTEXT="1024")).mix_chunk_tokens == 256
+    assert resolve(table()).mix_chunk_tokens is None
 
 
 def test_chunk_width_rounds_down_to_whole_tiles():

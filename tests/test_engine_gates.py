@@ -127,3 +127,20 @@ def test_bad_knobs_refuse_before_any_weights_load(env, tmp_path):
     name = [k for k in env if k.startswith("TAILGATE_") and k != "TAILGATE_CACHE_DIR"][0]
     assert name in p.stderr and "missing.gguf" not in p.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_a_walked_prompt_is_token_exact_vs_serial_while_a_stream_is_live(gemma, rig):
+    r = rig("gemma3-270m", "fp32")
+    long_prompt, short = ids(600, 3), ids(20, 4)  # 600 rows cross the 512-token sliding window
+    want = [serial.generate(r.runner, r.book, p, 6) for p in (short, long_prompt)]
+    with Harness(gemma, dtype="fp32", DECODE_SLOTS="4", MIX_CHUNK_TOKENS="256") as h:
+        live = h.submit(short, max_tokens=40)
+        assert h.wait(lambda: len(h.tokens(live)) >= 1)
+        walker = h.submit(long_prompt, max_tokens=6)
+        assert h.wait(lambda: h.done(walker) and h.done(live))
+        assert h.tokens(walker) == want[1] and h.tokens(live)[:6] == want[0]
+        # three rounds (256 + 256 + 88 rows), each one step with the live row in it
+        start = h.scheduled_step(walker)
+        got = [sum(1 for e in evs if getattr(e, "request_id", None) == live.id and type(e).__name__ == "Token")
+               for evs in h.steps[start:start + 3]]
+        assert got == [1, 1, 1]

@@ -14,19 +14,21 @@ class FakeExecutor:
 
     def __init__(self):
         self.plans = []
+        self.segments = []  # per step: (rows, start, sampled) of every segment
 
     def run(self, segments, rows):
         self.plans.append(([len(s.tokens) for s in segments if len(s.tokens) > 1 or s.start == 0],
                            sum(1 for s in segments if len(s.tokens) == 1 and s.start > 0)))
-        return [Sampled(7) for _ in segments]
+        self.segments.append([(len(s.tokens), s.start, s.sample) for s in segments])
+        return [Sampled(7) for s in segments if s.sample]
 
     def release(self, request_id):
         pass
 
 
-def make(slots=4, door_ms=None, max_prompts=4, gather_rows=512, global_pages=None, local_pages=None):
+def make(slots=4, door_ms=None, max_prompts=4, gather_rows=512, global_pages=None, local_pages=None, chunk=None):
     cfg = ServingConfig(max_context=256, decode_slots=slots, mix_gather_rows=gather_rows,
-                        mix_max_prompts=max_prompts, admit_coalesce_ms=door_ms)
+                        mix_max_prompts=max_prompts, admit_coalesce_ms=door_ms, mix_chunk_tokens=chunk)
     book = KVBook(global_pages or slots * 16 + 1, local_pages, None)
     ex = FakeExecutor()
     return Scheduler(ex, book, cfg, VOCAB, clock=lambda: 0.0), ex
@@ -177,3 +179,96 @@ def test_a_cancelled_live_request_returns_its_pages_at_once():
     ev = s.step(0.0)
     assert [e.reason for e in ev if isinstance(e, Finished)] == ["abort"]
     assert s.book.glob.used == 0 and not s.roster
+
+
+# ---- the chunked walk ---------------------------------------------------------------------
+def test_each_walk_round_carries_every_live_row_and_at_most_n_prompt_rows():
+    s, ex = make(slots=4, chunk=64)
+    a = req(10, max_tokens=100)
+    s.submit(a)
+    s.step(0.0)  # a alone, walked in one 10-row round
+    b, c = req(150, max_tokens=3), req(100, max_tokens=3)
+    s.submit(b), s.submit(c)
+    rounds = []
+    while b.id not in {x.req.id for x in s.roster} or s.walk:
+        ev = s.step(0.0)
+        rounds.append(ex.segments[-1])
+        # the live stream gets a token in every round: one round per iteration
+        assert sum(1 for e in ev if isinstance(e, Token) and e.request_id == a.id) == 1
+    prompt_rows = [[(n, st, smp) for n, st, smp in r if not (n == 1 and st >= 10)] for r in rounds]
+    assert prompt_rows == [[(64, 0, False)], [(64, 64, False)], [(22, 128, True), (42, 0, False)], [(58, 42, True)]]
+    assert all(sum(n for n, st, smp in r if (n, st, smp) not in p) >= 1 for r, p in zip(rounds, prompt_rows))
+
+
+def test_a_walker_joins_the_roster_with_the_token_of_its_final_segment():
+    s, ex = make(slots=4, chunk=64)
+    b = req(130, max_tokens=2)
+    s.submit(b)
+    evs = [s.step(0.0) for _ in range(3)]
+    assert [seg for seg in ex.segments] == [[(64, 0, False)], [(64, 64, False)], [(2, 128, True)]]
+    toks = [e for ev in evs for e in ev if isinstance(e, Token)]
+    assert len(toks) == 1 and [x.req.id for x in s.roster] == [b.id]
+    assert s.book.glob.used > 0 and not s.walk
+
+
+def test_a_cancelled_walker_returns_its_pages_without_a_token():
+    s, ex = make(slots=4, chunk=64)
+    b = req(200, max_tokens=5)
+    s.submit(b)
+    s.step(0.0)
+    assert s.book.glob.used == 4  # 64 rows: this round's pages only
+    b.cancelled = True
+    ev = s.step(0.0)
+    assert [e.reason for e in ev if isinstance(e, Finished)] == ["abort"]
+    assert not any(isinstance(e, Token) for e in ev) and s.book.glob.used == 0 and not s.has_work()
+
+
+def test_a_walk_whose_roster_drains_midway_finishes():
+    s, ex = make(slots=4, chunk=64)
+    a = req(10, max_tokens=2)
+    s.submit(a)
+    s.step(0.0)
+    b = req(200, max_tokens=2)
+    s.submit(b)
+    while s.has_work():
+        s.step(0.0)
+    assert ex.segments[-1] == [(1, 200, True)] and s.book.glob.used == 0
+
+
+def test_the_door_counts_walkers_as_active():
+    s, ex = make(slots=4, chunk=64)
+    s.submit(req(200, max_tokens=5))
+    s.step(0.0)
+    assert s.running == 1 and len(s.roster) == 0
+
+
+# ---- stall attribution --------------------------------------------------------------------
+class TimedExecutor(FakeExecutor):
+    """A scripted cost model: every step advances a virtual clock 10 ms + 1 ms per prompt row."""
+
+    def __init__(self):
+        super().__init__()
+        self.now = 0.0
+
+    def run(self, segments, rows):
+        self.now += 0.010 + 0.001 * sum(len(s.tokens) for s in segments if not (len(s.tokens) == 1 and s.start > 0))
+        return super().run(segments, rows)
+
+
+def test_every_gap_is_attributed_to_the_step_that_ended_it():
+    ex = TimedExecutor()
+    cfg = ServingConfig(max_context=256, decode_slots=4, mix_gather_rows=512, mix_max_prompts=4)
+    s = Scheduler(ex, KVBook(65, None, None), cfg, VOCAB, clock=lambda: ex.now)
+    a = req(10, max_tokens=20)
+    s.submit(a)
+    first = [e for e in s.step() if isinstance(e, Token)]  # prefill (10 rows), then a decode round
+    b = req(30, max_tokens=20)
+    s.submit(b)
+    second = [e for e in s.step() if isinstance(e, Token)]  # b rides a's row, then a decode round
+    got = [(e.request_id == a.id, e.cause, e.prompt_rows, e.prompts, None if e.gap is None else round(e.gap, 6))
+           for e in first + second]
+    assert got == [(True, "prefill", 10, 1, None), (True, "decode", 0, 0, 0.010),
+                   (False, "mixed", 30, 1, None), (True, "mixed", 30, 1, 0.040),
+                   (True, "decode", 0, 0, 0.010), (False, "decode", 0, 0, 0.010)]
+    h = s.metrics.itl_by_cause
+    assert (h["decode"].n, h["mixed"].n) == (3, 1) and abs(h["mixed"].total - 0.040) < 1e-9

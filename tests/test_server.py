@@ -207,6 +207,16 @@ def test_a_vllm_bench_serve_body_is_accepted(server):
     events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
     assert r.status_code == 200 and events[-1]["usage"]["completion_tokens"] == 16
     assert r.text.rstrip().endswith("data: [DONE]")
+    # stall attribution rides every content chunk: the first token came from a solo prefill
+    causes = [e["tailgate"]["cause"] for e in events if e.get("choices") and e["choices"][0]["text"]]
+    assert causes and causes[0] in ("prefill", "mixed") and set(causes) <= {"prefill", "mixed", "decode"}
+
+
+def test_version_names_the_kernel_plan_of_this_cpu(server):
+    from tailgate.model.cpu import this_cpu
+
+    k = httpx.get(server[0] + "/version").json()["kernels"]
+    assert k["cpu"] == this_cpu().model and k["isa"] == this_cpu().isa and k["dense"] in ("onednn", "torch")
 
 
 def test_metrics_show_vllm_families(server):
@@ -215,7 +225,8 @@ def test_metrics_show_vllm_families(server):
                 "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_count",
                 "vllm:e2e_request_latency_seconds_sum", "vllm:request_queue_time_seconds_count",
                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
-                "tailgate:door_held_requests", "tailgate:step_decode_rows_count"):
+                "tailgate:door_held_requests", "tailgate:step_decode_rows_count",
+                'tailgate:inter_token_latency_by_cause_seconds_count{model_name="gemma3-270m",cause="decode"}'):
         assert fam in text, fam
     assert 'model_name="gemma3-270m"' in text
 

@@ -5,6 +5,10 @@ import json
 import os
 
 
+# Tick colours for tailgate's stall attribution (decode-only steps stay the plain blue).
+CAUSE_COLORS = {"decode": "tab:blue", "mixed": "tab:orange", "walk": "tab:purple", "prefill": "tab:gray"}
+
+
 def main(args) -> int:
     import matplotlib
 
@@ -37,12 +41,19 @@ def main(args) -> int:
     for name, d in runs:
         fig, ax = plt.subplots(figsize=(11, 5))
         t0 = min(d["start_times"])
-        for i, (start, times) in enumerate(zip(d["start_times"], d["token_times"])):
-            ax.plot([t - t0 for t in times], [i] * len(times), "|", ms=3, color="tab:blue")
+        causes = d.get("token_causes") or [[None] * len(t) for t in d["token_times"]]
+        seen = set()
+        for i, (start, times, why) in enumerate(zip(d["start_times"], d["token_times"], causes)):
+            for cause in sorted(set(why), key=str):  # ticks coloured by the step that produced them
+                xs = [t - t0 for t, w in zip(times, why) if w == cause]
+                label = None if cause in seen else (cause or "token")
+                seen.add(cause)
+                ax.plot(xs, [i] * len(xs), "|", ms=3, color=CAUSE_COLORS.get(cause, "tab:blue"), label=label)
             ax.plot([start - t0], [i], ">", ms=3, color="tab:red")  # sent
             if times:
                 ax.plot([times[0] - t0], [i], "o", ms=3, color="tab:green")  # first token
-        ax.set_xlabel("seconds since the first request (red: sent, green: first token, ticks: tokens)")
+        ax.set_xlabel("seconds since the first request (red: sent, green: first token, ticks: tokens by step kind)")
+        ax.legend(loc="upper left", fontsize=7)
         ax.set_ylabel("request")
         ax.set_title(f"token timeline: {name}")
         fig.tight_layout()

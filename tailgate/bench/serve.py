@@ -30,6 +30,7 @@ class Result:
     probe: bool
     send: float = 0.0
     chunk_times: list[float] = field(default_factory=list)
+    chunk_causes: list = field(default_factory=list)  # tailgate's per-chunk step kind (None elsewhere)
     output_tokens: int = 0
     success: bool = False
     error: str = ""
@@ -120,6 +121,7 @@ async def send_one(client, url, sample: Sample, model, kind, temperature, ignore
                     content = ch.get("text") if kind != "chat" else (ch.get("delta") or {}).get("content")
                     if content:  # a content chunk: TTFT on the first, an ITL gap for each after
                         res.chunk_times.append(now)
+                        res.chunk_causes.append((obj.get("tailgate") or {}).get("cause"))
                     if ch.get("finish_reason"):
                         res.finish_reasons.append(ch["finish_reason"])
                 if obj.get("usage"):
@@ -299,6 +301,7 @@ def main(args) -> int:
                         "ttfts": [(r.chunk_times[0] - r.send) if r.chunk_times else None for r in ok],
                         "itls": [[b - a for a, b in zip(r.chunk_times, r.chunk_times[1:])] for r in ok],
                         "start_times": [r.send for r in ok], "token_times": [r.chunk_times for r in ok],
+                        "token_causes": [r.chunk_causes for r in ok],
                         "errors": [r.error for r in ok]})
         with open(args.save_result, "w") as f:
             json.dump(out, f, indent=1)

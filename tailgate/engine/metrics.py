@@ -37,3 +37,8 @@ class EngineMetrics:
     generation_tokens: int = 0
     finished: Counter = field(default_factory=Counter)  # reason -> count
     preemptions: int = 0
+    # Inter-token gaps by the kind of step that ended them: why the tail is what it is.
+    itl_by_cause: dict = field(default_factory=dict)  # cause -> Histogram
+
+    def observe_gap(self, cause: str, gap: float) -> None:
+        self.itl_by_cause.setdefault(cause, Histogram()).observe(gap)

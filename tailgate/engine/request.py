@@ -58,6 +58,13 @@ class Token(Event):
     token: int = 0
     logprob: float | None = None
     top_logprobs: list | None = None  # [(token, logprob)] when asked
+    # Stall attribution: the kind of step that produced this token (decode | mixed | walk |
+    # prefill), its prompt rows and prompts, and the gap since this stream's previous token
+    # (None for the first token).
+    cause: str = ""
+    prompt_rows: int = 0
+    prompts: int = 0
+    gap: float | None = None
 
 
 @dataclass

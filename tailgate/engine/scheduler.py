@@ -17,6 +17,7 @@ from .metrics import EngineMetrics
 from .pages import KVBook, SeqPages, pages_for
 from .plan import Segment
 from .request import Event, Finished, Rejected, Request, RowSample, Sampled, Scheduled, Token
+from .walk import Walker, plan_round
 
 
 class Executor(Protocol):
@@ -32,6 +33,7 @@ class Active:
     queued_at: float
     scheduled_at: float
     output: list[int] = field(default_factory=list)
+    last_at: float | None = None  # when its previous token was emitted
 
     @property
     def last(self) -> int:
@@ -50,11 +52,14 @@ class Scheduler:
         self.clock = clock
         self.queue: deque[Request] = deque()
         self.roster: list[Active] = []
+        self.walk: list[Walker] = []  # prompts mid-prefill under the chunked walk, admission order
+        self.chunk = config.mix_chunk_tokens
         self.door = CoalesceDoor(config.admit_coalesce_ms / 1000.0, config.mix_max_prompts) \
             if config.admit_coalesce_ms else None
         self.metrics = EngineMetrics()
         self._events: list[tuple[Request, Event]] = []  # not yet delivered
         self._iteration: list[Event] = []  # everything this iteration emitted (the step output)
+        self._cause = ("decode", 0, 0)  # the running step's kind, prompt rows, prompts
 
     # ---- intake -------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -63,19 +68,31 @@ class Scheduler:
         self.queue.append(req)
 
     def has_work(self) -> bool:
-        return bool(self.queue or self.roster)
+        return bool(self.queue or self.roster or self.walk)
+
+    @property
+    def running(self) -> int:
+        """Requests holding a slot: the roster plus the walkers (what the door counts as active)."""
+        return len(self.roster) + len(self.walk)
 
     @property
     def held(self) -> int:
         return sum(1 for r in self.queue if r.held_at is not None)
 
     def step(self, now: float | None = None) -> list[Event]:
-        """One engine iteration: an intake turn (door permitting), then one decode round."""
+        """One engine iteration: a walk in progress advances exactly one round; otherwise an
+        intake turn (door permitting), then one decode round unless a walk just started (its
+        first round carried the live rows)."""
         now = self.clock() if now is None else now
         self._retire_cancelled()
-        self.intake_turn(now)
-        if self.roster:
-            self._decode_round()
+        if self.walk:
+            self._walk_round()
+        else:
+            self.intake_turn(now)
+            if self.walk:
+                self._walk_round()
+            elif self.roster:
+                self._decode_round()
         self.metrics.steps += 1
         self._deliver()
         out, self._iteration = self._iteration, []
@@ -94,7 +111,7 @@ class Scheduler:
     def intake_turn(self, now: float) -> bool:
         """Admit from the queue head; returns whether the door was open."""
         if self.door is not None:
-            opened, reason = self.door.decide(len(self.queue), len(self.roster), self.slots, now)
+            opened, reason = self.door.decide(len(self.queue), self.running, self.slots, now)
             if not opened:
                 for r in self.queue:
                     if r.held_at is None:
@@ -114,6 +131,9 @@ class Scheduler:
             attempts += 1
             if not self._admissible(leader):
                 continue
+            if self.chunk:
+                self._start_walk(leader, attempts)
+                return True
             live = bool(self.roster)
             if live:
                 self._ready_decode_rows()
@@ -131,9 +151,44 @@ class Scheduler:
                 attempts = self._gather(newcomers, attempts)
             for req, _ in newcomers:
                 self._emit(req, Scheduled(req.id, self.clock(), queued_at=req.arrival, prompt_tokens=len(req.prompt)))
-            self._run(newcomers, self.roster if live else [])
+            self._run([(Walker(r, p), len(r.prompt)) for r, p in newcomers], self.roster if live else [])
         return True
 
+    def _start_walk(self, leader: Request, attempts: int) -> None:
+        """The leader and its gathered followers become walkers. No row budget: each round is
+        bounded by the chunk width instead. Pages are reserved round by round."""
+        self.walk = [Walker(leader, SeqPages())]
+        while (self.queue and len(self.walk) < self.cfg.mix_max_prompts and self.running < self.slots
+               and attempts < self.slots):
+            f = self.queue.popleft()
+            attempts += 1
+            if self._admissible(f):
+                self.walk.append(Walker(f, SeqPages()))
+        for w in self.walk:
+            self._emit(w.req, Scheduled(w.req.id, self.clock(), queued_at=w.req.arrival,
+                                        prompt_tokens=len(w.req.prompt)))
+
+    def _walk_round(self) -> None:
+        """One round: at most `chunk` prompt rows across the walkers, plus every live row."""
+        self._ready_decode_rows()
+        chunks = []
+        for w, take in plan_round(self.walk, self.chunk):
+            if self.book.reserve(w.pages, w.done + take):
+                chunks.append((w, take))
+            elif not self.roster and not chunks and w is self.walk[0]:
+                self._drop_walker(w, "error", f"the prompt needs {pages_for(len(w.req.prompt))} KV pages per "
+                                              "pool, more than the pools hold with nothing running")
+            # else: it waits for a later round (live rows and earlier walkers free pages)
+        if chunks or self.roster:
+            self._run(chunks, self.roster)
+
+    def _drop_walker(self, w: Walker, reason: str, message: str = "") -> None:
+        self.walk.remove(w)
+        self.book.free(w.pages)
+        self.executor.release(w.req.id)
+        self.metrics.finished[reason] += 1
+        self._emit(w.req, Finished(w.req.id, self.clock(), reason=reason, prompt_tokens=len(w.req.prompt),
+                                   message=message))
     def _gather(self, newcomers: list, attempts: int) -> int:
         """Coincident prompts join the leader's mixed step while every rule holds."""
         rows = len(newcomers[0][0].prompt)  # the leader is never bounded
@@ -188,34 +243,55 @@ class Scheduler:
         if self.roster:
             self._run([], self.roster)
 
-    def _run(self, newcomers: list[tuple[Request, SeqPages]], rows: list[Active]) -> None:
-        """One forward pass: newcomers' prompts first, then every live row's next token."""
+    def _run(self, chunks: list[tuple[Walker, int]], rows: list[Active]) -> None:
+        """One forward pass: prompt chunks first (a whole prompt is one chunk), then every live
+        row's next token. Only a prompt's final chunk is sampled: a walker graduates into the
+        roster with that token; earlier chunks only fill KV."""
         rows = list(rows)
-        segs = [Segment(r.prompt, 0, p) for r, p in newcomers] + [Segment([a.last], a.pages.frontier, a.pages) for a in rows]
-        samples = [self._row_sample(r, []) for r, _ in newcomers] + [self._row_sample(a.req, a.output) for a in rows]
+        segs, samples = [], []
+        for w, take in chunks:
+            toks, start, final = w.chunk(take)
+            segs.append(Segment(toks, start, w.pages, sample=final))
+            if final:
+                samples.append(self._row_sample(w.req, []))
+        segs += [Segment([a.last], a.pages.frontier, a.pages) for a in rows]
+        samples += [self._row_sample(a.req, a.output) for a in rows]
         m = self.metrics
-        if newcomers:
-            m.prefill_rows.observe(sum(len(r.prompt) for r, _ in newcomers))
+        prompt_rows = sum(take for _, take in chunks)
+        kind = "decode" if not chunks else "prefill" if not rows else "walk" if self.chunk else "mixed"
+        self._cause = (kind, prompt_rows, len(chunks))
+        if chunks:
+            m.prefill_rows.observe(prompt_rows)
         if rows:
             m.decode_rows.observe(len(rows))
         try:
             outs = self.executor.run(segs, samples)
         except Exception as e:  # a failed step fails everyone in it, loudly, and nothing else
             msg = f"step failed: {e}"
-            for r, p in newcomers:
-                self.book.free(p)
-                self._emit(r, Finished(r.id, self.clock(), reason="error", prompt_tokens=len(r.prompt), message=msg))
+            for w, _ in chunks:
+                if w in self.walk:
+                    self.walk.remove(w)
+                self.book.free(w.pages)
+                self._emit(w.req, Finished(w.req.id, self.clock(), reason="error", prompt_tokens=len(w.req.prompt),
+                                           message=msg))
             for a in rows:
                 self._finish(a, "error", msg)
             return
         now = self.clock()
-        for (r, p), out in zip(newcomers, outs):
-            self.book.advance(p, len(r.prompt))
-            m.prompt_tokens += len(r.prompt)
-            a = Active(r, p, queued_at=r.arrival, scheduled_at=now)
-            if self._settle(a, out):
+        outs = iter(outs)
+        for w, take in chunks:
+            final = w.done + take == len(w.req.prompt)
+            self.book.advance(w.pages, take)
+            w.done += take
+            m.prompt_tokens += take
+            if not final:
+                continue
+            if w in self.walk:
+                self.walk.remove(w)
+            a = Active(w.req, w.pages, queued_at=w.req.arrival, scheduled_at=now)
+            if self._settle(a, next(outs)):
                 self.roster.append(a)
-        for a, out in zip(rows, outs[len(newcomers):]):
+        for a, out in zip(rows, outs):
             self.book.advance(a.pages, 1)
             self._settle(a, out)
         self._deliver()
@@ -236,7 +312,14 @@ class Scheduler:
             return False
         a.output.append(t)
         self.metrics.generation_tokens += 1
-        self._emit(req, Token(req.id, self.clock(), token=t, logprob=out.logprob, top_logprobs=out.top_logprobs))
+        now = self.clock()
+        kind, rows, prompts = self._cause
+        gap = None if a.last_at is None else now - a.last_at
+        if gap is not None:
+            self.metrics.observe_gap(kind, gap)
+        a.last_at = now
+        self._emit(req, Token(req.id, now, token=t, logprob=out.logprob, top_logprobs=out.top_logprobs,
+                              cause=kind, prompt_rows=rows, prompts=prompts, gap=gap))
         if len(a.output) >= req.max_tokens:
             self._finish(a, "length")
             return False
@@ -255,6 +338,8 @@ class Scheduler:
         """Fatal path: finish every queued and live request with an error and deliver it."""
         for a in list(self.roster):
             self._finish(a, "error", message)
+        for w in list(self.walk):
+            self._drop_walker(w, "error", message)
         while self.queue:
             r = self.queue.popleft()
             self._emit(r, Finished(r.id, self.clock(), reason="error", prompt_tokens=len(r.prompt), message=message))
@@ -263,6 +348,8 @@ class Scheduler:
     def _retire_cancelled(self) -> None:
         for a in [a for a in self.roster if a.req.cancelled]:
             self._finish(a, "abort")  # pages return at once
+        for w in [w for w in self.walk if w.req.cancelled]:
+            self._drop_walker(w, "abort")
 
     def _reject(self, req: Request, why: str) -> None:
         self.metrics.finished["rejected"] += 1

@@ -59,6 +59,7 @@ class Choice:
     finish: str | None = None
     logprobs: list = field(default_factory=list)  # (token, logprob, top)
     last_at: float | None = None
+    cause: dict | None = None  # stall attribution of the latest token (streamed as "tailgate")
 
 
 class Generation:
@@ -126,6 +127,7 @@ class Generation:
             (st.ttft if c.last_at is None else st.itl).observe(ev.at - (c.last_at or c.req.arrival))
             c.last_at = ev.at
             c.tokens += 1
+            c.cause = {"cause": ev.cause, "prompt_rows": ev.prompt_rows, "prompts": ev.prompts}
             if c.req.logprobs is not None:
                 c.logprobs.append((ev.token, ev.logprob, ev.top_logprobs or []))
             text = c.stream.push(ev.token)
@@ -286,6 +288,9 @@ def create_app(state: ServerState) -> Starlette:
                     items = c.logprobs[seen:]
                     if text or items:
                         out.append(gen.chunk(c, text or "", items, None))
+                        # Extension field (clients ignore unknown keys): the step that produced
+                        # this chunk's latest token, so a client can see why a gap was long.
+                        out[-1]["tailgate"] = c.cause
                     if c.finish is not None:
                         # The finish reason rides the choice's last chunk when it has one in this
                         # batch (as vLLM's does), so clients do not see an extra empty "token".
@@ -382,7 +387,7 @@ def render_metrics(state: ServerState) -> str:
     if state.ready:
         s = state.engine.scheduler
         m = s.metrics
-        x.gauge("vllm:num_requests_running", len(s.roster), "Requests in the decode roster.")
+        x.gauge("vllm:num_requests_running", s.running, "Requests in the decode roster or mid-prefill.")
         x.gauge("vllm:num_requests_waiting", state.engine.waiting, "Requests waiting to be admitted.")
         x.gauge("vllm:kv_cache_usage_perc", round(s.book.usage(), 6), "Fraction of KV pages in use (both pools).")
         x.gauge("tailgate:kv_pages_used", s.book.glob.used + (s.book.local.used if s.book.local else 0),
@@ -397,6 +402,9 @@ def render_metrics(state: ServerState) -> str:
         x.counter("tailgate:door_releases_total", dict(m.door_releases), "Door openings by reason.", label="reason")
         x.histogram("tailgate:step_prefill_rows", m.prefill_rows, "Prompt rows per step that carried prompts.")
         x.histogram("tailgate:step_decode_rows", m.decode_rows, "Decode rows per step that carried any.")
+        x.histogram("tailgate:inter_token_latency_by_cause_seconds", dict(m.itl_by_cause),
+                    "Engine-side gaps between a stream's tokens, by the kind of step that ended the gap "
+                    "(decode, mixed, walk, prefill).", label="cause")
     x.histogram("vllm:time_to_first_token_seconds", state.ttft, "Time to first token.")
     x.histogram("vllm:inter_token_latency_seconds", state.itl, "Gaps between tokens.")
     x.histogram("vllm:e2e_request_latency_seconds", state.e2e, "Arrival to finish.")

@@ -25,14 +25,17 @@ class Exposition:
             for k, v in value.items():
                 self.lines.append(f"{name}{_labels(self.model, {label: k})} {v}")
 
-    def histogram(self, name: str, h: Histogram, help_: str) -> None:
+    def histogram(self, name: str, h: Histogram | dict, help_: str, label: str | None = None) -> None:
+        """One histogram, or (with `label`) one series per key of a dict of histograms."""
         self.lines += [f"# HELP {name} {help_}", f"# TYPE {name} histogram"]
-        cum = 0
-        for le, c in zip(list(h.buckets) + ["+Inf"], h.counts):
-            cum += c
-            self.lines.append(f"{name}_bucket{_labels(self.model, {'le': le})} {cum}")
-        self.lines.append(f"{name}_sum{_labels(self.model)} {h.total}")
-        self.lines.append(f"{name}_count{_labels(self.model)} {h.n}")
+        for key, hist in (h.items() if label else [(None, h)]):
+            extra = {label: key} if label else {}
+            cum = 0
+            for le, c in zip(list(hist.buckets) + ["+Inf"], hist.counts):
+                cum += c
+                self.lines.append(f"{name}_bucket{_labels(self.model, {**extra, 'le': le})} {cum}")
+            self.lines.append(f"{name}_sum{_labels(self.model, extra)} {hist.total}")
+            self.lines.append(f"{name}_count{_labels(self.model, extra)} {hist.n}")
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
