@@ -6,7 +6,7 @@ import time
 
 from .config import ServingConfig
 from .engine.loop import Engine
-from .engine.pages import KVBook, pool_pages
+from .engine.pages import KVBook, budget_pool_pages, pool_pages
 from .engine.scheduler import Scheduler
 
 
@@ -14,6 +14,8 @@ def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device:
                  loaded=None, clock=time.monotonic, log=lambda m: print(m, file=sys.stderr), kernels: str = "auto"):
     """Returns (engine not yet started, loaded model, settled config). `config` must come from
     `config.resolve`, so every knob was checked before this touches any weights."""
+    import torch
+
     from .model.executor import ModelExecutor
     from .model.kernels import choose
     from .model.runner import ModelRunner
@@ -26,7 +28,15 @@ def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device:
     window = m.spec.sliding_window if m.spec.has_sliding else None
     # Whole-prompt admission: up to mix_max_prompts prompts hold full-length sliding pages
     # during their prefill step, on top of one window per slot.
-    pages = pool_pages(cfg.max_context, cfg.decode_slots, window, transient_prompts=cfg.mix_max_prompts)
+    if cfg.kv_cache_mb:  # a budget: the global pool holds what fits, live rows may be preempted
+        itemsize = torch.tensor([], dtype=plan.dtype).element_size()
+        per_layer = 2 * m.spec.n_kv_heads * m.spec.head_dim * itemsize
+        token_bytes = {"global": per_layer * len(m.spec.family_layers(False)),
+                       "local": per_layer * len(m.spec.family_layers(True))}
+        pages = budget_pool_pages(cfg.kv_cache_mb << 20, token_bytes, cfg.max_context, cfg.decode_slots, window,
+                                  transient_prompts=cfg.mix_max_prompts)
+    else:
+        pages = pool_pages(cfg.max_context, cfg.decode_slots, window, transient_prompts=cfg.mix_max_prompts)
     runner = ModelRunner(m.spec, m.weights, pages, plan=plan)
     book = KVBook(pages["global"], pages.get("local"), window)
     sched = Scheduler(ModelExecutor(runner), book, cfg, m.spec.vocab_size, clock=clock)

@@ -87,6 +87,9 @@ KNOBS = (
          "prefix-cache entries (grammar parsed; not built yet, so a value refuses)"),
     Knob("ADMIT_COALESCE_MS", "off", "off | N ms, 1 <= N <= 2000",
          "admission coalesce door: hold arrivals into a deep live batch up to N ms"),
+    Knob("KV_CACHE_MB", "off", "off | N MiB, 1 <= N <= 1048576",
+         "size the global KV pool from a memory budget instead of DECODE_SLOTS x MAX_CONTEXT; a live row "
+         "that cannot grow preempts the latest arrival (requeued at the head, recomputed)"),
 )
 KNOB_NAMES = tuple(k.name for k in KNOBS)
 
@@ -101,6 +104,7 @@ class ServingConfig:
     async_prefill: str | None = None
     prefix_cache: int | None = None
     admit_coalesce_ms: int | None = None
+    kv_cache_mb: int | None = None
 
     def with_model_limit(self, model_max: int) -> "ServingConfig":
         """Settle MAX_CONTEXT against the model (after its metadata is read, before weights are cast)."""
@@ -145,6 +149,7 @@ def resolve(lookup: Callable[[str], str | None]) -> ServingConfig:
     lane = parse_async_prefill(raw["ASYNC_PREFILL"])
     cache = parse_off_or_int("PREFIX_CACHE", raw["PREFIX_CACHE"], 1, 1024)
     door = parse_admit_coalesce_ms(raw["ADMIT_COALESCE_MS"])
+    kv_mb = parse_off_or_int("KV_CACHE_MB", raw["KV_CACHE_MB"], 1, 1 << 20)
     # Cross-knob rules, in one place.
     if door is not None and lane is not None:
         raise KnobError(f"{PREFIX}ADMIT_COALESCE_MS={raw['ADMIT_COALESCE_MS']!r} refuses with "
@@ -153,7 +158,7 @@ def resolve(lookup: Callable[[str], str | None]) -> ServingConfig:
     for name, value in (("ASYNC_PREFILL", lane), ("PREFIX_CACHE", cache)):
         if value is not None:
             raise KnobError(f"{PREFIX}{name}={raw[name]!r}: this build does not have that feature yet (accepted now: off)")
-    return ServingConfig(max_context, slots, gather, prompts, chunk, lane, cache, door)
+    return ServingConfig(max_context, slots, gather, prompts, chunk, lane, cache, door, kv_mb)
 
 
 def knob_table_markdown() -> str:

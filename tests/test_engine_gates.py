@@ -144,3 +144,24 @@ def test_a_walked_prompt_is_token_exact_vs_serial_while_a_stream_is_live(gemma, 
         got = [sum(1 for e in evs if getattr(e, "request_id", None) == live.id and type(e).__name__ == "Token")
                for evs in h.steps[start:start + 3]]
         assert got == [1, 1, 1]
+
+
+def test_a_preempted_request_finishes_token_exact_and_the_pages_all_return(gemma, rig):
+    from tailgate.engine.pages import pool_pages
+
+    spec = gemma.spec
+    # fp32 K+V bytes of one token: the global pool's layers, and the sliding pool's fixed share.
+    per_layer = 2 * spec.n_kv_heads * spec.head_dim * 4
+    glob_page = 16 * per_layer * len(spec.family_layers(False))
+    sliding = pool_pages(256, 3, spec.sliding_window, 3)["local"] * 16 * per_layer * len(spec.family_layers(True))
+    mb = next(m for m in range(1, 4096) if ((m << 20) - sliding) // glob_page >= 13)  # two fit, three do not
+    assert ((mb << 20) - sliding) // glob_page < 18
+    r = rig("gemma3-270m", "fp32")
+    prompts = [ids(20, s) for s in (5, 6, 7)]
+    want = [serial.generate(r.runner, r.book, p, 76) for p in prompts]  # 96 tokens = 6 pages each
+    with Harness(gemma, dtype="fp32", DECODE_SLOTS="3", MAX_CONTEXT="256", KV_CACHE_MB=str(mb)) as h:
+        with h.engine._cv:
+            rs = [h.submit(p, max_tokens=76) for p in prompts]
+        assert h.wait(lambda: all(h.done(x) for x in rs), 600)
+        assert h.sched.metrics.preemptions >= 1
+        assert [h.tokens(x) for x in rs] == want

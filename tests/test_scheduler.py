@@ -272,3 +272,25 @@ def test_every_gap_is_attributed_to_the_step_that_ended_it():
                    (True, "decode", 0, 0, 0.010), (False, "decode", 0, 0, 0.010)]
     h = s.metrics.itl_by_cause
     assert (h["decode"].n, h["mixed"].n) == (3, 1) and abs(h["mixed"].total - 0.040) < 1e-9
+
+
+# ---- KV budget: preemption ----------------------------------------------------------------
+def test_a_row_that_cannot_grow_preempts_the_latest_arrival_which_resumes_by_recompute():
+    s, ex = make(slots=3, global_pages=11)  # 10 usable pages: two 60-token requests fit, three do not
+    rs = [req(10, max_tokens=50) for _ in range(3)]
+    for i, r in enumerate(rs):
+        r.arrival = 1.0 + i
+        s.submit(r)
+    events = []
+    while s.has_work():
+        events += s.step(0.0)
+    assert s.metrics.preemptions >= 1 and s.book.glob.used == 0
+    for r in rs:  # every token emitted exactly once, the run finishes by length
+        assert sum(1 for e in events if isinstance(e, Token) and e.request_id == r.id) == 50
+        assert [e.reason for e in events if isinstance(e, Finished) and e.request_id == r.id] == ["length"]
+        assert sum(1 for e in events if isinstance(e, Scheduled) and e.request_id == r.id) == 1
+    # the last arrival was the one preempted: it came back as one recompute segment (prompt + output)
+    recomputes = [seg for step in ex.segments for seg in step if seg[1] == 0 and seg[0] > 10]
+    assert recomputes and all(n > 10 for n, _, _ in recomputes)
+    causes = {e.cause for e in events if isinstance(e, Token) and e.request_id == rs[2].id}
+    assert "recompute" in causes

@@ -116,6 +116,22 @@ class KVBook:
         return sum(p.used for p in pools) / max(1, sum(p.capacity for p in pools))
 
 
+def budget_pool_pages(budget_bytes: int, token_bytes: dict[str, int], max_context: int, slots: int,
+                      window: int | None, transient_prompts: int = 1) -> dict[str, int]:
+    """Pages per pool from a memory budget: the sliding pool keeps its bounded size (a window per
+    slot plus the prefill transients); the global pool gets what is left, and must hold at least
+    one full-context request. `token_bytes[fam]` = K+V bytes of one token across that family's layers."""
+    out = pool_pages(max_context, slots, window, transient_prompts)
+    left = budget_bytes - out.get("local", 0) * PAGE_SIZE * token_bytes.get("local", 0)
+    out["global"] = max(0, left // (PAGE_SIZE * token_bytes["global"])) + 1
+    need = pages_for(max_context) + 1
+    if out["global"] < need:
+        mib = -(-(need * PAGE_SIZE * token_bytes["global"] + budget_bytes - left) // (1 << 20))
+        raise ValueError(f"TAILGATE_KV_CACHE_MB={budget_bytes >> 20} cannot hold one {max_context}-token request "
+                         f"(needs at least {mib} MiB with this model, MAX_CONTEXT and DECODE_SLOTS)")
+    return out
+
+
 def pool_pages(max_context: int, slots: int, window: int | None, transient_prompts: int = 1) -> dict[str, int]:
     """Pages per pool: every slot may hold a full context in the global pool; the sliding pool
     holds a window per slot plus full-prompt transients for `transient_prompts` prompts being

@@ -60,6 +60,7 @@ class Scheduler:
         self._events: list[tuple[Request, Event]] = []  # not yet delivered
         self._iteration: list[Event] = []  # everything this iteration emitted (the step output)
         self._cause = ("decode", 0, 0)  # the running step's kind, prompt rows, prompts
+        self._preempted: dict[str, tuple[list[int], float | None]] = {}  # id -> (output so far, last token time)
 
     # ---- intake -------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -138,35 +139,43 @@ class Scheduler:
             if live:
                 self._ready_decode_rows()
                 live = bool(self.roster)
-            pages = SeqPages()
-            if not self.book.reserve(pages, len(leader.prompt)):
+            lead = self._walker(leader)
+            if not self.book.reserve(lead.pages, len(lead.tokens)):
                 if live:
-                    self.queue.appendleft(leader)  # someone live will free pages: wait at the head
+                    self._requeue(lead)  # someone live will free pages: wait at the head
                     break
                 self._reject(leader, f"the prompt needs {pages_for(len(leader.prompt))} KV pages per pool, more "
                                      "than the pools hold with nothing running")
                 continue
-            newcomers = [(leader, pages)]
+            newcomers = [lead]
             if live:
                 attempts = self._gather(newcomers, attempts)
-            for req, _ in newcomers:
-                self._emit(req, Scheduled(req.id, self.clock(), queued_at=req.arrival, prompt_tokens=len(req.prompt)))
-            self._run([(Walker(r, p), len(r.prompt)) for r, p in newcomers], self.roster if live else [])
+            self._announce(newcomers)
+            self._run([(w, len(w.tokens)) for w in newcomers], self.roster if live else [])
         return True
+
+    def _walker(self, req: Request) -> Walker:
+        """A newcomer; a preempted request comes back with its output so far to recompute."""
+        resumed, last_at = self._preempted.pop(req.id, ([], None))
+        return Walker(req, SeqPages(), resumed=resumed, last_at=last_at)
+
+    def _announce(self, walkers: list[Walker]) -> None:
+        for w in walkers:
+            if not w.resumed:  # a preempted request was scheduled once already
+                self._emit(w.req, Scheduled(w.req.id, self.clock(), queued_at=w.req.arrival,
+                                            prompt_tokens=len(w.req.prompt)))
 
     def _start_walk(self, leader: Request, attempts: int) -> None:
         """The leader and its gathered followers become walkers. No row budget: each round is
         bounded by the chunk width instead. Pages are reserved round by round."""
-        self.walk = [Walker(leader, SeqPages())]
+        self.walk = [self._walker(leader)]
         while (self.queue and len(self.walk) < self.cfg.mix_max_prompts and self.running < self.slots
                and attempts < self.slots):
             f = self.queue.popleft()
             attempts += 1
             if self._admissible(f):
-                self.walk.append(Walker(f, SeqPages()))
-        for w in self.walk:
-            self._emit(w.req, Scheduled(w.req.id, self.clock(), queued_at=w.req.arrival,
-                                        prompt_tokens=len(w.req.prompt)))
+                self.walk.append(self._walker(f))
+        self._announce(self.walk)
 
     def _walk_round(self) -> None:
         """One round: at most `chunk` prompt rows across the walkers, plus every live row."""
@@ -188,28 +197,31 @@ class Scheduler:
         self.executor.release(w.req.id)
         self.metrics.finished[reason] += 1
         self._emit(w.req, Finished(w.req.id, self.clock(), reason=reason, prompt_tokens=len(w.req.prompt),
-                                   message=message))
+                                   completion_tokens=len(w.resumed), message=message))
     def _gather(self, newcomers: list, attempts: int) -> int:
         """Coincident prompts join the leader's mixed step while every rule holds."""
-        rows = len(newcomers[0][0].prompt)  # the leader is never bounded
+        rows = len(newcomers[0].tokens)  # the leader is never bounded
         while (self.queue and len(newcomers) < self.cfg.mix_max_prompts and rows < self.cfg.mix_gather_rows
                and len(newcomers) + len(self.roster) < self.slots and attempts < self.slots):
             f = self.queue.popleft()
             attempts += 1
             if not self._admissible(f):
                 continue
-            pages = SeqPages()
-            if rows + len(f.prompt) > self.cfg.mix_gather_rows or not self.book.reserve(pages, len(f.prompt)):
-                self.queue.appendleft(f)
+            w = self._walker(f)
+            if rows + len(w.tokens) > self.cfg.mix_gather_rows or not self.book.reserve(w.pages, len(w.tokens)):
+                self._requeue(w)
                 break
-            rows += len(f.prompt)
-            newcomers.append((f, pages))
+            rows += len(w.tokens)
+            newcomers.append(w)
         return attempts
 
     def _admissible(self, req: Request) -> bool:
         """Cancelled requests retire; invalid ones are rejected (fail closed)."""
         if req.cancelled:
-            self._emit(req, Finished(req.id, self.clock(), reason="abort", prompt_tokens=len(req.prompt)))
+            done = self._preempted.pop(req.id, ([], None))[0]
+            self.executor.release(req.id)
+            self._emit(req, Finished(req.id, self.clock(), reason="abort", prompt_tokens=len(req.prompt),
+                                     completion_tokens=len(done)))
             return False
         why = self._invalid(req)
         if why:
@@ -233,10 +245,31 @@ class Scheduler:
 
     # ---- steps --------------------------------------------------------------------------
     def _ready_decode_rows(self) -> None:
-        """Give every live row a page for its next token; a row whose pools cannot grow fails."""
+        """Give every live row a page for its next token. When the pools cannot grow, the most
+        recent arrival in the roster is preempted (vLLM's policy: it gives back its pages and is
+        requeued at the head, to be recomputed), until the row fits or is itself the one
+        preempted; a row alone in the roster that cannot grow fails."""
         for a in list(self.roster):
-            if not self.book.reserve(a.pages, a.pages.frontier + 1):
-                self._finish(a, "error", "KV pools exhausted")
+            while a in self.roster and not self.book.reserve(a.pages, a.pages.frontier + 1):
+                if len(self.roster) < 2:
+                    self._finish(a, "error", "KV pools exhausted")
+                    break
+                latest = max(range(len(self.roster)), key=lambda i: (self.roster[i].req.arrival, i))
+                self._preempt(self.roster[latest])
+
+    def _preempt(self, a: Active) -> None:
+        self.roster.remove(a)
+        self.book.free(a.pages)
+        self._preempted[a.req.id] = (list(a.output), a.last_at)  # its sampler state stays with the executor
+        self.queue.appendleft(a.req)
+        self.metrics.preemptions += 1
+
+    def _requeue(self, w: Walker) -> None:
+        """Back to the head of the queue, keeping a preempted request's output."""
+        self.book.free(w.pages)
+        if w.resumed:
+            self._preempted[w.req.id] = (w.resumed, w.last_at)
+        self.queue.appendleft(w.req)
 
     def _decode_round(self) -> None:
         self._ready_decode_rows()
@@ -253,12 +286,13 @@ class Scheduler:
             toks, start, final = w.chunk(take)
             segs.append(Segment(toks, start, w.pages, sample=final))
             if final:
-                samples.append(self._row_sample(w.req, []))
+                samples.append(self._row_sample(w.req, w.resumed))
         segs += [Segment([a.last], a.pages.frontier, a.pages) for a in rows]
         samples += [self._row_sample(a.req, a.output) for a in rows]
         m = self.metrics
         prompt_rows = sum(take for _, take in chunks)
-        kind = "decode" if not chunks else "prefill" if not rows else "walk" if self.chunk else "mixed"
+        kind = "decode" if not chunks else "recompute" if any(w.resumed for w, _ in chunks) else \
+            "prefill" if not rows else "walk" if self.chunk else "mixed"
         self._cause = (kind, prompt_rows, len(chunks))
         if chunks:
             m.prefill_rows.observe(prompt_rows)
@@ -280,7 +314,7 @@ class Scheduler:
         now = self.clock()
         outs = iter(outs)
         for w, take in chunks:
-            final = w.done + take == len(w.req.prompt)
+            final = w.done + take == len(w.tokens)
             self.book.advance(w.pages, take)
             w.done += take
             m.prompt_tokens += take
@@ -288,7 +322,8 @@ class Scheduler:
                 continue
             if w in self.walk:
                 self.walk.remove(w)
-            a = Active(w.req, w.pages, queued_at=w.req.arrival, scheduled_at=now)
+            a = Active(w.req, w.pages, queued_at=w.req.arrival, scheduled_at=now, output=list(w.resumed),
+                       last_at=w.last_at)
             if self._settle(a, next(outs)):
                 self.roster.append(a)
         for a, out in zip(rows, outs):

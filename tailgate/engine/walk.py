@@ -9,7 +9,7 @@ a stall is bounded by one N-row step. Plain data, no torch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .pages import SeqPages
 from .request import Request
@@ -17,20 +17,27 @@ from .request import Request
 
 @dataclass
 class Walker:
-    """A prompt mid-prefill: `done` of its rows have run (and hold pages)."""
+    """A prompt mid-prefill: `done` of its rows have run (and hold pages). `resumed` is the output
+    a preempted request had already emitted: it is recomputed after the prompt, not re-emitted."""
 
     req: Request
     pages: SeqPages
     done: int = 0
+    resumed: list[int] = field(default_factory=list)
+    last_at: float | None = None  # a resumed stream's previous token time (its gap spans the preemption)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.req.prompt + self.resumed if self.resumed else self.req.prompt
 
     @property
     def rest(self) -> int:
-        return len(self.req.prompt) - self.done
+        return len(self.tokens) - self.done
 
     def chunk(self, take: int) -> tuple[list[int], int, bool]:
-        """(tokens, start position, whether this chunk ends the prompt) for the next `take` rows."""
+        """(tokens, start position, whether this chunk ends the sequence) for the next `take` rows."""
         end = self.done + take
-        return self.req.prompt[self.done:end], self.done, end == len(self.req.prompt)
+        return self.tokens[self.done:end], self.done, end == len(self.tokens)
 
 
 def plan_round(walkers: list[Walker], budget: int) -> list[tuple[Walker, int]]:
