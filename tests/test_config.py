@@ -12,7 +12,7 @@ def table(**overrides):
 
 def test_defaults_resolve_without_any_knob():
     cfg = resolve(table())
-    assert cfg == ServingConfig(None, 16, 512, 4, None, None, None, None)
+    assert cfg == ServingConfig(None, 16, 512, 4, 256, None, None, None, None)
     assert cfg.with_model_limit(32768).max_context == 4096
     assert cfg.with_model_limit(2048).max_context == 2048
 
@@ -51,7 +51,8 @@ def test_features_not_built_yet_refuse_instead_of_being_ignored():
 
 def test_the_walk_width_is_settled_in_the_config():
     assert resolve(table(MIX_CHUNK_TOKENS="300", MAX_CONTEXT="1024")).mix_chunk_tokens == 256
-    assert resolve(table()).mix_chunk_tokens is None
+    assert resolve(table(MIX_CHUNK_TOKENS="off")).mix_chunk_tokens is None
+    assert resolve(table(MAX_CONTEXT="256")).mix_chunk_tokens is None  # the default walk needs room
 
 
 def test_chunk_width_rounds_down_to_whole_tiles():

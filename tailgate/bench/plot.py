@@ -6,7 +6,8 @@ import os
 
 
 # Tick colours for tailgate's stall attribution (decode-only steps stay the plain blue).
-CAUSE_COLORS = {"decode": "tab:blue", "mixed": "tab:orange", "walk": "tab:purple", "prefill": "tab:gray"}
+CAUSE_COLORS = {"decode": "tab:blue", "mixed": "tab:orange", "walk": "tab:purple", "prefill": "tab:gray",
+                "recompute": "tab:brown"}
 
 
 def main(args) -> int:

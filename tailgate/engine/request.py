@@ -59,7 +59,7 @@ class Token(Event):
     logprob: float | None = None
     top_logprobs: list | None = None  # [(token, logprob)] when asked
     # Stall attribution: the kind of step that produced this token (decode | mixed | walk |
-    # prefill), its prompt rows and prompts, and the gap since this stream's previous token
+    # prefill | recompute), its prompt rows and prompts, and the gap since this stream's previous token
     # (None for the first token).
     cause: str = ""
     prompt_rows: int = 0

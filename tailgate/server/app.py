@@ -396,7 +396,7 @@ def render_metrics(state: ServerState) -> str:
         x.counter("vllm:generation_tokens_total", m.generation_tokens, "Generated tokens.")
         x.counter("vllm:request_success_total", {k: v for k, v in m.finished.items() if k in ("stop", "length")},
                   "Finished requests by reason.", label="finished_reason")
-        x.counter("vllm:num_preemptions_total", m.preemptions, "Preemptions (tailgate never preempts).")
+        x.counter("vllm:num_preemptions_total", m.preemptions, "Live rows preempted for KV pages (KV_CACHE_MB).")
         x.gauge("tailgate:door_held_requests", s.held, "Arrivals the coalesce door holds now.")
         x.histogram("tailgate:door_hold_seconds", m.door_hold, "How long the door held each released arrival.")
         x.counter("tailgate:door_releases_total", dict(m.door_releases), "Door openings by reason.", label="reason")
@@ -404,7 +404,7 @@ def render_metrics(state: ServerState) -> str:
         x.histogram("tailgate:step_decode_rows", m.decode_rows, "Decode rows per step that carried any.")
         x.histogram("tailgate:inter_token_latency_by_cause_seconds", dict(m.itl_by_cause),
                     "Engine-side gaps between a stream's tokens, by the kind of step that ended the gap "
-                    "(decode, mixed, walk, prefill).", label="cause")
+                    "(decode, mixed, walk, prefill, recompute).", label="cause")
     x.histogram("vllm:time_to_first_token_seconds", state.ttft, "Time to first token.")
     x.histogram("vllm:inter_token_latency_seconds", state.itl, "Gaps between tokens.")
     x.histogram("vllm:e2e_request_latency_seconds", state.e2e, "Arrival to finish.")
