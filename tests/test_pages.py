@@ -1,6 +1,8 @@
 """Paged KV bookkeeping: atomic two-pool reservation, sliding release, pages return."""
 from __future__ import annotations
 
+import pytest
+
 from tailgate.engine.pages import KVBook, PagePool, SeqPages, pool_pages
 
 
@@ -50,3 +52,14 @@ def test_the_padding_page_is_never_handed_out():
 def test_pool_sizes_follow_context_slots_and_window():
     assert pool_pages(2048, 4, None) == {"global": 4 * 128 + 1}
     assert pool_pages(2048, 4, 512) == {"global": 513, "local": 4 * 33 + 128 + 1}
+
+
+def test_a_kv_budget_gives_the_global_pool_what_the_sliding_pool_leaves():
+    from tailgate.engine.pages import budget_pool_pages, pool_pages
+
+    tb = {"global": 1000, "local": 5000}  # bytes per token across each family's layers
+    fixed = pool_pages(512, 4, 256, 2)["local"] * 16 * 5000
+    out = budget_pool_pages(fixed + 100 * 16 * 1000 + 999, tb, 512, 4, 256, 2)
+    assert out == {"global": 101, "local": pool_pages(512, 4, 256, 2)["local"]}
+    with pytest.raises(ValueError, match=r"TAILGATE_KV_CACHE_MB=.*cannot hold one 512-token request .* MiB"):
+        budget_pool_pages(fixed + 16 * 16 * 1000, tb, 512, 4, 256, 2)  # 16 pages < 32 + 1 needed
