@@ -192,12 +192,10 @@ class Scheduler:
             self._run(chunks, self.roster)
 
     def _drop_walker(self, w: Walker, reason: str, message: str = "") -> None:
-        self.walk.remove(w)
-        self.book.free(w.pages)
-        self.executor.release(w.req.id)
-        self.metrics.finished[reason] += 1
-        self._emit(w.req, Finished(w.req.id, self.clock(), reason=reason, prompt_tokens=len(w.req.prompt),
-                                   completion_tokens=len(w.resumed), message=message))
+        if w in self.walk:
+            self.walk.remove(w)
+        self._close(w.req, w.pages, len(w.resumed), reason, message)
+
     def _gather(self, newcomers: list, attempts: int) -> int:
         """Coincident prompts join the leader's mixed step while every rule holds."""
         rows = len(newcomers[0].tokens)  # the leader is never bounded
@@ -303,11 +301,7 @@ class Scheduler:
         except Exception as e:  # a failed step fails everyone in it, loudly, and nothing else
             msg = f"step failed: {e}"
             for w, _ in chunks:
-                if w in self.walk:
-                    self.walk.remove(w)
-                self.book.free(w.pages)
-                self._emit(w.req, Finished(w.req.id, self.clock(), reason="error", prompt_tokens=len(w.req.prompt),
-                                           message=msg))
+                self._drop_walker(w, "error", msg)
             for a in rows:
                 self._finish(a, "error", msg)
             return
@@ -363,11 +357,15 @@ class Scheduler:
     def _finish(self, a: Active, reason: str, message: str = "") -> None:
         if a in self.roster:
             self.roster.remove(a)
-        self.book.free(a.pages)
-        self.executor.release(a.req.id)
+        self._close(a.req, a.pages, len(a.output), reason, message)
+
+    def _close(self, req: Request, pages: SeqPages, completion_tokens: int, reason: str, message: str) -> None:
+        """Return a request's pages and sampler state, count it, and tell its stream why it ended."""
+        self.book.free(pages)
+        self.executor.release(req.id)
         self.metrics.finished[reason] += 1
-        self._emit(a.req, Finished(a.req.id, self.clock(), reason=reason, prompt_tokens=len(a.req.prompt),
-                                   completion_tokens=len(a.output), message=message))
+        self._emit(req, Finished(req.id, self.clock(), reason=reason, prompt_tokens=len(req.prompt),
+                                 completion_tokens=completion_tokens, message=message))
 
     def fail_all(self, message: str) -> None:
         """Fatal path: finish every queued and live request with an error and deliver it."""
