@@ -117,7 +117,8 @@ def test_gathered_output_is_token_exact_vs_serial(gemma, rig):
 
 
 @pytest.mark.parametrize("env", [{"TAILGATE_ADMIT_COALESCE_MS": "5000"}, {"TAILGATE_DECODE_SLOTS": "0"},
-                                 {"TAILGATE_ADMIT_COALESCE_MS": "300", "TAILGATE_ASYNC_PREFILL": "shared"}])
+                                 {"TAILGATE_ADMIT_COALESCE_MS": "300", "TAILGATE_ASYNC_PREFILL": "shared"},
+                                 {"TAILGATE_KERNELS": "int9"}, {"TAILGATE_MIX_CHUNK_TOKENS": "63"}])
 def test_bad_knobs_refuse_before_any_weights_load(env, tmp_path):
     # A model path that does not exist: if knobs were checked after loading, the error would be about it.
     env = {**os.environ, **env, "TAILGATE_CACHE_DIR": str(tmp_path)}

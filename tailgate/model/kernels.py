@@ -87,7 +87,7 @@ def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto
         raise KernelError(f"--dtype {want!r} not recognized (accepted: {DTYPE_GRAMMAR})")
     kind = (kernels or "auto").strip().lower()
     if kind not in KERNEL_GRAMMAR.split(" | "):
-        raise KernelError(f"--kernels {kernels!r} not recognized (accepted: {KERNEL_GRAMMAR})")
+        raise KernelError(f"--kernels (TAILGATE_KERNELS) {kernels!r} not recognized (accepted: {KERNEL_GRAMMAR})")
     if dev.type != "cpu":
         if kind not in ("auto", "torch"):
             raise KernelError(f"--kernels {kind} is a CPU kernel; on {dev} use auto or torch")

@@ -13,10 +13,10 @@ def serve(args, lookup) -> int:
     import uvicorn
 
     cfg = resolve(lookup)  # refuses bad knobs before anything loads (KnobError -> exit 2 in cli)
-    resolve_model_path(args.model)  # a missing model file fails now, not after the server is up
     from ..model.kernels import choose
 
     plan = choose(args.dtype, args.kernels, args.device)  # KernelError -> exit 2, nothing loaded
+    resolve_model_path(args.model)  # a missing model file fails now, not after the server is up
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     state = ServerState(served_name=args.served_model_name or served_name(args.model), api_key=args.api_key,
