@@ -9,7 +9,7 @@ Why these kernels (torch 2.13, 2 threads, Gemma 3 270M shapes; see docs/kernels.
 - AMX / AVX-512 BF16 Xeon: prepacked oneDNN bf16 is the fastest dense path (25-40 % over
   F.linear, which reorders the weight on every call).
 - AVX2-only CPU (AMD EPYC Zen 3): bf16 is emulated (a 16-row layer pass 4x slower than fp32) and
-  MKL's fp32 sgemm is 1.5-3x slower than oneDNN's prepacked fp32, so the dense path is oneDNN fp32.
+  MKL's fp32 sgemm is 1.4-2.6x slower than oneDNN's prepacked fp32, so the dense path is oneDNN fp32.
   Small steps are memory-bound (the fp32 head streams 671 MB at ~12.7 GB/s); weight-only int8
   reads a quarter of the bytes and wins while a step has few rows (quality cost: KL ~0.004 nat
   per token vs fp32, docs/kernels.md). int4 is faster still but lossy on this file (its q/k/v,
