@@ -11,8 +11,8 @@ Why these kernels (torch 2.13, 2 threads, Gemma 3 270M shapes; see docs/kernels.
 - AVX2-only CPU (AMD EPYC Zen 3): bf16 is emulated (a 16-row layer pass 4x slower than fp32) and
   MKL's fp32 sgemm is 1.4-2.6x slower than oneDNN's prepacked fp32, so the dense path is oneDNN fp32.
   Small steps are memory-bound (the fp32 head streams 671 MB at ~12.7 GB/s); weight-only int8
-  reads a quarter of the bytes and wins while a step has few rows (quality cost: KL ~0.004 nat
-  per token vs fp32, docs/kernels.md). int4 is faster still but lossy on this file (its q/k/v,
+  reads a quarter of the bytes and wins while a step has few rows (quality cost: KL 0.006-0.012 nat
+  per token vs fp32 with every call quantized, docs/kernels.md). int4 is faster still but lossy on this file (its q/k/v,
   gate/up are 5-bit and its head 8-bit), so it is opt-in.
 """
 from __future__ import annotations
