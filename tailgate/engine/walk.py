@@ -25,10 +25,10 @@ class Walker:
     done: int = 0
     resumed: list[int] = field(default_factory=list)
     last_at: float | None = None  # a resumed stream's previous token time (its gap spans the preemption)
+    tokens: list[int] = field(init=False)  # what the walk prefills: the prompt, then any resumed output
 
-    @property
-    def tokens(self) -> list[int]:
-        return self.req.prompt + self.resumed if self.resumed else self.req.prompt
+    def __post_init__(self):
+        self.tokens = self.req.prompt + self.resumed if self.resumed else self.req.prompt
 
     @property
     def rest(self) -> int:
