@@ -74,6 +74,17 @@ def cmd_bench_step(args) -> int:
     return 0
 
 
+def cmd_bench_kernels(args) -> int:
+    import torch
+
+    from .bench import kernels
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    kernels.run(args.model, reps=args.reps)
+    return 0
+
+
 def cmd_serve(args) -> int:
     from .config import KNOB_NAMES, env_lookup
     from .server.main import serve
@@ -127,6 +138,10 @@ def main(argv=None) -> int:
     b.add_argument("--reps", type=int, default=5)
     b.add_argument("--only-chosen", action="store_true", help="skip the alternative kernel plans")
     b.set_defaults(fn=cmd_bench_step)
+    k = bench.add_parser("kernels", help="layer and head matmul times per kernel and row count (the kernel choice's table)")
+    _add_model_args(k)
+    k.add_argument("--reps", type=int, default=3)
+    k.set_defaults(fn=cmd_bench_kernels)
     e = bench.add_parser("engine", help="in-process load generator: door off vs on, alternating rounds")
     _add_model_args(e)
     e.add_argument("--doors", default="off,300", help="comma-separated ADMIT_COALESCE_MS values, one arm each")
