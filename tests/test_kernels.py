@@ -160,3 +160,12 @@ def _requant(w, kind):
     if isinstance(w, Linear) and w.quant == kind:
         w.max_q_rows = 10 ** 9
     return w
+
+
+def test_bench_kernels_times_every_kernel_this_cpu_can_run(capsys):
+    from tailgate.bench import kernels as bench_kernels
+
+    rows = bench_kernels.run("smollm2-135m", rows=(2,), reps=1)
+    names = [r["kernel"] for r in rows]
+    assert {"fp32 F.linear", "int8", "int4"} <= set(names) and all(r["layers_ms"] > 0 for r in rows)
+    assert "CPU: " in capsys.readouterr().out
