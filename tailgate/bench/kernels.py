@@ -11,26 +11,19 @@ import dataclasses
 
 import torch
 
-from ..model.kernels import KernelError, KernelPlan, choose
+from ..model.kernels import KernelPlan, runnable_plans
 from ..model.layers import linear
 from ..model.runner import prepare_weights
 from .step import _time
 
-CANDIDATES = [("fp32", "torch", None), ("fp32", "onednn", None), ("bf16", "onednn", None),
-              ("fp32", "auto", "int8"), ("fp32", "auto", "int4")]
-
-
 def plans(device: str = "cpu") -> list[tuple[str, KernelPlan]]:
     out = []
-    for dtype, dense, quant in CANDIDATES:
-        try:
-            p = choose(dtype, dense, device)
-        except KernelError:
-            continue
-        if quant:  # every call quantized: the table shows where each kernel wins
-            p = dataclasses.replace(p, quant=quant, quant_rows=(10 ** 9, 10 ** 9))
-        name = f"{quant or dtype} {'oneDNN' if p.dense == 'onednn' else 'F.linear'}" if not quant else quant
-        out.append((name, p))
+    for p in runnable_plans(device):
+        if p.quant:  # every call quantized: the table shows where each kernel wins
+            out.append((p.quant, dataclasses.replace(p, quant_rows=(10 ** 9, 10 ** 9))))
+        else:
+            dt = str(p.dtype).removeprefix("torch.").replace("float32", "fp32").replace("bfloat16", "bf16")
+            out.append((f"{dt} {'oneDNN' if p.dense == 'onednn' else 'F.linear'}", p))
     return out
 
 

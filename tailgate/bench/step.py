@@ -9,7 +9,7 @@ import torch
 
 from ..engine.pages import KVBook, SeqPages, pool_pages
 from ..engine.plan import Segment
-from ..model.kernels import KernelError, KernelPlan, choose
+from ..model.kernels import KernelPlan, choose, runnable_plans
 from ..model.runner import ModelRunner
 from ..model.spec import ModelSpec
 
@@ -53,16 +53,7 @@ def _time(fn, reps):
 def alternatives(chosen: KernelPlan) -> list[KernelPlan]:
     """The chosen plan first, then every other plan this machine can run (dense fp32 both ways,
     dense bf16 where oneDNN takes it, int8 and int4 small steps over the chosen dense path)."""
-    out = [chosen]
-    cands = [("fp32", "onednn"), ("fp32", "torch"), ("bf16", "onednn"), ("fp32", "int8"), ("fp32", "int4")]
-    for dtype, kernels in cands:
-        try:
-            p = choose(dtype, kernels, chosen.device)
-        except KernelError:
-            continue
-        if p not in out:
-            out.append(p)
-    return out
+    return [chosen] + [p for p in runnable_plans(chosen.device) if p != chosen]
 
 
 def run(model: str = "gemma3-270m", dtype: str = "auto", decode_batches=(1, 4, 16, 64),

@@ -144,8 +144,7 @@ class Scheduler:
                 if live:
                     self._requeue(lead)  # someone live will free pages: wait at the head
                     break
-                self._reject(leader, f"the prompt needs {pages_for(len(leader.prompt))} KV pages per pool, more "
-                                     "than the pools hold with nothing running")
+                self._reject(leader, self._never_fits(lead))
                 continue
             newcomers = [lead]
             if live:
@@ -185,11 +184,15 @@ class Scheduler:
             if self.book.reserve(w.pages, w.done + take):
                 chunks.append((w, take))
             elif not self.roster and not chunks and w is self.walk[0]:
-                self._drop_walker(w, "error", f"the prompt needs {pages_for(len(w.req.prompt))} KV pages per "
-                                              "pool, more than the pools hold with nothing running")
+                self._drop_walker(w, "error", self._never_fits(w))
             # else: it waits for a later round (live rows and earlier walkers free pages)
         if chunks or self.roster:
             self._run(chunks, self.roster)
+
+    @staticmethod
+    def _never_fits(w: Walker) -> str:
+        return (f"the prompt needs {pages_for(len(w.tokens))} KV pages per pool, more than the pools hold "
+                "with nothing running")
 
     def _drop_walker(self, w: Walker, reason: str, message: str = "") -> None:
         if w in self.walk:
@@ -257,17 +260,19 @@ class Scheduler:
 
     def _preempt(self, a: Active) -> None:
         self.roster.remove(a)
-        self.book.free(a.pages)
-        self._preempted[a.req.id] = (list(a.output), a.last_at)  # its sampler state stays with the executor
-        self.queue.appendleft(a.req)
+        self._park(a.req, a.pages, a.output, a.last_at)  # its sampler state stays with the executor
         self.metrics.preemptions += 1
 
     def _requeue(self, w: Walker) -> None:
-        """Back to the head of the queue, keeping a preempted request's output."""
-        self.book.free(w.pages)
-        if w.resumed:
-            self._preempted[w.req.id] = (w.resumed, w.last_at)
-        self.queue.appendleft(w.req)
+        self._park(w.req, w.pages, w.resumed, w.last_at)
+
+    def _park(self, req: Request, pages: SeqPages, output: list[int], last_at: float | None) -> None:
+        """Back to the head of the queue with its pages returned, keeping any output it already
+        emitted (a preempted request) to recompute on readmission."""
+        self.book.free(pages)
+        if output:
+            self._preempted[req.id] = (list(output), last_at)
+        self.queue.appendleft(req)
 
     def _decode_round(self) -> None:
         self._ready_decode_rows()

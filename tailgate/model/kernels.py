@@ -112,6 +112,20 @@ def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto
     return KernelPlan("cpu", dt, dense, quant, rows, cpu.model, cpu.isa)
 
 
+def runnable_plans(device="cpu") -> list[KernelPlan]:
+    """Every plan this machine can run, for the benchmarks: dense fp32 through oneDNN and F.linear,
+    dense bf16 where oneDNN takes it, and int8 / int4 small steps over the fp32 dense path."""
+    out = []
+    for dtype, kernels in (("fp32", "onednn"), ("fp32", "torch"), ("bf16", "onednn"), ("fp32", "int8"), ("fp32", "int4")):
+        try:
+            p = choose(dtype, kernels, device)
+        except KernelError:
+            continue
+        if p not in out:
+            out.append(p)
+    return out
+
+
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-output-channel int8: w ~= q * s. Returns (q int8 [N, K], s bf16 [N])."""
     w = w.float()
