@@ -14,10 +14,9 @@ def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device:
                  loaded=None, clock=time.monotonic, log=lambda m: print(m, file=sys.stderr), kernels: str = "auto"):
     """Returns (engine not yet started, loaded model, settled config). `config` must come from
     `config.resolve`, so every knob was checked before this touches any weights."""
-    import torch
-
     from .model.executor import ModelExecutor
     from .model.kernels import choose
+    from .model.kv_cache import token_bytes
     from .model.runner import ModelRunner
     from .model.weights import load_model
 
@@ -29,12 +28,8 @@ def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device:
     # Whole-prompt admission: up to mix_max_prompts prompts hold full-length sliding pages
     # during their prefill step, on top of one window per slot.
     if cfg.kv_cache_mb:  # a budget: the global pool holds what fits, live rows may be preempted
-        itemsize = torch.tensor([], dtype=plan.dtype).element_size()
-        per_layer = 2 * m.spec.n_kv_heads * m.spec.head_dim * itemsize
-        token_bytes = {"global": per_layer * len(m.spec.family_layers(False)),
-                       "local": per_layer * len(m.spec.family_layers(True))}
-        pages = budget_pool_pages(cfg.kv_cache_mb << 20, token_bytes, cfg.max_context, cfg.decode_slots, window,
-                                  transient_prompts=cfg.mix_max_prompts)
+        pages = budget_pool_pages(cfg.kv_cache_mb << 20, token_bytes(m.spec, plan.dtype), cfg.max_context,
+                                  cfg.decode_slots, window, transient_prompts=cfg.mix_max_prompts)
     else:
         pages = pool_pages(cfg.max_context, cfg.decode_slots, window, transient_prompts=cfg.mix_max_prompts)
     runner = ModelRunner(m.spec, m.weights, pages, plan=plan)

@@ -148,13 +148,16 @@ def test_a_walked_prompt_is_token_exact_vs_serial_while_a_stream_is_live(gemma, 
 
 
 def test_a_preempted_request_finishes_token_exact_and_the_pages_all_return(gemma, rig):
+    import torch
+
     from tailgate.engine.pages import pool_pages
+    from tailgate.model.kv_cache import token_bytes
 
     spec = gemma.spec
-    # fp32 K+V bytes of one token: the global pool's layers, and the sliding pool's fixed share.
-    per_layer = 2 * spec.n_kv_heads * spec.head_dim * 4
-    glob_page = 16 * per_layer * len(spec.family_layers(False))
-    sliding = pool_pages(256, 3, spec.sliding_window, 3)["local"] * 16 * per_layer * len(spec.family_layers(True))
+    # fp32 bytes of a global page, and the sliding pool's fixed share of the budget.
+    tb = token_bytes(spec, torch.float32)
+    glob_page = 16 * tb["global"]
+    sliding = pool_pages(256, 3, spec.sliding_window, 3)["local"] * 16 * tb["local"]
     mb = next(m for m in range(1, 4096) if ((m << 20) - sliding) // glob_page >= 13)  # two fit, three do not
     assert ((mb << 20) - sliding) // glob_page < 18
     r = rig("gemma3-270m", "fp32")

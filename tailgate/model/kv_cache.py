@@ -7,6 +7,12 @@ from ..engine.pages import PAGE_SIZE
 from .spec import ModelSpec
 
 
+def token_bytes(spec: ModelSpec, dtype) -> dict[str, int]:
+    """K+V bytes one token takes in each pool, across that family's layers (sizes a KV budget)."""
+    per_layer = 2 * spec.n_kv_heads * spec.head_dim * torch.tensor([], dtype=dtype).element_size()
+    return {"global": per_layer * len(spec.family_layers(False)), "local": per_layer * len(spec.family_layers(True))}
+
+
 class KVCache:
     def __init__(self, spec: ModelSpec, pages: dict[str, int], dtype, device):
         self.where: dict[int, tuple[str, int]] = {}
