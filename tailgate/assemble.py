@@ -34,5 +34,6 @@ def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device:
         pages = pool_pages(cfg.max_context, cfg.decode_slots, window, transient_prompts=cfg.mix_max_prompts)
     runner = ModelRunner(m.spec, m.weights, pages, plan=plan)
     book = KVBook(pages["global"], pages.get("local"), window)
+    log(f"warm-up step: {runner.warm_up(book):.2f} s")
     sched = Scheduler(ModelExecutor(runner), book, cfg, m.spec.vocab_size, clock=clock)
     return Engine(sched, clock=clock), m, cfg

@@ -70,7 +70,7 @@ def cmd_bench_step(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     step.run(args.model, args.dtype, context=args.context, reps=args.reps, kernels=args.kernels,
-             compare=not args.only_chosen)
+             compare=not args.only_chosen, device=args.device)
     return 0
 
 

@@ -15,10 +15,10 @@ def ids(n: int, salt: int = 0) -> list[int]:
 
 
 class Harness:
-    def __init__(self, loaded, dtype="auto", **knobs):
+    def __init__(self, loaded, dtype="auto", device="cpu", **knobs):
         knobs.setdefault("MAX_CONTEXT", "1024")
         cfg = resolve(lambda name: knobs.get(name))
-        self.engine, self.model, self.cfg = build_engine("", cfg, dtype=dtype, device="cpu", loaded=loaded)
+        self.engine, self.model, self.cfg = build_engine("", cfg, dtype=dtype, device=device, loaded=loaded)
         self.sched = self.engine.scheduler
         self.lock = threading.Lock()
         self.steps: list[list] = []

@@ -14,14 +14,21 @@ from ..model.runner import ModelRunner
 from ..model.spec import ModelSpec
 
 
-def matmul_peak(dtype, m=1024, k=2048, n=2048, reps=20) -> float:
-    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)  # CUDA calls return at launch; time the work, not the launch
+
+
+def matmul_peak(dtype, m=1024, k=2048, n=2048, reps=20, device="cpu") -> float:
+    a, b = torch.randn(m, k, dtype=dtype, device=device), torch.randn(k, n, dtype=dtype, device=device)
     for _ in range(3):
         a @ b
     best = float("inf")
     for _ in range(reps):
+        _sync(device)
         t = time.perf_counter()
         a @ b
+        _sync(device)
         best = min(best, time.perf_counter() - t)
     return 2 * m * k * n / best
 
@@ -39,12 +46,14 @@ def step_flops(spec: ModelSpec, rows: int, sampled: int, attn_pairs: int) -> flo
             + 4 * attn_pairs * spec.n_heads * spec.head_dim)
 
 
-def _time(fn, reps):
+def _time(fn, reps, device="cpu"):
     fn()
     times = []
     for _ in range(reps):
+        _sync(device)
         t = time.perf_counter()
         fn()
+        _sync(device)
         times.append(time.perf_counter() - t)
     times.sort()
     return times[len(times) // 2]
@@ -58,17 +67,20 @@ def alternatives(chosen: KernelPlan) -> list[KernelPlan]:
 
 def run(model: str = "gemma3-270m", dtype: str = "auto", decode_batches=(1, 4, 16, 64),
         prefill_rows=(256, 512), context: int = 256, reps: int = 5, loaded=None, kernels: str = "auto",
-        compare: bool = True) -> list[dict]:
+        compare: bool = True, device: str = "cpu") -> list[dict]:
     from ..model.cpu import this_cpu
     from ..model.weights import load_model
 
-    chosen = choose(dtype, kernels, "cpu")
+    chosen = choose(dtype, kernels, device)
     m = loaded or load_model(model)
-    cpu = this_cpu()
-    print(f"CPU: {cpu.model} ({cpu.isa}); torch {torch.__version__}; threads={torch.get_num_threads()}")
+    if chosen.device == "cpu":
+        cpu = this_cpu()
+        print(f"CPU: {cpu.model} ({cpu.isa}); torch {torch.__version__}; threads={torch.get_num_threads()}")
+    else:
+        print(f"device: {chosen.cpu} ({chosen.device}); torch {torch.__version__}")
     print(f"chosen {chosen.line()}")
     rows_out = []
-    for plan in alternatives(chosen) if compare else [chosen]:
+    for plan in alternatives(chosen) if compare and chosen.device == "cpu" else [chosen]:
         print(f"\n== {'chosen' if plan == chosen else 'alternative'}: {plan.line()}")
         rows_out += run_plan(m, plan, decode_batches, prefill_rows, context, reps)
     return rows_out
@@ -80,7 +92,8 @@ def run_plan(m, plan: KernelPlan, decode_batches, prefill_rows, context: int, re
     pages = pool_pages(max(max(prefill_rows), context + 2), max_b, spec.sliding_window, transient_prompts=2)
     runner = ModelRunner(spec, m.weights, pages, plan=plan)
     book = KVBook(pages["global"], pages.get("local"), spec.sliding_window)
-    peak = matmul_peak(runner.dtype)
+    dev = runner.device
+    peak = matmul_peak(runner.dtype, device=dev)
     print(f"matmul peak ({runner.dtype}, 1024x2048x2048): {peak / 1e9:.0f} GFLOP/s")
     rows_out = []
     window = spec.sliding_window or 10 ** 9
@@ -102,9 +115,9 @@ def run_plan(m, plan: KernelPlan, decode_batches, prefill_rows, context: int, re
         s.frontier = context  # KV contents do not matter for timing
     for b in decode_batches:
         segs = [Segment([100], context, s) for s in seqs[:b]]
-        secs = _time(lambda: runner.step(segs), reps)
+        secs = _time(lambda: runner.step(segs), reps, dev)
         pairs = b * (n_sl * min(context + 1, window) + n_gl * (context + 1)) // spec.n_layers
-        mm = _time(lambda: matmuls_only(runner, b, b), reps)
+        mm = _time(lambda: matmuls_only(runner, b, b), reps, dev)
         report("decode", b, secs, step_flops(spec, b, b, pairs), mm)
     for s in seqs:
         book.free(s)
@@ -112,9 +125,9 @@ def run_plan(m, plan: KernelPlan, decode_batches, prefill_rows, context: int, re
         s = SeqPages()
         assert book.reserve(s, n)
         seg = Segment([100 + i % 1000 for i in range(n)], 0, s)
-        secs = _time(lambda: runner.step([seg]), max(2, reps // 2))
+        secs = _time(lambda: runner.step([seg]), max(2, reps // 2), dev)
         pairs = (n_sl * sum(min(i + 1, window) for i in range(n)) + n_gl * n * (n + 1) // 2) // spec.n_layers
-        mm = _time(lambda: matmuls_only(runner, n, 1), max(2, reps // 2))
+        mm = _time(lambda: matmuls_only(runner, n, 1), max(2, reps // 2), dev)
         report("prefill", n, secs, step_flops(spec, n, 1, pairs), mm)
         book.free(s)
     return rows_out
@@ -126,9 +139,9 @@ def matmuls_only(runner: ModelRunner, rows: int, sampled: int) -> None:
     from ..model.layers import linear
 
     spec, w = runner.spec, runner.w
-    x = torch.randn(rows, spec.hidden, dtype=runner.dtype)
-    a = torch.randn(rows, spec.n_heads * spec.head_dim, dtype=runner.dtype)
-    m = torch.randn(rows, spec.ffn, dtype=runner.dtype)
+    x = torch.randn(rows, spec.hidden, dtype=runner.dtype, device=runner.device)
+    a = torch.randn(rows, spec.n_heads * spec.head_dim, dtype=runner.dtype, device=runner.device)
+    m = torch.randn(rows, spec.ffn, dtype=runner.dtype, device=runner.device)
     for i in range(spec.n_layers):
         p = f"layers.{i}."
         linear(x, w[p + "qkv"]), linear(a, w[p + "o"]), linear(x, w[p + "gate_up"]), linear(m, w[p + "down"])
