@@ -1,17 +1,25 @@
 """Put an engine together: knobs (resolved first) -> model -> runner -> scheduler -> engine."""
 from __future__ import annotations
 
+import os
 import sys
 import time
+from dataclasses import replace
 
 from .config import ServingConfig
 from .engine.loop import Engine
-from .engine.pages import KVBook, budget_pool_pages, pool_pages
+from .engine.pages import PAGE_SIZE, KVBook, budget_pool_pages, pool_pages
 from .engine.scheduler import Scheduler
 
 
+def available_ram() -> int:
+    """Bytes of physical memory free now (the kernel's count of available pages)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
 def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device: str = "auto",
-                 loaded=None, clock=time.monotonic, log=lambda m: print(m, file=sys.stderr), kernels: str = "auto"):
+                 loaded=None, clock=time.monotonic, log=lambda m: print(m, file=sys.stderr), kernels: str = "auto",
+                 ram_bytes: int | None = None):
     """Returns (engine not yet started, loaded model, settled config). `config` must come from
     `config.resolve`, so every knob was checked before this touches any weights."""
     from .model.executor import ModelExecutor
@@ -27,11 +35,19 @@ def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device:
     window = m.spec.sliding_window if m.spec.has_sliding else None
     # Whole-prompt admission: up to mix_max_prompts prompts hold full-length sliding pages
     # during their prefill step, on top of one window per slot.
-    if cfg.kv_cache_mb:  # a budget: the global pool holds what fits, live rows may be preempted
-        pages = budget_pool_pages(cfg.kv_cache_mb << 20, token_bytes(m.spec, plan.dtype), cfg.max_context,
-                                  cfg.decode_slots, window, transient_prompts=cfg.mix_max_prompts)
-    else:
-        pages = pool_pages(cfg.max_context, cfg.decode_slots, window, transient_prompts=cfg.mix_max_prompts)
+    tb = token_bytes(m.spec, plan.dtype)
+    pages = pool_pages(cfg.max_context, cfg.decode_slots, window, transient_prompts=cfg.mix_max_prompts)
+    budget_mb = cfg.kv_cache_mb
+    if budget_mb == "auto":  # slots x context while it fits half the free RAM, else that half
+        need = sum(n * PAGE_SIZE * tb.get(fam, 0) for fam, n in pages.items())
+        share = (available_ram() if ram_bytes is None else ram_bytes) // 2
+        budget_mb = share >> 20 if need > share else None
+        log(f"KV cache: {need >> 20} MiB for {cfg.decode_slots} x {cfg.max_context} tokens; "
+            + (f"over half the free RAM, so a {budget_mb} MiB budget with preemption" if budget_mb else "fits"))
+    cfg = replace(cfg, kv_cache_mb=budget_mb)
+    if budget_mb:  # a budget: the global pool holds what fits, live rows may be preempted
+        pages = budget_pool_pages(budget_mb << 20, tb, cfg.max_context, cfg.decode_slots, window,
+                                  transient_prompts=cfg.mix_max_prompts)
     runner = ModelRunner(m.spec, m.weights, pages, plan=plan)
     book = KVBook(pages["global"], pages.get("local"), window)
     log(f"warm-up step: {runner.warm_up(book):.2f} s")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 OFF_WORDS = ("", "0", "off")
-DEFAULT_CHUNK = 256  # MIX_CHUNK_TOKENS when unset
+DEFAULT_CHUNK = 64  # MIX_CHUNK_TOKENS when unset (the grammar's floor; why: the comment in resolve)
 PREFIX = "TAILGATE_"
 
 
@@ -80,7 +80,7 @@ KNOBS = (
          "followers join a mixed step only while the gathered prompt rows stay within N (the leader is never bounded)"),
     Knob("MIX_MAX_PROMPTS", "min(4, DECODE_SLOTS)", "N, 1 <= N <= DECODE_SLOTS",
          "most prompts one mixed step absorbs; also the door's cohort cap"),
-    Knob("MIX_CHUNK_TOKENS", "256 (off when MAX_CONTEXT <= 256)", "off | N, 64 <= N < MAX_CONTEXT (>=128 rounds down to x128)",
+    Knob("MIX_CHUNK_TOKENS", "64 (off when MAX_CONTEXT <= 64)", "off | N, 64 <= N < MAX_CONTEXT (>=128 rounds down to x128)",
          "chunked walk: gathered prompts enter the live batch at most N rows per step, one round per iteration (replaces MIX_GATHER_ROWS)"),
     Knob("ASYNC_PREFILL", "off", "off | 0 | false | shared",
          "side-lane prefill (grammar parsed; not built yet, so `shared` refuses); refuses with the door"),
@@ -88,9 +88,10 @@ KNOBS = (
          "prefix-cache entries (grammar parsed; not built yet, so a value refuses)"),
     Knob("ADMIT_COALESCE_MS", "off", "off | N ms, 1 <= N <= 2000",
          "admission coalesce door: hold arrivals into a deep live batch up to N ms"),
-    Knob("KV_CACHE_MB", "off", "off | N MiB, 1 <= N <= 1048576",
+    Knob("KV_CACHE_MB", "auto", "auto | off | N MiB, 1 <= N <= 1048576",
          "size the global KV pool from a memory budget instead of DECODE_SLOTS x MAX_CONTEXT; a live row "
-         "that cannot grow preempts the latest arrival (requeued at the head, recomputed)"),
+         "that cannot grow preempts the latest arrival (requeued at the head, recomputed). auto: "
+         "DECODE_SLOTS x MAX_CONTEXT while that fits half the RAM available at start, else half that RAM"),
 )
 KNOB_NAMES = tuple(k.name for k in KNOBS)
 
@@ -105,7 +106,7 @@ class ServingConfig:
     async_prefill: str | None = None
     prefix_cache: int | None = None
     admit_coalesce_ms: int | None = None
-    kv_cache_mb: int | None = None
+    kv_cache_mb: int | str | None = "auto"  # MiB, "auto" (settled against RAM at load) or None (off)
 
     def with_model_limit(self, model_max: int) -> "ServingConfig":
         """Settle MAX_CONTEXT against the model (after its metadata is read, before weights are cast)."""
@@ -146,16 +147,19 @@ def resolve(lookup: Callable[[str], str | None]) -> ServingConfig:
         if present("MIX_GATHER_ROWS") else 512
     prompts = _int_in("MIX_MAX_PROMPTS", raw["MIX_MAX_PROMPTS"], 1, slots, f"N, 1 <= N <= DECODE_SLOTS ({slots})") \
         if present("MIX_MAX_PROMPTS") else min(4, slots)
-    # The walk is on by default at 256 rows: on the AMD EPYC it matched the whole-prompt path's
-    # throughput at c4/c8/c16 (256/64 closed loop) and cut ITL p99 by 3 % / 45 % / 45 %, with a
-    # lower TTFT p50 at c8/c16 (docs/benchmarks/walk-amd.md). Off where the ceiling is too small.
+    # The walk is on by default at 64 rows. AMD EPYC, 256/64 closed loop c4/c8/c16, one run with
+    # vLLM beside it: 64-row rounds cut ITL p99 to 376/328/491 ms from 691/721/864 at 256 rows
+    # (vLLM 232/303/1223) for -14 %/-6 %/0 % output tok/s, still 1.6/1.4/1.5x vLLM's
+    # (docs/benchmarks/walk-amd.md). Off where the ceiling is too small.
     default_chunk = str(DEFAULT_CHUNK) if (max_context or 4096) > DEFAULT_CHUNK else "off"
     chunk = parse_mix_chunk_tokens(raw["MIX_CHUNK_TOKENS"] if present("MIX_CHUNK_TOKENS") else default_chunk,
                                    max_context or 4096)
     lane = parse_async_prefill(raw["ASYNC_PREFILL"])
     cache = parse_off_or_int("PREFIX_CACHE", raw["PREFIX_CACHE"], 1, 1024)
     door = parse_admit_coalesce_ms(raw["ADMIT_COALESCE_MS"])
-    kv_mb = parse_off_or_int("KV_CACHE_MB", raw["KV_CACHE_MB"], 1, 1 << 20)
+    kv_raw = raw["KV_CACHE_MB"]
+    kv_mb = "auto" if kv_raw is None or kv_raw.strip().lower() == "auto" else None \
+        if kv_raw.strip().lower() in OFF_WORDS else _int_in("KV_CACHE_MB", kv_raw, 1, 1 << 20, "auto | off | N MiB, 1 <= N <= 1048576")
     # Cross-knob rules, in one place.
     if door is not None and lane is not None:
         raise KnobError(f"{PREFIX}ADMIT_COALESCE_MS={raw['ADMIT_COALESCE_MS']!r} refuses with "

@@ -12,7 +12,7 @@ def table(**overrides):
 
 def test_defaults_resolve_without_any_knob():
     cfg = resolve(table())
-    assert cfg == ServingConfig(None, 16, 512, 4, 256, None, None, None, None)
+    assert cfg == ServingConfig(None, 16, 512, 4, 64, None, None, None, "auto")
     assert cfg.with_model_limit(32768).max_context == 4096
     assert cfg.with_model_limit(2048).max_context == 2048
 
@@ -30,12 +30,20 @@ def test_knobs_parse_into_the_config():
     ("MIX_GATHER_ROWS", "0"), ("MIX_GATHER_ROWS", "off"), ("MIX_GATHER_ROWS", "-1"),
     ("MIX_MAX_PROMPTS", "0"), ("MIX_MAX_PROMPTS", "17"), ("MIX_MAX_PROMPTS", "all"),
     ("ADMIT_COALESCE_MS", "5000"), ("ASYNC_PREFILL", "green"), ("PREFIX_CACHE", "many"),
-    ("MIX_CHUNK_TOKENS", "63"), ("MIX_CHUNK_TOKENS", "2k"),
+    ("MIX_CHUNK_TOKENS", "63"), ("MIX_CHUNK_TOKENS", "2k"), ("KV_CACHE_MB", "-3"), ("KV_CACHE_MB", "lots"),
 ])
 def test_a_bad_value_refuses_naming_the_knob_and_the_value(knob, value):
     with pytest.raises(KnobError) as e:
         resolve(table(**{knob: value}))
     assert f"TAILGATE_{knob}={value!r}" in str(e.value) and "accepted:" in str(e.value)
+
+
+def test_the_kv_budget_is_auto_unless_given_or_switched_off():
+    assert resolve(table(KV_CACHE_MB="AUTO")).kv_cache_mb == "auto"
+    assert resolve(table(KV_CACHE_MB="off")).kv_cache_mb is None
+    assert resolve(table(KV_CACHE_MB="512")).kv_cache_mb == 512
+    with pytest.raises(KnobError, match="auto [|] off [|] N MiB"):
+        resolve(table(KV_CACHE_MB="-5"))
 
 
 def test_the_door_and_the_lane_refuse_together():
@@ -52,7 +60,8 @@ def test_features_not_built_yet_refuse_instead_of_being_ignored():
 def test_the_walk_width_is_settled_in_the_config():
     assert resolve(table(MIX_CHUNK_TOKENS="300", MAX_CONTEXT="1024")).mix_chunk_tokens == 256
     assert resolve(table(MIX_CHUNK_TOKENS="off")).mix_chunk_tokens is None
-    assert resolve(table(MAX_CONTEXT="256")).mix_chunk_tokens is None  # the default walk needs room
+    assert resolve(table(MAX_CONTEXT="256")).mix_chunk_tokens == 64
+    assert resolve(table(MAX_CONTEXT="64")).mix_chunk_tokens is None  # the default walk needs room
 
 
 def test_chunk_width_rounds_down_to_whole_tiles():

@@ -169,3 +169,59 @@ def test_a_preempted_request_finishes_token_exact_and_the_pages_all_return(gemma
         assert h.wait(lambda: all(h.done(x) for x in rs), 600)
         assert h.sched.metrics.preemptions >= 1
         assert [h.tokens(x) for x in rs] == want
+
+
+def test_the_auto_kv_budget_is_half_the_free_ram_when_slots_times_context_do_not_fit(gemma):
+    import torch
+
+    from tailgate.assemble import build_engine
+    from tailgate.config import resolve
+    from tailgate.engine.pages import pool_pages
+    from tailgate.model.kv_cache import token_bytes
+
+    cfg = resolve(lambda name: {"DECODE_SLOTS": "64", "MAX_CONTEXT": "2048"}.get(name))
+    full = pool_pages(2048, 64, gemma.spec.sliding_window, cfg.mix_max_prompts)
+    tb = token_bytes(gemma.spec, torch.float32)
+    sliding_mb = full["local"] * 16 * tb["local"] >> 20
+    lines: list[str] = []
+    roomy, _, c1 = build_engine("", cfg, dtype="fp32", device="cpu", loaded=gemma, ram_bytes=1 << 40, log=lines.append)
+    ram = (sliding_mb + 200) << 21  # half of it: the sliding pool plus 200 MiB of global pages
+    tight, _, c2 = build_engine("", cfg, dtype="fp32", device="cpu", loaded=gemma, ram_bytes=ram, log=lines.append)
+    assert c1.kv_cache_mb is None and c2.kv_cache_mb == sliding_mb + 200
+    assert roomy.scheduler.book.glob.capacity == full["global"] - 1  # a full context per slot (+1: padding)
+    assert tight.scheduler.book.glob.capacity < full["global"] // 2
+    assert any(f"{sliding_mb + 200} MiB budget with preemption" in line for line in lines)
+
+
+def test_a_sink_that_raises_cancels_only_its_own_request(gemma):
+    with Harness(gemma, DECODE_SLOTS="4") as h:
+        good = h.submit(ids(30, 1), max_tokens=16)
+
+        def broken(ev):
+            raise RuntimeError("client went away badly")
+
+        bad = h.submit(ids(30, 2), max_tokens=400)
+        bad.sink = broken
+        assert h.wait(lambda: h.done(good), 300)
+        assert len(h.tokens(good)) == 16 and h.engine.error is None
+        assert h.wait(lambda: not h.sched.has_work(), 300)  # the broken one was cancelled, its pages back
+
+
+def test_a_dead_engine_fails_open_and_new_requests_at_once(gemma):
+    h = Harness(gemma, DECODE_SLOTS="4")
+    seen = []
+    h.engine.on_death.append(seen.append)
+    live = h.submit(ids(30, 3), max_tokens=400)
+    assert h.wait(lambda: len(h.tokens(live)) >= 2)
+
+    def fault(now):  # injected: the scheduler itself raises (a failed model step is confined to its rows)
+        raise RuntimeError("injected scheduler failure")
+
+    h.sched.step = fault
+    end = time.monotonic() + 60
+    while not (h.done(live) and seen) and time.monotonic() < end:  # h.wait would re-raise the engine's error
+        time.sleep(0.01)
+    assert h.of(live, Finished)[-1].reason == "error" and seen and h.engine.error is not None
+    late = h.submit(ids(30, 4), max_tokens=4)
+    assert h.done(late) and h.of(late, Finished)[-1].reason == "error"  # at once, not hanging
+    h.engine.stop()

@@ -141,6 +141,8 @@ def post(base, path, body, raw=False):
     ({"prompt": [5, 10 ** 9]}, "prompt"),
     ({"prompt": "hi", "logit_bias": {"5": 3}}, "logit_bias"),
     ({"prompt": 7}, "prompt"),
+    ({"prompt": "hi", "seed": 1 << 64}, "seed"),
+    ({"prompt": "hi", "top_k": 1 << 70}, "top_k"),
 ])
 def test_bad_requests_get_400_and_lose_nothing_else(server, client, body, param):
     base = server[0]
@@ -159,9 +161,28 @@ def test_bad_requests_get_400_and_lose_nothing_else(server, client, body, param)
         assert "maximum context length is 512 tokens" in err["message"]
 
 
-def test_malformed_json_is_a_400(server):
-    r = post(server[0], "/v1/chat/completions", b"{not json", raw=True)
-    assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"]
+@pytest.mark.parametrize("raw", [
+    b"{not json", b'{"prompt": "hi", "temperature": NaN}', b'{"prompt": "hi", "top_p": Infinity}',
+    b'{"prompt": "hi", "seed": ' + b"9" * 5000 + b"}", b'{"prompt": ' + b"[" * 100000 + b"]" * 100000 + b"}",
+    b'{"prompt": "hi \\ud800 there"}',
+])
+def test_malformed_json_is_a_400_with_an_openai_error_body(server, client, raw):
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", list(client.completions.create(
+        model=MODEL, prompt="A healthy stream", max_tokens=12, temperature=0, stream=True,
+        stream_options={"include_usage": True}))))
+    t.start()
+    r = post(server[0], "/v1/completions", raw, raw=True)
+    t.join(60)
+    assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"], r.text
+    assert out["r"][-1].usage.completion_tokens == 12
+
+
+def test_a_vanishing_temperature_is_greedy(client):
+    def run(t):
+        return client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8,
+                                         temperature=t).choices[0].text
+    assert run(1e-9) == run(0)
 
 
 def test_a_disconnect_mid_stream_returns_pages_and_spares_the_others(server, client):

@@ -86,10 +86,11 @@ def run(model: str = "gemma3-270m", dtype: str = "auto", decode_batches=(1, 4, 1
     return rows_out
 
 
-def run_plan(m, plan: KernelPlan, decode_batches, prefill_rows, context: int, reps: int) -> list[dict]:
+def run_plan(m, plan: KernelPlan, decode_batches, prefill_rows, context: int, reps: int,
+             mixed=((64, 4), (64, 16))) -> list[dict]:
     spec = m.spec
     max_b = max(decode_batches)
-    pages = pool_pages(max(max(prefill_rows), context + 2), max_b, spec.sliding_window, transient_prompts=2)
+    pages = pool_pages(max(max(prefill_rows), context + 2), max_b + 1, spec.sliding_window, transient_prompts=2)
     runner = ModelRunner(spec, m.weights, pages, plan=plan)
     book = KVBook(pages["global"], pages.get("local"), spec.sliding_window)
     dev = runner.device
@@ -105,7 +106,7 @@ def run_plan(m, plan: KernelPlan, decode_batches, prefill_rows, context: int, re
         frac = flops / secs / peak
         rows_out.append({"plan": name, "kind": kind, "n": n, "ms": secs * 1e3, "matmul_ms": mm * 1e3,
                          "gflops": flops / secs / 1e9, "peak_frac": frac})
-        print(f"{kind:8s} {n:5d}  {secs * 1e3:8.1f} ms  {flops / secs / 1e9:7.1f} GFLOP/s  {100 * frac:5.1f}% of peak"
+        print(f"{kind:9s} {n:5d}  {secs * 1e3:8.1f} ms  {flops / secs / 1e9:7.1f} GFLOP/s  {100 * frac:5.1f}% of peak"
               f"  matmuls alone {mm * 1e3:6.1f} ms ({secs / mm:.2f}x)")
 
     # Decode: B sequences, each with `context` tokens of KV, one new token each.
@@ -119,6 +120,20 @@ def run_plan(m, plan: KernelPlan, decode_batches, prefill_rows, context: int, re
         pairs = b * (n_sl * min(context + 1, window) + n_gl * (context + 1)) // spec.n_layers
         mm = _time(lambda: matmuls_only(runner, b, b), reps, dev)
         report("decode", b, secs, step_flops(spec, b, b, pairs), mm)
+    # Mixed: one walk round, `chunk` rows of a prompt already `context // 2` tokens in, riding
+    # B live decode rows (the step every live stream waits for while a prompt walks in).
+    for chunk, b in mixed:
+        w = SeqPages()
+        assert book.reserve(w, context // 2 + chunk)
+        w.frontier = context // 2
+        segs = [Segment([100 + i for i in range(chunk)], context // 2, w, sample=False)] + \
+            [Segment([100], context, s) for s in seqs[:b]]
+        secs = _time(lambda: runner.step(segs), reps, dev)
+        k0 = context // 2
+        pairs = chunk * k0 + chunk * (chunk + 1) // 2 + b * (context + 1)
+        mm = _time(lambda: matmuls_only(runner, chunk + b, b), reps, dev)
+        report(f"mixed+{b}", chunk, secs, step_flops(spec, chunk + b, b, pairs), mm)
+        book.free(w)
     for s in seqs:
         book.free(s)
     for n in prefill_rows:

@@ -23,6 +23,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self.observers: list[Callable[[list[Event]], None]] = []  # called with each step's events
         self.error: BaseException | None = None
+        self.on_death: list[Callable[[BaseException], None]] = []  # e.g. the server exits non-zero
 
     def start(self) -> "Engine":
         self._running = True
@@ -38,10 +39,15 @@ class Engine:
             self._thread.join(timeout)
 
     def submit(self, req: Request) -> None:
+        """Queue a request; once the engine has died, fail it at once instead of letting it hang."""
         req.arrival = req.arrival or self.clock()
         with self._cv:
-            self._inbox.append(req)
-            self._cv.notify()
+            if self.error is None:
+                self._inbox.append(req)
+                self._cv.notify()
+                return
+            self.scheduler.submit(req)  # the engine thread is gone: nothing else touches the scheduler
+            self.scheduler.fail_all(f"engine failed: {self.error!r}")
 
     def abort(self, req: Request) -> None:
         """Mark a request cancelled; the engine retires it (and frees its pages) on its next turn."""
@@ -70,6 +76,12 @@ class Engine:
                 for obs in self.observers:
                     obs(events)
         except BaseException as e:  # fatal: fail every open request so no client hangs
-            self.error = e
+            with self._cv:
+                self.error = e
+                late, self._inbox = self._inbox, []
+            for req in late:
+                sched.submit(req)
             sched.fail_all(f"engine failed: {e!r}")
+            for cb in self.on_death:
+                cb(e)
             raise

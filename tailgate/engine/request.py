@@ -5,6 +5,7 @@ import itertools
 from dataclasses import dataclass, field
 
 _ids = itertools.count()
+GREEDY_BELOW = 1e-5
 
 
 @dataclass
@@ -20,7 +21,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0 or self.top_k == 1
+        # vLLM's rule: below 1e-5 a temperature is greedy (dividing logits by it would overflow).
+        return self.temperature < GREEDY_BELOW or self.top_k == 1
 
 
 @dataclass
@@ -37,6 +39,7 @@ class Request:
     arrival: float = 0.0
     cancelled: bool = False
     sink: object = None  # callable(event) set by whoever submitted it
+    sink_failed: bool = False  # the sink raised once: no more events go to it
     held_at: float | None = None  # set while the door holds it
 
 

@@ -6,6 +6,8 @@ executor (the model runner + sampler, or a fake in tests) and turns sampled toke
 """
 from __future__ import annotations
 
+import logging
+
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -18,6 +20,8 @@ from .pages import KVBook, SeqPages, pages_for
 from .plan import Segment
 from .request import Event, Finished, Rejected, Request, RowSample, Sampled, Scheduled, Token
 from .walk import Walker, plan_round
+
+log = logging.getLogger("tailgate.engine")
 
 
 class Executor(Protocol):
@@ -106,8 +110,12 @@ class Scheduler:
         out, self._events = self._events, []
         for req, ev in out:
             self._iteration.append(ev)
-            if req.sink is not None:
-                req.sink(ev)
+            if req.sink is not None and not req.sink_failed:
+                try:
+                    req.sink(ev)
+                except Exception:  # one client's delivery must not kill the engine for all
+                    log.exception("delivery to %s failed; cancelling it", req.id)
+                    req.sink_failed = req.cancelled = True
 
     def intake_turn(self, now: float) -> bool:
         """Admit from the queue head; returns whether the door was open."""

@@ -203,11 +203,21 @@ class Generation:
                 "created": self.created, "model": self.state.served_name, "choices": choices, "usage": self.usage()}
 
 
+def _no_constant(name: str):
+    """Python's JSON parser accepts NaN and Infinity; JSON and the OpenAI API do not."""
+    raise bad(f"malformed JSON body: {name} is not a JSON number")
+
+
 def create_app(state: ServerState) -> Starlette:
     async def parse_body(req: HttpRequest) -> dict:
         try:
-            body = json.loads(await req.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            body = json.loads(await req.body(), parse_constant=_no_constant)
+            json.dumps(body, ensure_ascii=False).encode("utf-8")  # lone surrogates ("\\ud800") cannot
+        except (json.JSONDecodeError, UnicodeError) as e:
+            raise bad(f"malformed JSON body: {e}")
+        except RecursionError:
+            raise bad("malformed JSON body: nested too deeply")
+        except ValueError as e:  # e.g. an integer literal past Python's 4300-digit limit
             raise bad(f"malformed JSON body: {e}")
         if not isinstance(body, dict):
             raise bad("the JSON body must be an object")
@@ -223,6 +233,8 @@ def create_app(state: ServerState) -> Starlette:
     def check_ready() -> None:
         if not state.ready:
             raise ApiError(503, state.load_error or "the model is still loading")
+        if state.engine.error is not None:
+            raise ApiError(503, f"engine failed: {state.engine.error!r}; the server is exiting")
 
     def check_model(name: str | None) -> None:
         if name is not None and name not in (state.served_name, "default"):

@@ -35,6 +35,7 @@ def serve(args, lookup) -> int:
             engine, model, settled = build_engine(args.model, cfg, dtype=args.dtype, device=args.device,
                                                    kernels=args.kernels, log=logging.getLogger("tailgate").info)
             state.model, state.cfg = model, settled
+            engine.on_death.append(died)
             engine.start()
             state.engine = engine
             logging.getLogger("tailgate").info("serving %s on http://%s:%d (max_context=%d, slots=%d, door=%s)",
@@ -44,12 +45,22 @@ def serve(args, lookup) -> int:
             state.load_error = f"model failed to load: {e}"
             logging.getLogger("tailgate").exception("model failed to load")
 
-    threading.Thread(target=load, name="tailgate-load", daemon=True).start()
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.drain_timeout, access_log=False)
-    uvicorn.Server(config).run()
+    server = uvicorn.Server(config)
+
+    def died(e: BaseException) -> None:
+        # Like vLLM: a dead engine takes the process down (non-zero) so a supervisor restarts it;
+        # open requests were already failed, new ones get 503 until the server has stopped.
+        logging.getLogger("tailgate").error("engine died (%r); shutting down", e)
+        server.should_exit = True
+
+    threading.Thread(target=load, name="tailgate-load", daemon=True).start()
+    server.run()
     if state.engine is not None:
         state.engine.stop()
+        if state.engine.error is not None:
+            return 1
     return 0
 
 

@@ -65,6 +65,9 @@ def _typed(body: dict, key: str, types, default=None, what: str = ""):
     return v
 
 
+_I64_MAX, _U64_MAX = (1 << 63) - 1, (1 << 64) - 1
+
+
 def _number(body, key, default, lo=None, hi=None, lo_open=False, integer=False):
     v = _typed(body, key, int if integer else (int, float), default, "an integer" if integer else "a number")
     if v is None:
@@ -90,9 +93,9 @@ def parse_common(body: dict, kind: str, vocab_size: int) -> GenRequest:
         max_tokens = _number(body, "max_tokens", None, lo=1, integer=True)
     temperature = _number(body, "temperature", 1.0, lo=0, hi=2)
     top_p = _number(body, "top_p", 1.0, lo=0, hi=1, lo_open=True)
-    top_k = _number(body, "top_k", 0, lo=-1, integer=True)
+    top_k = _number(body, "top_k", 0, lo=-1, hi=_I64_MAX, integer=True)
     min_p = _number(body, "min_p", 0.0, lo=0, hi=1)
-    seed = _number(body, "seed", None, integer=True)
+    seed = _number(body, "seed", None, lo=-_I64_MAX - 1, hi=_U64_MAX, integer=True)  # torch's seed range
     n = _number(body, "n", 1, lo=1, hi=16, integer=True)
     params = SamplingParams(
         temperature=float(temperature), top_k=int(top_k) if top_k > 0 else 0, top_p=float(top_p), min_p=float(min_p),
