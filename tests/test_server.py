@@ -143,6 +143,7 @@ def post(base, path, body, raw=False):
     ({"prompt": 7}, "prompt"),
     ({"prompt": "hi", "seed": 1 << 64}, "seed"),
     ({"prompt": "hi", "top_k": 1 << 70}, "top_k"),
+    ({"prompt": ["a", "b"], "n": 2, "max_tokens": 2}, "n"),  # 4 entries; the test server queues at most 3
 ])
 def test_bad_requests_get_400_and_lose_nothing_else(server, client, body, param):
     base = server[0]
@@ -199,6 +200,21 @@ def test_a_disconnect_mid_stream_returns_pages_and_spares_the_others(server, cli
     t.join(120)
     assert out["r"].usage.completion_tokens == 40
     assert wait_idle(base) == 0
+
+
+def test_a_non_streaming_client_that_leaves_is_noticed_within_a_step(server, client):
+    base = server[0]
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", client.completions.create(
+        model=MODEL, prompt="Other stream", max_tokens=40, temperature=0)))
+    t.start()
+    with pytest.raises(httpx.TimeoutException):  # the client gives up long before 480 tokens
+        httpx.post(base + "/v1/completions", json={"prompt": "Tell me a story", "max_tokens": 480,
+                                                  "ignore_eos": True}, timeout=2)
+    t.join(120)
+    assert out["r"].usage.completion_tokens == 40
+    # Had the server missed the disconnect, 440+ more steps would hold pages long past this.
+    assert wait_idle(base, timeout=5) == 0
 
 
 def test_a_full_queue_answers_429_with_retry_after(server):

@@ -84,6 +84,10 @@ class Generation:
                           f"{len(p)} tokens (at least one token must be left for the completion)", "prompt")
         waiting_tokens = sum(st.pending.values())
         new = len(g.prompts) * g.n
+        if new > st.max_queued_requests or self.prompt_tokens * g.n > st.max_queued_tokens:
+            # Even an empty queue could not take it: a 429 would ask the client to retry forever.
+            raise bad(f"this request needs {new} queue entries and {self.prompt_tokens * g.n} prompt tokens; the "
+                      f"server queues at most {st.max_queued_requests} and {st.max_queued_tokens}", "n")
         if len(st.pending) + new > st.max_queued_requests or \
                 waiting_tokens + self.prompt_tokens * g.n > st.max_queued_tokens:
             raise ApiError(429, f"the waiting queue is full ({len(st.pending)} requests, {waiting_tokens} tokens "
@@ -265,6 +269,12 @@ def create_app(state: ServerState) -> Starlette:
                         return Response(status_code=499)
                     continue
                 gen.handle(idx, ev)
+                # Once per step (when this step's events are drained), not only after 0.5 s of
+                # silence: a busy request hears events every step. Starlette 1.10 also cancels
+                # this handler when the connection drops; this check does not rely on that.
+                if gen.queue.empty() and await req.is_disconnected():
+                    gen.abort_all()
+                    return Response(status_code=499)
         except ApiError as e:
             gen.abort_all()
             return _error(e)
