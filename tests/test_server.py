@@ -276,3 +276,25 @@ def test_the_api_key_is_checked_before_anything_else():
     r = c.post("/v1/completions", json={"prompt": "x"}, headers={"Authorization": "Bearer sekrit"})
     assert r.status_code == 503  # right key; the model is not loaded in this app
     assert c.get("/health").status_code == 503
+
+
+def _counter(base, name, labels):
+    for line in httpx.get(base + "/metrics").text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_stop_string_finish_counts_as_a_success_not_an_abort(server, client):
+    base = server[0]
+    full = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=16,
+                                     temperature=0).choices[0].text
+    assert wait_idle(base) == 0
+    ok = _counter(base, "vllm:request_success_total", {"finished_reason": "stop"})
+    cut = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=16, temperature=0,
+                                    stop=[full[8:12]])
+    assert cut.choices[0].finish_reason == "stop"
+    end = time.monotonic() + 30  # the engine retires the cancelled row on its next turn
+    while _counter(base, "vllm:request_success_total", {"finished_reason": "stop"}) < ok + 1 and time.monotonic() < end:
+        time.sleep(0.05)
+    assert _counter(base, "vllm:request_success_total", {"finished_reason": "stop"}) == ok + 1

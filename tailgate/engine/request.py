@@ -38,6 +38,7 @@ class Request:
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
     arrival: float = 0.0
     cancelled: bool = False
+    cancel_as: str = "abort"  # the finish reason a cancellation counts as ("stop": a stop string matched)
     sink: object = None  # callable(event) set by whoever submitted it
     sink_failed: bool = False  # the sink raised once: no more events go to it
     held_at: float | None = None  # set while the door holds it

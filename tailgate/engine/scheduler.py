@@ -393,7 +393,7 @@ class Scheduler:
 
     def _retire_cancelled(self) -> None:
         for a in [a for a in self.roster if a.req.cancelled]:
-            self._finish(a, "abort")  # pages return at once
+            self._finish(a, a.req.cancel_as)  # pages return at once
         for w in [w for w in self.walk if w.req.cancelled]:
             self._drop_walker(w, "abort")
 

@@ -137,6 +137,7 @@ class Generation:
             text = c.stream.push(ev.token)
             if c.stream.stopped:
                 self._finish(c, "stop", ev.at)
+                c.req.cancel_as = "stop"  # a success in /metrics, not an abort
                 st.engine.abort(c.req)
             elif c.tokens >= c.req.max_tokens:
                 # The last token: finish on its own chunk, as vLLM does, instead of sending an
