@@ -298,3 +298,30 @@ def test_a_stop_string_finish_counts_as_a_success_not_an_abort(server, client):
     while _counter(base, "vllm:request_success_total", {"finished_reason": "stop"}) < ok + 1 and time.monotonic() < end:
         time.sleep(0.05)
     assert _counter(base, "vllm:request_success_total", {"finished_reason": "stop"}) == ok + 1
+
+
+def test_the_api_key_can_come_from_the_environment_and_the_flag_wins():
+    from tailgate.server.main import api_key
+
+    assert api_key(None, {"TAILGATE_API_KEY": "from-env"}) == "from-env"
+    assert api_key("from-flag", {"TAILGATE_API_KEY": "from-env"}) == "from-flag"
+    assert api_key(None, {}) is None and api_key(None, {"TAILGATE_API_KEY": ""}) is None
+
+
+def test_a_loopback_server_answers_only_loopback_host_names():
+    from tailgate.server.main import LOOPBACK, allowed_hosts
+
+    assert allowed_hosts("127.0.0.1", None) == LOOPBACK
+    assert allowed_hosts("127.0.0.1", "box.lan") == LOOPBACK | {"box.lan"}
+    assert allowed_hosts("0.0.0.0", None) is None and allowed_hosts("127.0.0.1", "*") is None
+    c = TestClient(create_app(ServerState(served_name="m", allowed_hosts=LOOPBACK)), base_url="http://127.0.0.1:8000")
+    assert c.get("/health").status_code == 503  # served (the model is not loaded in this app)
+    assert TestClient(c.app, base_url="http://[::1]:8000").get("/health").status_code == 503
+    r = c.post("/v1/completions", json={"prompt": "x"}, headers={"host": "attacker.example:8000"})
+    assert r.status_code == 421 and "attacker.example" in r.json()["error"]["message"]
+
+
+def test_a_text_plain_post_runs_no_work():
+    c = TestClient(create_app(ServerState(served_name="m")))
+    r = c.post("/v1/completions", content=b'{"prompt": "x"}', headers={"content-type": "text/plain"})
+    assert r.status_code == 415 and r.json()["error"]["type"] == "BadRequestError"

@@ -35,6 +35,7 @@ class ServerState:
     cfg: object = None
     load_error: str | None = None
     kernels: dict | None = None  # the KernelPlan chosen at start (`/version` shows it)
+    allowed_hosts: frozenset | None = None  # Host header names served (None: any; see main.allowed_hosts)
     pending: dict = field(default_factory=dict)  # request id -> prompt tokens, until Scheduled
     ttft: Histogram = field(default_factory=Histogram)
     itl: Histogram = field(default_factory=Histogram)
@@ -215,6 +216,9 @@ def _no_constant(name: str):
 
 def create_app(state: ServerState) -> Starlette:
     async def parse_body(req: HttpRequest) -> dict:
+        ctype = req.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != "application/json":  # a browser's cross-site text/plain POST must not run work
+            raise ApiError(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
         try:
             body = json.loads(await req.body(), parse_constant=_no_constant)
             json.dumps(body, ensure_ascii=False).encode("utf-8")  # lone surrogates ("\\ud800") cannot
@@ -248,8 +252,8 @@ def create_app(state: ServerState) -> Starlette:
     async def generate(req: HttpRequest, kind: str):
         try:
             check_auth(req)
+            body = await parse_body(req)  # a bad body is a 400 even while loading
             check_ready()
-            body = await parse_body(req)
             parse = parse_completion if kind == "completion" else parse_chat
             g = parse(body, state.model.tokenizer, state.model.spec.vocab_size)
             check_model(g.model)
@@ -363,8 +367,8 @@ def create_app(state: ServerState) -> Starlette:
     async def tokenize(req):
         try:
             check_auth(req)
+            body = await parse_body(req)  # a bad body is a 400 even while loading
             check_ready()
-            body = await parse_body(req)
             tok = state.model.tokenizer
             if "messages" in body:
                 ids = parse_chat({"messages": body["messages"]}, tok, state.model.spec.vocab_size).prompts[0]
@@ -379,8 +383,8 @@ def create_app(state: ServerState) -> Starlette:
     async def detokenize(req):
         try:
             check_auth(req)
+            body = await parse_body(req)  # a bad body is a 400 even while loading
             check_ready()
-            body = await parse_body(req)
             ids = body.get("tokens")
             v = state.model.spec.vocab_size
             if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < v
@@ -402,7 +406,26 @@ def create_app(state: ServerState) -> Starlette:
     async def not_found(req, exc):
         return _error(ApiError(exc.status_code, f"{req.method} {req.url.path}: {exc.detail}"))
 
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
+    return HostCheck(app, state.allowed_hosts) if state.allowed_hosts is not None else app
+
+
+class HostCheck:
+    """Refuse requests whose Host header names another server (DNS rebinding against a loopback
+    server), with an OpenAI error body. Starlette's TrustedHostMiddleware does the same check but
+    answers in plain text, which the API promises never to do."""
+
+    def __init__(self, app, allowed: frozenset):
+        self.app, self.allowed = app, allowed
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+            if name.strip("[]").lower() not in self.allowed:
+                resp = _error(ApiError(421, f"Host {host!r} is not served here (tailgate serve --allowed-hosts)"))
+                return await resp(scope, receive, send)
+        return await self.app(scope, receive, send)
 
 
 def render_metrics(state: ServerState) -> str:

@@ -2,11 +2,32 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 from ..config import resolve
 from ..model.weights import resolve_model_path, served_name
 from .app import ServerState, create_app
+
+
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def api_key(cli_value: str | None, environ) -> str | None:
+    """--api-key, else TAILGATE_API_KEY (a key on the command line is visible in `ps`)."""
+    return cli_value if cli_value is not None else environ.get("TAILGATE_API_KEY") or None
+
+
+def allowed_hosts(bind: str, extra: str | None) -> frozenset | None:
+    """Host header names a server answers. Bound to loopback: only loopback names (a web page
+    that rebinds its own DNS name to 127.0.0.1 must not reach it), plus --allowed-hosts. Bound
+    elsewhere: any, unless --allowed-hosts lists them. `*` in the list: any."""
+    names = {h.strip().strip("[]").lower() for h in (extra or "").split(",") if h.strip()}
+    if "*" in names:
+        return None
+    if bind.strip("[]").lower() in LOOPBACK:
+        return frozenset(LOOPBACK | names)
+    return frozenset(names | {bind.strip("[]").lower()}) if names else None
 
 
 def serve(args, lookup) -> int:
@@ -19,7 +40,9 @@ def serve(args, lookup) -> int:
     resolve_model_path(args.model)  # a missing model file fails now, not after the server is up
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    state = ServerState(served_name=args.served_model_name or served_name(args.model), api_key=args.api_key,
+    state = ServerState(served_name=args.served_model_name or served_name(args.model),
+                        api_key=api_key(args.api_key, os.environ),
+                        allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
                         max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
                         kernels=plan.as_dict())
     app = create_app(state)
@@ -69,7 +92,10 @@ def add_serve_args(p) -> None:
 
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on every /v1 route")
+    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on every /v1 route "
+                   "(or set TAILGATE_API_KEY, which `ps` does not show)")
+    p.add_argument("--allowed-hosts", default=None, help="comma-separated Host names to answer besides loopback "
+                   "ones (a loopback server answers only those by default; `*`: any)")
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--max-queued-requests", type=int, default=256, help="429 beyond this many waiting requests")
     p.add_argument("--max-queued-tokens", type=int, default=1 << 20, help="429 beyond this many waiting prompt tokens")

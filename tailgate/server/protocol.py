@@ -16,7 +16,8 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.headers = status, message, param, headers or {}
         self.type = type_ or {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-                              429: "RateLimitError", 503: "ServiceUnavailableError"}.get(status, "InternalServerError")
+                              429: "RateLimitError", 503: "ServiceUnavailableError"}.get(
+            status, "BadRequestError" if status < 500 else "InternalServerError")
         self.code = code if code is not None else status
 
     def body(self) -> dict:
