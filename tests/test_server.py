@@ -1,6 +1,7 @@
 """Gates against a live `tailgate serve` process on a free port, through the official openai SDK."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -126,6 +127,28 @@ def test_greedy_http_output_equals_the_engine(client, rig):
     assert got.choices[0].text == tok.decode(want)
 
 
+@contextlib.contextmanager
+def healthy_request(client, max_tokens: int, stream: bool = True, prompt: str = "A healthy stream"):
+    """A good greedy request running beside whatever the block sends; once the block exits (and
+    the request has finished), the yielded dict holds its `completion_tokens`."""
+    out = {}
+
+    def run():
+        kw = dict(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0)
+        if stream:
+            chunks = list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+            out["completion_tokens"] = chunks[-1].usage.completion_tokens
+        else:
+            out["completion_tokens"] = client.completions.create(**kw).usage.completion_tokens
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        yield out
+    finally:
+        t.join(120)
+
+
 def post(base, path, body, raw=False):
     return httpx.post(base + path, content=body if raw else json.dumps(body),
                       headers={"content-type": "application/json"}, timeout=30)
@@ -146,18 +169,12 @@ def post(base, path, body, raw=False):
     ({"prompt": ["a", "b"], "n": 2, "max_tokens": 2}, "n"),  # 4 entries; the test server queues at most 3
 ])
 def test_bad_requests_get_400_and_lose_nothing_else(server, client, body, param):
-    base = server[0]
-    out = {}
-    t = threading.Thread(target=lambda: out.setdefault("r", list(client.completions.create(
-        model=MODEL, prompt="A healthy stream", max_tokens=20, temperature=0, stream=True,
-        stream_options={"include_usage": True}))))
-    t.start()
-    r = post(base, "/v1/completions", body)
-    t.join(60)
+    with healthy_request(client, 20) as good:
+        r = post(server[0], "/v1/completions", body)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["message"] and err["type"] == "BadRequestError"
-    assert out["r"][-1].usage.completion_tokens == 20
+    assert good["completion_tokens"] == 20
     if param == "prompt" and "hi " in str(body.get("prompt")):
         assert "maximum context length is 512 tokens" in err["message"]
 
@@ -168,15 +185,10 @@ def test_bad_requests_get_400_and_lose_nothing_else(server, client, body, param)
     b'{"prompt": "hi \\ud800 there"}',
 ])
 def test_malformed_json_is_a_400_with_an_openai_error_body(server, client, raw):
-    out = {}
-    t = threading.Thread(target=lambda: out.setdefault("r", list(client.completions.create(
-        model=MODEL, prompt="A healthy stream", max_tokens=12, temperature=0, stream=True,
-        stream_options={"include_usage": True}))))
-    t.start()
-    r = post(server[0], "/v1/completions", raw, raw=True)
-    t.join(60)
+    with healthy_request(client, 12) as good:
+        r = post(server[0], "/v1/completions", raw, raw=True)
     assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"], r.text
-    assert out["r"][-1].usage.completion_tokens == 12
+    assert good["completion_tokens"] == 12
 
 
 def test_a_vanishing_temperature_is_greedy(client):
@@ -188,31 +200,23 @@ def test_a_vanishing_temperature_is_greedy(client):
 
 def test_a_disconnect_mid_stream_returns_pages_and_spares_the_others(server, client):
     base = server[0]
-    out = {}
-    t = threading.Thread(target=lambda: out.setdefault("r", client.completions.create(
-        model=MODEL, prompt="Other stream", max_tokens=40, temperature=0)))
-    t.start()
-    with httpx.stream("POST", base + "/v1/completions", json={"prompt": "Tell me a story", "max_tokens": 400,
-                                                             "stream": True}, timeout=30) as s:
-        for i, _ in enumerate(s.iter_lines()):
-            if i > 6:
-                break  # hang up mid-stream
-    t.join(120)
-    assert out["r"].usage.completion_tokens == 40
+    with healthy_request(client, 40, stream=False, prompt="Other stream") as good:
+        with httpx.stream("POST", base + "/v1/completions", json={"prompt": "Tell me a story", "max_tokens": 400,
+                                                                 "stream": True}, timeout=30) as s:
+            for i, _ in enumerate(s.iter_lines()):
+                if i > 6:
+                    break  # hang up mid-stream
+    assert good["completion_tokens"] == 40
     assert wait_idle(base) == 0
 
 
 def test_a_non_streaming_client_that_leaves_is_noticed_within_a_step(server, client):
     base = server[0]
-    out = {}
-    t = threading.Thread(target=lambda: out.setdefault("r", client.completions.create(
-        model=MODEL, prompt="Other stream", max_tokens=40, temperature=0)))
-    t.start()
-    with pytest.raises(httpx.TimeoutException):  # the client gives up long before 480 tokens
-        httpx.post(base + "/v1/completions", json={"prompt": "Tell me a story", "max_tokens": 480,
-                                                  "ignore_eos": True}, timeout=2)
-    t.join(120)
-    assert out["r"].usage.completion_tokens == 40
+    with healthy_request(client, 40, stream=False, prompt="Other stream") as good:
+        with pytest.raises(httpx.TimeoutException):  # the client gives up long before 480 tokens
+            httpx.post(base + "/v1/completions", json={"prompt": "Tell me a story", "max_tokens": 480,
+                                                      "ignore_eos": True}, timeout=2)
+    assert good["completion_tokens"] == 40
     # Had the server missed the disconnect, 440+ more steps would hold pages long past this.
     assert wait_idle(base, timeout=5) == 0
 
