@@ -7,7 +7,6 @@ executor (the model runner + sampler, or a fake in tests) and turns sampled toke
 from __future__ import annotations
 
 import logging
-
 import time
 from collections import deque
 from dataclasses import dataclass, field
