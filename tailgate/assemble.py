@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from .config import ServingConfig
 from .engine.loop import Engine
-from .engine.pages import PAGE_SIZE, KVBook, budget_pool_pages, pool_pages
+from .engine.pages import KVBook, budget_pool_pages, pool_bytes, pool_pages
 from .engine.scheduler import Scheduler
 
 
@@ -39,7 +39,7 @@ def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device:
     pages = pool_pages(cfg.max_context, cfg.decode_slots, window, transient_prompts=cfg.mix_max_prompts)
     budget_mb = cfg.kv_cache_mb
     if budget_mb == "auto":  # slots x context while it fits half the free RAM, else that half
-        need = sum(n * PAGE_SIZE * tb.get(fam, 0) for fam, n in pages.items())
+        need = pool_bytes(pages, tb)
         share = (available_ram() if ram_bytes is None else ram_bytes) // 2
         budget_mb = share >> 20 if need > share else None
         log(f"KV cache: {need >> 20} MiB for {cfg.decode_slots} x {cfg.max_context} tokens; "

@@ -47,6 +47,15 @@ def parse_off_or_int(name: str, raw: str | None, lo: int, hi: int) -> int | None
     return _int_in(name, raw, lo, hi, f"off | N, {lo} <= N <= {hi}")
 
 
+def parse_kv_cache_mb(raw: str | None) -> int | str | None:
+    """auto (unset) | off | N MiB: "auto" is settled against the RAM at load (assemble.py)."""
+    if raw is None or raw.strip().lower() == "auto":
+        return "auto"
+    if raw.strip().lower() in OFF_WORDS:
+        return None
+    return _int_in("KV_CACHE_MB", raw, 1, 1 << 20, "auto | off | N MiB, 1 <= N <= 1048576")
+
+
 def parse_mix_chunk_tokens(raw: str | None, max_context: int) -> int | None:
     """off | 64 <= N < MAX_CONTEXT; N >= 128 rounds down to a multiple of 128 (whole GEMM tiles)."""
     if raw is None or raw.strip().lower() in OFF_WORDS:
@@ -157,9 +166,7 @@ def resolve(lookup: Callable[[str], str | None]) -> ServingConfig:
     lane = parse_async_prefill(raw["ASYNC_PREFILL"])
     cache = parse_off_or_int("PREFIX_CACHE", raw["PREFIX_CACHE"], 1, 1024)
     door = parse_admit_coalesce_ms(raw["ADMIT_COALESCE_MS"])
-    kv_raw = raw["KV_CACHE_MB"]
-    kv_mb = "auto" if kv_raw is None or kv_raw.strip().lower() == "auto" else None \
-        if kv_raw.strip().lower() in OFF_WORDS else _int_in("KV_CACHE_MB", kv_raw, 1, 1 << 20, "auto | off | N MiB, 1 <= N <= 1048576")
+    kv_mb = parse_kv_cache_mb(raw["KV_CACHE_MB"])
     # Cross-knob rules, in one place.
     if door is not None and lane is not None:
         raise KnobError(f"{PREFIX}ADMIT_COALESCE_MS={raw['ADMIT_COALESCE_MS']!r} refuses with "

@@ -122,14 +122,14 @@ def run_plan(m, plan: KernelPlan, decode_batches, prefill_rows, context: int, re
         report("decode", b, secs, step_flops(spec, b, b, pairs), mm)
     # Mixed: one walk round, `chunk` rows of a prompt already `context // 2` tokens in, riding
     # B live decode rows (the step every live stream waits for while a prompt walks in).
+    k0 = context // 2
     for chunk, b in mixed:
         w = SeqPages()
-        assert book.reserve(w, context // 2 + chunk)
-        w.frontier = context // 2
-        segs = [Segment([100 + i for i in range(chunk)], context // 2, w, sample=False)] + \
+        assert book.reserve(w, k0 + chunk)
+        w.frontier = k0
+        segs = [Segment([100 + i for i in range(chunk)], k0, w, sample=False)] + \
             [Segment([100], context, s) for s in seqs[:b]]
         secs = _time(lambda: runner.step(segs), reps, dev)
-        k0 = context // 2
         pairs = chunk * k0 + chunk * (chunk + 1) // 2 + b * (context + 1)
         mm = _time(lambda: matmuls_only(runner, chunk + b, b), reps, dev)
         report(f"mixed+{b}", chunk, secs, step_flops(spec, chunk + b, b, pairs), mm)

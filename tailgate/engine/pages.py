@@ -116,13 +116,18 @@ class KVBook:
         return sum(p.used for p in pools) / max(1, sum(p.capacity for p in pools))
 
 
+def pool_bytes(pages: dict[str, int], token_bytes: dict[str, int]) -> int:
+    """Bytes the pools take: pages x 16 tokens x K+V bytes per token, summed over the families."""
+    return sum(n * PAGE_SIZE * token_bytes.get(fam, 0) for fam, n in pages.items())
+
+
 def budget_pool_pages(budget_bytes: int, token_bytes: dict[str, int], max_context: int, slots: int,
                       window: int | None, transient_prompts: int = 1) -> dict[str, int]:
     """Pages per pool from a memory budget: the sliding pool keeps its bounded size (a window per
     slot plus the prefill transients); the global pool gets what is left, and must hold at least
     one full-context request. `token_bytes[fam]` = K+V bytes of one token across that family's layers."""
     out = pool_pages(max_context, slots, window, transient_prompts)
-    left = budget_bytes - out.get("local", 0) * PAGE_SIZE * token_bytes.get("local", 0)
+    left = budget_bytes - pool_bytes({"local": out.get("local", 0)}, token_bytes)
     out["global"] = max(0, left // (PAGE_SIZE * token_bytes["global"])) + 1
     need = pages_for(max_context) + 1
     if out["global"] < need:

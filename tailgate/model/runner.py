@@ -75,7 +75,7 @@ class ModelRunner:
     def warm_up(self, book, rows: int = 64) -> float:
         """Run one prefill and one decode step through scratch pages, so the first requests do not
         pay the libraries' one-time setup (oneDNN primitives on CPU; cuBLAS handles and lazily
-        loaded kernels on CUDA: the first 16 requests on an H200 took 8.8 s without it, 1.7 s
+        loaded kernels on CUDA: the first 16 requests on an H200 took 8.8 s without it, 4.95 s
         after). Returns the seconds spent; the pages go back before it returns."""
         import time
 

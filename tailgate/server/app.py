@@ -84,13 +84,12 @@ class Generation:
                 raise bad(f"This model's maximum context length is {ceiling} tokens, but the prompt contains "
                           f"{len(p)} tokens (at least one token must be left for the completion)", "prompt")
         waiting_tokens = sum(st.pending.values())
-        new = len(g.prompts) * g.n
-        if new > st.max_queued_requests or self.prompt_tokens * g.n > st.max_queued_tokens:
+        new, new_tokens = len(g.prompts) * g.n, self.prompt_tokens * g.n
+        if new > st.max_queued_requests or new_tokens > st.max_queued_tokens:
             # Even an empty queue could not take it: a 429 would ask the client to retry forever.
-            raise bad(f"this request needs {new} queue entries and {self.prompt_tokens * g.n} prompt tokens; the "
+            raise bad(f"this request needs {new} queue entries and {new_tokens} prompt tokens; the "
                       f"server queues at most {st.max_queued_requests} and {st.max_queued_tokens}", "n")
-        if len(st.pending) + new > st.max_queued_requests or \
-                waiting_tokens + self.prompt_tokens * g.n > st.max_queued_tokens:
+        if len(st.pending) + new > st.max_queued_requests or waiting_tokens + new_tokens > st.max_queued_tokens:
             raise ApiError(429, f"the waiting queue is full ({len(st.pending)} requests, {waiting_tokens} tokens "
                                 "waiting); retry shortly", headers={"Retry-After": "1"})
         for pi, p in enumerate(g.prompts):
@@ -222,11 +221,9 @@ def create_app(state: ServerState) -> Starlette:
         try:
             body = json.loads(await req.body(), parse_constant=_no_constant)
             json.dumps(body, ensure_ascii=False).encode("utf-8")  # lone surrogates ("\\ud800") cannot
-        except (json.JSONDecodeError, UnicodeError) as e:
-            raise bad(f"malformed JSON body: {e}")
         except RecursionError:
             raise bad("malformed JSON body: nested too deeply")
-        except ValueError as e:  # e.g. an integer literal past Python's 4300-digit limit
+        except ValueError as e:  # bad JSON, bad UTF-8, lone surrogates, integers past 4300 digits
             raise bad(f"malformed JSON body: {e}")
         if not isinstance(body, dict):
             raise bad("the JSON body must be an object")
