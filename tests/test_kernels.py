@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tailgate.model import native
 from tailgate.model.cpu import parse_cpuinfo
 from tailgate.model.kernels import KernelError, Linear, choose, quantize_int4
 from tailgate.model.runner import ModelRunner
@@ -23,10 +24,23 @@ def test_cpuinfo_is_read_into_the_model_name_and_an_isa_class():
     assert OLD.isa == "baseline"
 
 
-def test_an_avx2_cpu_gets_prepacked_fp32_and_int8_for_small_steps():
-    p = choose(cpu=EPYC, mkldnn=True, cuda=False)
-    assert (p.dtype, p.dense, p.quant) == (torch.float32, "onednn", "int8")
-    assert min(p.quant_rows) >= 1 and "AMD EPYC 7B13" in p.line() and "int8" in p.line()
+BUILT = lambda: (object(), None)  # noqa: E731  (a q8 library that built)
+NO_CC = lambda: (None, "q8 kernel could not be built: cc not found")  # noqa: E731
+
+
+def test_an_avx2_cpu_gets_prepacked_fp32_and_q8_for_small_steps():
+    p = choose(cpu=EPYC, mkldnn=True, cuda=False, native_build=BUILT)
+    assert (p.dtype, p.dense, p.quant) == (torch.float32, "onednn", "q8")
+    assert min(p.quant_rows) >= 1 and "AMD EPYC 7B13" in p.line() and "q8 int8 x int8" in p.line()
+
+
+def test_without_a_compiler_auto_falls_back_to_int8_and_says_why_but_a_forced_q8_refuses():
+    p = choose(cpu=EPYC, mkldnn=True, cuda=False, native_build=NO_CC)
+    assert p.quant == "int8" and "cc not found; using int8" in p.line() and p.as_dict()["note"]
+    with pytest.raises(KernelError, match="--kernels q8 refused: q8 kernel could not be built: cc not found"):
+        choose("auto", "q8", cpu=EPYC, mkldnn=True, cuda=False, native_build=NO_CC)
+    with pytest.raises(KernelError, match="native kernels need AVX2 and FMA, which this CPU .* lacks"):
+        choose("auto", "q8", cpu=OLD, mkldnn=True, cuda=False, native_build=BUILT)
 
 
 def test_an_amx_cpu_keeps_prepacked_bf16_dense():
@@ -56,7 +70,7 @@ def test_without_onednn_everything_is_f_linear():
 
 @pytest.mark.parametrize("dtype,kernels,match", [
     ("bf17", "auto", r"--dtype 'bf17' not recognized \(accepted: auto \| bf16 \| fp32 \| fp16\)"),
-    ("auto", "int9", r"--kernels \(TAILGATE_KERNELS\) 'int9' not recognized \(accepted: auto \| torch \| onednn \| int8 \| int4\)"),
+    ("auto", "int9", r"--kernels \(TAILGATE_KERNELS\) 'int9' not recognized \(accepted: auto \| torch \| onednn \| q8 \| int8 \| int4\)"),
     ("fp16", "int8", "fp32 or bf16 activations"),
 ])
 def test_unknown_or_impossible_choices_refuse_naming_the_grammar(dtype, kernels, match):
@@ -80,7 +94,7 @@ def _plan(kind, rows=10 ** 9):
     return dataclasses.replace(base, quant=kind, quant_rows=(rows, rows) if kind else (0, 0))
 
 
-@pytest.mark.parametrize("kind,tol", [(None, 1e-5), ("int8", 2e-2), ("int4", 0.15)])
+@pytest.mark.parametrize("kind,tol", [(None, 1e-5), ("q8", 2e-2), ("int8", 2e-2), ("int4", 0.15)])
 def test_every_kernel_computes_the_same_product_within_its_precision(kind, tol):
     g = torch.Generator().manual_seed(0)
     w = torch.randn(256, 320, generator=g) * 0.05
@@ -90,6 +104,16 @@ def test_every_kernel_computes_the_same_product_within_its_precision(kind, tol):
         want = F.linear(x, w)
         err = (lin(x) - want).norm() / want.norm()
         assert err < tol, (kind, rows, err.item())
+
+
+def test_a_q8_row_gets_the_same_bits_alone_or_in_any_batch():
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(96, 576, generator=g)  # K = 576: super-blocks of 64, as in SmolLM2
+    lin = Linear(w, _plan("q8"), "layers")
+    x = torch.randn(11, 576, generator=g)
+    full = lin(x)
+    for rows in (slice(0, 1), slice(3, 5), slice(4, 11)):
+        assert torch.equal(lin(x[rows]), full[rows])
 
 
 def test_int4_reproduces_a_matrix_on_the_q4_grid_up_to_bf16_activations():
@@ -124,11 +148,11 @@ def test_the_runner_reports_the_plan_it_was_built_with(rig):
 # int8 mean |Δ| 0.22-0.23, p99 0.86-1.5, KL 0.006-0.012; int4 (opt-in) mean 0.47-1.5, p99 1.1-7.8,
 # KL 0.06-0.26.
 # Bounds are ~2x that: a wrong scale or packing convention lands far outside them.
-QUALITY = {"int8": (0.5, 3.0, 0.02), "int4": (3.0, 16.0, 0.5)}  # mean |Δ|, p99 |Δ|, KL bounds
+QUALITY = {"q8": (0.5, 3.0, 0.02), "int8": (0.5, 3.0, 0.02), "int4": (3.0, 16.0, 0.5)}  # mean |Δ|, p99 |Δ|, KL bounds
 
 
 @pytest.mark.parametrize("name", ["gemma3-270m", "smollm2-135m"])
-@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("kind", ["q8", "int8", "int4"])
 def test_quantized_paths_keep_quality(name, kind, rig, loaded):
     from tailgate.model import serial
     from test_oracle import PROMPTS, sequences
@@ -167,5 +191,32 @@ def test_bench_kernels_times_every_kernel_this_cpu_can_run(capsys):
 
     rows = bench_kernels.run("smollm2-135m", rows=(2,), reps=1)
     names = [r["kernel"] for r in rows]
-    assert {"fp32 F.linear", "int8", "int4"} <= set(names) and all(r["layers_ms"] > 0 for r in rows)
+    assert {"fp32 F.linear", "q8", "int8", "int4"} <= set(names) and all(r["layers_ms"] > 0 for r in rows)
     assert "CPU: " in capsys.readouterr().out
+
+
+@pytest.mark.skipif(native.load()[0] is None, reason="no C compiler / not x86-64: the torch path serves")
+@pytest.mark.parametrize("hq,hkv,d", [(4, 1, 256), (9, 3, 64)])  # Gemma 3 270M, SmolLM2-135M
+def test_native_decode_attention_matches_sdpa_over_the_same_pages(hq, hkv, d):
+    from tailgate.model.context import FamilyView
+    from tailgate.model.layers import paged_attention
+
+    g = torch.Generator().manual_seed(4)
+    slots_n, lens = 400, [1, 37, 200, 129]
+    k_pool, v_pool = torch.randn(slots_n, hkv, d, generator=g), torch.randn(slots_n, hkv, d, generator=g)
+    slots = torch.zeros(len(lens), max(lens), dtype=torch.int64)
+    mask = torch.zeros(len(lens), 1, 1, max(lens), dtype=torch.bool)
+    for b, n in enumerate(lens):  # scattered pages, padding reads slot 0 (as build_context pads)
+        slots[b, :n] = torch.randperm(slots_n - 8, generator=g)[:n] + 8
+        mask[b, 0, 0, :n] = True
+    view = FamilyView(write_slots=torch.arange(len(lens)), decode_slots=slots, decode_mask=mask,
+                      decode_lens=torch.tensor(lens))
+    q = torch.randn(len(lens), hq, d, generator=g)
+    new_k, new_v = torch.randn(len(lens), hkv, d, generator=g), torch.randn(len(lens), hkv, d, generator=g)
+    outs = [paged_attention(q, new_k, new_v, k_pool.clone(), v_pool.clone(), view, (0, len(lens)), d ** -0.5, native=n)
+            for n in (False, True)]
+    assert torch.allclose(outs[0], outs[1], atol=2e-5, rtol=1e-4), (outs[0] - outs[1]).abs().max()
+    one = paged_attention(q[2:3], new_k[2:3], new_v[2:3], k_pool.clone(), v_pool.clone(),
+                          FamilyView(write_slots=torch.arange(2, 3), decode_slots=slots[2:3], decode_mask=mask[2:3],
+                                     decode_lens=torch.tensor(lens[2:3])), (0, 1), d ** -0.5, native=True)
+    assert torch.equal(one[0], outs[1][2])  # a row's result does not depend on its batch

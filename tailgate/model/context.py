@@ -23,6 +23,7 @@ class FamilyView:
     prefill: list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]] = field(default_factory=list)
     decode_slots: torch.Tensor | None = None  # [B, K]
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, K]
+    decode_lens: torch.Tensor | None = None  # [B] int64: row b's keys are decode_slots[b, :len]
 
 
 @dataclass
@@ -32,6 +33,7 @@ class StepContext:
     sample_rows: torch.Tensor  # [S] in plan order of sampled segments
     decode_rows: tuple[int, int]  # rows [d0, d1) are the batched one-token rows
     families: dict[str, FamilyView]
+    native_attention: bool = False  # decode rows attend through csrc/attn.c (fp32 CPU pools)
 
 
 def _slots(table: list[int], pos: np.ndarray) -> np.ndarray:
@@ -43,7 +45,8 @@ def _key_start(qpos: int, window: int | None) -> int:
     return 0 if window is None else max(0, qpos - window + 1)
 
 
-def build_context(segments: list[Segment], windows: dict[str, int | None], device) -> StepContext:
+def build_context(segments: list[Segment], windows: dict[str, int | None], device,
+                  native_attention: bool = False) -> StepContext:
     """`windows` maps family name ("global", "local") to its attention window (None = full)."""
     prefill = [s for s in segments if len(s.tokens) > 1]
     decode = [s for s in segments if len(s.tokens) == 1]
@@ -83,11 +86,13 @@ def build_context(segments: list[Segment], windows: dict[str, int | None], devic
             width = max(s.start + 1 - k0 for s, k0 in zip(decode, starts))
             slots = np.zeros((len(decode), width), dtype=np.int64)  # padding reads page 0
             mask = np.zeros((len(decode), 1, 1, width), dtype=bool)
+            lens = np.zeros(len(decode), dtype=np.int64)
             for b, (s, k0) in enumerate(zip(decode, starts)):
                 n = s.start + 1 - k0
                 slots[b, :n] = _slots(table(s), np.arange(k0, s.start + 1))
                 mask[b, 0, 0, :n] = True
-            view.decode_slots, view.decode_mask = t(slots), t(mask)
+                lens[b] = n
+            view.decode_slots, view.decode_mask, view.decode_lens = t(slots), t(mask), t(lens)
         fams[fam] = view
     sample_rows = []
     for s in segments:
@@ -98,4 +103,5 @@ def build_context(segments: list[Segment], windows: dict[str, int | None], devic
             sample_rows.append(r1 - 1)
     return StepContext(
         tokens=t(np.asarray(toks, dtype=np.int64)), positions=t(positions),
-        sample_rows=t(np.asarray(sample_rows, dtype=np.int64)), decode_rows=(d0, r), families=fams)
+        sample_rows=t(np.asarray(sample_rows, dtype=np.int64)), decode_rows=(d0, r), families=fams,
+        native_attention=native_attention)

@@ -29,7 +29,8 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
         k = rms_norm(k.view(T, hkv, d), w[p + "k_norm"], spec.eps)
         cos, sin = ropes[fam]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        a = paged_attention(q, k, v.view(T, hkv, d), k_pool, v_pool, ctx.families[fam], ctx.decode_rows, spec.scale)
+        a = paged_attention(q, k, v.view(T, hkv, d), k_pool, v_pool, ctx.families[fam], ctx.decode_rows, spec.scale,
+                            ctx.native_attention)
         a = linear(a.reshape(T, hq * d), w[p + "o"])
         h = h + rms_norm(a, w[p + "post_attn_norm"], spec.eps)
         x = rms_norm(h, w[p + "ffn_norm"], spec.eps)

@@ -10,10 +10,12 @@ Why these kernels (torch 2.13, 2 threads, Gemma 3 270M shapes; see docs/kernels.
   F.linear, which reorders the weight on every call).
 - AVX2-only CPU (AMD EPYC Zen 3): bf16 is emulated (a 16-row layer pass 4x slower than fp32) and
   MKL's fp32 sgemm is 1.4-2.6x slower than oneDNN's prepacked fp32, so the dense path is oneDNN fp32.
-  Small steps are memory-bound (the fp32 head streams 671 MB at ~12.7 GB/s); weight-only int8
-  reads a quarter of the bytes and wins while a step has few rows (quality cost: KL 0.006-0.012 nat
-  per token vs fp32 with every call quantized, docs/kernels.md). int4 is faster still but lossy on this file (its q/k/v,
-  gate/up are 5-bit and its head 8-bit), so it is opt-in.
+  Steps up to a row cut run our q8 kernel (`native.py`: int8 weights x int8 activations in 32-wide
+  blocks, llama.cpp's dot product): it reads a quarter of fp32's bytes (small steps are
+  memory-bound: the fp32 head streams 671 MB at ~12.7 GB/s) and is compute-bound above that at
+  ~2.3 ms per row of the 18 layers, so it beats oneDNN fp32 up to ~40 layer rows and ~32 head rows. Where it cannot
+  be built, weight-only int8 (torch's `_weight_int8pack_mm`, bf16 activations) takes its place.
+  int4 is lossy on this file (its q/k/v, gate/up are 5-bit and its head 8-bit), so it is opt-in.
 """
 from __future__ import annotations
 
@@ -22,10 +24,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from . import native
 from .cpu import CpuInfo, this_cpu
 
 DTYPE_GRAMMAR = "auto | bf16 | fp32 | fp16"
-KERNEL_GRAMMAR = "auto | torch | onednn | int8 | int4"
+KERNEL_GRAMMAR = "auto | torch | onednn | q8 | int8 | int4"
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
            "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
 INT4_GROUP = 32  # the file's own Q4_K/Q5_0 group size
@@ -37,14 +40,20 @@ INT4_GROUP = 32  # the file's own Q4_K/Q5_0 group size
 # AMD EPYC, 18 layers' four matmuls (ms) at M = 1/4/16/64: oneDNN fp32 12.8/37.5/75.5/194,
 # int8 7.1/15.2/62.0/305; the 262k head: oneDNN fp32 48.6/62.6/94.9/308, int8 28.6/37.1/146/637,
 # int4 15.4/28.1/116/476 (int4 layers 9.0/16.9/70.3/286).
+# q8 (same machine, random weights of these shapes, ctypes call included), M = 1/4/8/16/32/64/128:
+# layers 5.0/10.6/19.5/38.1/72.4/153/298 ms against oneDNN fp32 28.8/35.0/54.3/58.5/74.3/141/198;
+# head (M <= 64) 13.1/16.5/29.3/56.9/124/330 against 47.6/58.4/70.2/91.5/136/242.
 QUANT_ROWS = {
+    ("avx2", "q8"): (48, 32),
     ("avx2", "int8"): (16, 6),
     ("avx2", "int4"): (16, 8),
 }
 # A CPU class without a measured cut uses these (the same shapes of memory-bound crossover).
-DEFAULT_QUANT_ROWS = {"int8": (16, 6), "int4": (16, 8)}
-# `auto` on each CPU class: the quantized kernel it adds for small steps (None: dense only).
-AUTO_QUANT = {"avx2": "int8", "avx512": "int8"}
+DEFAULT_QUANT_ROWS = {"q8": (48, 32), "int8": (16, 6), "int4": (16, 8)}
+# `auto` on each CPU class: the quantized kernel it adds for small steps (None: dense only), and
+# what takes its place when q8 cannot be built here.
+AUTO_QUANT = {"avx2": "q8", "avx512": "q8"}
+Q8_FALLBACK = "int8"
 
 
 class KernelError(ValueError):
@@ -56,29 +65,38 @@ class KernelPlan:
     device: str
     dtype: torch.dtype
     dense: str  # "onednn" (prepacked) | "torch" (F.linear)
-    quant: str | None = None  # "int8" | "int4": weight-only, bf16 activations, small steps only
+    quant: str | None = None  # "q8": int8 x int8; "int8" | "int4": weight-only, bf16 activations
     quant_rows: tuple[int, int] = (0, 0)  # (layers, head): calls with at most this many rows
     cpu: str = ""
     isa: str = ""
+    note: str = ""  # why auto settled for less (q8 could not be built)
+    attention: str = "torch"  # decode attention: "native" (csrc/attn.c, fp32 pools) | "torch" (SDPA)
 
     def line(self) -> str:
         dt = str(self.dtype).removeprefix("torch.")
         s = f"kernels: {dt} {'oneDNN prepacked' if self.dense == 'onednn' else 'F.linear'}"
         if self.quant:
-            s += f" + {self.quant} weight-only for calls of <= {self.quant_rows[0]} rows (layers) / " \
+            what = "int8 x int8" if self.quant == "q8" else "weight-only"
+            s += f" + {self.quant} {what} for calls of <= {self.quant_rows[0]} rows (layers) / " \
                  f"<= {self.quant_rows[1]} rows (head)"
-        return s + f" [{self.cpu}; {self.isa}; {self.device}]"
+        if self.attention == "native":
+            s += " + native decode attention"
+        s += f" [{self.cpu}; {self.isa}; {self.device}]"
+        return s + (f" ({self.note})" if self.note else "")
 
     def as_dict(self) -> dict:
         return {"device": self.device, "dtype": str(self.dtype).removeprefix("torch."), "dense": self.dense,
                 "quant": self.quant, "quant_rows": {"layers": self.quant_rows[0], "head": self.quant_rows[1]},
-                "cpu": self.cpu, "isa": self.isa}
+                "cpu": self.cpu, "isa": self.isa, "note": self.note,
+                "attention": self.attention}
 
 
 def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto", device="auto",
-           cpu: CpuInfo | None = None, mkldnn: bool | None = None, cuda: bool | None = None) -> KernelPlan:
-    """The plan for this machine. `cpu`, `mkldnn` and `cuda` default to the real machine; tests
-    pass fakes. Refuses (KernelError) a value outside the grammar or a kernel the CPU cannot run."""
+           cpu: CpuInfo | None = None, mkldnn: bool | None = None, cuda: bool | None = None,
+           native_build=None) -> KernelPlan:
+    """The plan for this machine. `cpu`, `mkldnn`, `cuda` and `native_build` (-> (lib, why)) default
+    to the real machine; tests pass fakes. Refuses (KernelError) a value outside the grammar or a
+    kernel the CPU cannot run."""
     cuda = torch.cuda.is_available() if cuda is None else cuda
     mkldnn = torch.backends.mkldnn.is_available() if mkldnn is None else mkldnn
     dev = torch.device("cuda" if cuda else "cpu") if device in (None, "", "auto") else torch.device(device)
@@ -105,18 +123,31 @@ def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto
             f"({cpu.model}) lacks" if dt == torch.bfloat16 else f"oneDNN has no prepacked {dt} path")
         raise KernelError(f"--kernels onednn refused: {why} (try --dtype fp32 or --kernels auto)")
     dense = "onednn" if packable and kind != "torch" else "torch"
-    quant = kind if kind in ("int8", "int4") else (AUTO_QUANT.get(cpu.isa) if kind == "auto" and want == "auto" else None)
+    quant = kind if kind in ("q8", "int8", "int4") else (AUTO_QUANT.get(cpu.isa) if kind == "auto" and want == "auto" else None)
     if quant and dt == torch.float16:
         raise KernelError(f"--kernels {quant} runs with fp32 or bf16 activations, not --dtype fp16")
+    note = ""
+    why = f"tailgate's native kernels need AVX2 and FMA, which this CPU ({cpu.model}) lacks" \
+        if not {"avx2", "fma"} <= cpu.flags else None
+    if why is None and (quant == "q8" or (dt == torch.float32 and kind != "torch")):
+        why = (native_build or native.load)()[1]
+    # Our decode attention reads fp32 pools in place; `--kernels torch` keeps everything torch's.
+    attention = "native" if dt == torch.float32 and kind != "torch" and why is None else "torch"
+    if quant == "q8":
+        if why and kind == "q8":
+            raise KernelError(f"--kernels q8 refused: {why} (try --kernels auto)")
+        if why:
+            quant, note = Q8_FALLBACK, f"{why}; using {Q8_FALLBACK}"
     rows = QUANT_ROWS.get((cpu.isa, quant), DEFAULT_QUANT_ROWS.get(quant, (0, 0))) if quant else (0, 0)
-    return KernelPlan("cpu", dt, dense, quant, rows, cpu.model, cpu.isa)
+    return KernelPlan("cpu", dt, dense, quant, rows, cpu.model, cpu.isa, note, attention)
 
 
 def runnable_plans(device="cpu") -> list[KernelPlan]:
     """Every plan this machine can run, for the benchmarks: dense fp32 through oneDNN and F.linear,
     dense bf16 where oneDNN takes it, and int8 / int4 small steps over the fp32 dense path."""
     out = []
-    for dtype, kernels in (("fp32", "onednn"), ("fp32", "torch"), ("bf16", "onednn"), ("fp32", "int8"), ("fp32", "int4")):
+    for dtype, kernels in (("fp32", "onednn"), ("fp32", "torch"), ("bf16", "onednn"), ("fp32", "q8"),
+                           ("fp32", "int8"), ("fp32", "int4")):
         try:
             p = choose(dtype, kernels, device)
         except KernelError:
@@ -159,12 +190,17 @@ class Linear:
         cut = plan.quant_rows[0 if group == "layers" else 1]
         if plan.quant and cut > 0 and w.shape[1] % INT4_GROUP == 0 and w.shape[0] % 16 == 0:
             self.quant, self.max_q_rows = plan.quant, cut
-            self.q, self.qs = (quantize_int8 if plan.quant == "int8" else quantize_int4)(w)
+            if plan.quant == "q8":
+                self.q, self.qs = native.q8_quantize(w), None
+            else:
+                self.q, self.qs = (quantize_int8 if plan.quant == "int8" else quantize_int4)(w)
         self.packed = plan.dense == "onednn"
         self.w = torch.ops.mkldnn._reorder_linear_weight(w, 16) if self.packed else w
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.quant is not None and x.shape[0] <= self.max_q_rows:
+            if self.quant == "q8":
+                return native.q8_linear(x.float(), *self.q).to(x.dtype)
             xb = x.to(torch.bfloat16)  # with fp32 activations both ops take a scalar path (10-30x slower)
             if self.quant == "int8":
                 y = torch._weight_int8pack_mm(xb, self.q, self.qs)

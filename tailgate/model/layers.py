@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from .context import FamilyView
+from .native import decode_attention
 
 
 def linear(x: torch.Tensor, w) -> torch.Tensor:
@@ -35,8 +36,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-def paged_attention(q, k_new, v_new, k_pool, v_pool, view: FamilyView, decode_rows, scale: float):
-    """Write this step's K/V into the pool, then attend each row over its own pages.
+def paged_attention(q, k_new, v_new, k_pool, v_pool, view: FamilyView, decode_rows, scale: float,
+                    native: bool = False):
+    """Write this step's K/V into the pool, then attend each row over its own pages; with
+    `native`, the decode rows read the pool in place through csrc/attn.c.
 
     q: [T, Hq, D]; k_new/v_new: [T, Hkv, D]; pools: [slots, Hkv, D]. Returns [T, Hq, D].
     """
@@ -56,7 +59,9 @@ def paged_attention(q, k_new, v_new, k_pool, v_pool, view: FamilyView, decode_ro
                                            is_causal=mask is None, scale=scale, enable_gqa=True)
         out[r0:r1] = o[0].transpose(0, 1)
     d0, d1 = decode_rows
-    if d1 > d0:
+    if d1 > d0 and native:
+        out[d0:d1] = decode_attention(q[d0:d1], k_pool, v_pool, view.decode_slots, view.decode_lens, scale)
+    elif d1 > d0:
         b, width = view.decode_slots.shape
         k = F.embedding(view.decode_slots, kflat).view(b, width, hkv, d).transpose(1, 2)
         v = F.embedding(view.decode_slots, vflat).view(b, width, hkv, d).transpose(1, 2)

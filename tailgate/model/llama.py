@@ -21,7 +21,8 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
         x = rms_norm(h, w[p + "attn_norm"], spec.eps)
         q, k, v = linear(x, w[p + "qkv"]).split([hq * d, hkv * d, hkv * d], dim=-1)
         q, k = apply_rope(q.view(T, hq, d), cos, sin), apply_rope(k.view(T, hkv, d), cos, sin)
-        a = paged_attention(q, k, v.view(T, hkv, d), k_pool, v_pool, ctx.families[fam], ctx.decode_rows, spec.scale)
+        a = paged_attention(q, k, v.view(T, hkv, d), k_pool, v_pool, ctx.families[fam], ctx.decode_rows, spec.scale,
+                            ctx.native_attention)
         h = h + linear(a.reshape(T, hq * d), w[p + "o"])
         x = rms_norm(h, w[p + "ffn_norm"], spec.eps)
         gate, up = linear(x, w[p + "gate_up"]).chunk(2, dim=-1)

@@ -69,7 +69,7 @@ class ModelRunner:
                 raise ValueError(f"token id {bad[0]} outside the vocabulary (0..{self.spec.vocab_size - 1})")
             if s.pages.reserved < s.end:
                 raise RuntimeError(f"segment ends at {s.end} but only {s.pages.reserved} tokens have pages")
-        ctx = build_context(segments, self.windows, self.device)
+        ctx = build_context(segments, self.windows, self.device, self.plan.attention == "native")
         return self._forward(self.w, self.spec, ctx, self.kv)
 
     def warm_up(self, book, rows: int = 64) -> float:
