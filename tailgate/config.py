@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 OFF_WORDS = ("", "0", "off")
+# max_tokens when a request sets none. vLLM's default is the rest of the context; a client that
+# forgets it then holds a slot for up to MAX_CONTEXT tokens. 2048 bounds that work (and an
+# abandoned request's) while leaving long answers possible; `context` restores vLLM's behaviour.
+DEFAULT_MAX_TOKENS = 2048
 DEFAULT_CHUNK = 64  # MIX_CHUNK_TOKENS when unset (the grammar's floor; why: the comment in resolve)
 PREFIX = "TAILGATE_"
 
@@ -64,6 +68,16 @@ def parse_mix_chunk_tokens(raw: str | None, max_context: int) -> int | None:
     return n if n < 128 else n // 128 * 128
 
 
+def parse_default_max_tokens(raw: str | None, max_context: int | None) -> int | None:
+    """context | N: max_tokens for a request that sets none (None: the rest of the context)."""
+    hi = max_context or 1 << 20
+    if raw is None or not raw.strip():
+        return min(DEFAULT_MAX_TOKENS, hi)
+    if raw.strip().lower() == "context":
+        return None
+    return _int_in("DEFAULT_MAX_TOKENS", raw, 1, hi, f"context | N, 1 <= N <= MAX_CONTEXT ({hi})")
+
+
 def parse_async_prefill(raw: str | None) -> str | None:
     if raw is None or raw.strip().lower() in OFF_WORDS + ("false",):
         return None
@@ -97,6 +111,9 @@ KNOBS = (
          "prefix-cache entries (grammar parsed; not built yet, so a value refuses)"),
     Knob("ADMIT_COALESCE_MS", "off", "off | N ms, 1 <= N <= 2000",
          "admission coalesce door: hold arrivals into a deep live batch up to N ms"),
+    Knob("DEFAULT_MAX_TOKENS", f"min({DEFAULT_MAX_TOKENS}, MAX_CONTEXT)", "context | N, 1 <= N <= MAX_CONTEXT",
+         "max_tokens of a request that sets none (never past the context); context: the rest of the context, "
+         "as vLLM does"),
     Knob("KV_CACHE_MB", "auto", "auto | off | N MiB, 1 <= N <= 1048576",
          "size the global KV pool from a memory budget instead of DECODE_SLOTS x MAX_CONTEXT; a live row "
          "that cannot grow preempts the latest arrival (requeued at the head, recomputed). auto: "
@@ -116,6 +133,7 @@ class ServingConfig:
     prefix_cache: int | None = None
     admit_coalesce_ms: int | None = None
     kv_cache_mb: int | str | None = "auto"  # MiB, "auto" (settled against RAM at load) or None (off)
+    default_max_tokens: int | None = DEFAULT_MAX_TOKENS  # None: the rest of the context
 
     def with_model_limit(self, model_max: int) -> "ServingConfig":
         """Settle MAX_CONTEXT against the model (after its metadata is read, before weights are cast)."""
@@ -167,6 +185,7 @@ def resolve(lookup: Callable[[str], str | None]) -> ServingConfig:
     cache = parse_off_or_int("PREFIX_CACHE", raw["PREFIX_CACHE"], 1, 1024)
     door = parse_admit_coalesce_ms(raw["ADMIT_COALESCE_MS"])
     kv_mb = parse_kv_cache_mb(raw["KV_CACHE_MB"])
+    max_out = parse_default_max_tokens(raw["DEFAULT_MAX_TOKENS"], max_context)
     # Cross-knob rules, in one place.
     if door is not None and lane is not None:
         raise KnobError(f"{PREFIX}ADMIT_COALESCE_MS={raw['ADMIT_COALESCE_MS']!r} refuses with "
@@ -175,7 +194,7 @@ def resolve(lookup: Callable[[str], str | None]) -> ServingConfig:
     for name, value in (("ASYNC_PREFILL", lane), ("PREFIX_CACHE", cache)):
         if value is not None:
             raise KnobError(f"{PREFIX}{name}={raw[name]!r}: this build does not have that feature yet (accepted now: off)")
-    return ServingConfig(max_context, slots, gather, prompts, chunk, lane, cache, door, kv_mb)
+    return ServingConfig(max_context, slots, gather, prompts, chunk, lane, cache, door, kv_mb, max_out)
 
 
 def knob_table_markdown() -> str:

@@ -31,6 +31,7 @@ def test_knobs_parse_into_the_config():
     ("MIX_MAX_PROMPTS", "0"), ("MIX_MAX_PROMPTS", "17"), ("MIX_MAX_PROMPTS", "all"),
     ("ADMIT_COALESCE_MS", "5000"), ("ASYNC_PREFILL", "green"), ("PREFIX_CACHE", "many"),
     ("MIX_CHUNK_TOKENS", "63"), ("MIX_CHUNK_TOKENS", "2k"), ("KV_CACHE_MB", "-3"), ("KV_CACHE_MB", "lots"),
+    ("DEFAULT_MAX_TOKENS", "0"), ("DEFAULT_MAX_TOKENS", "unlimited"),
 ])
 def test_a_bad_value_refuses_naming_the_knob_and_the_value(knob, value):
     with pytest.raises(KnobError) as e:
@@ -44,6 +45,14 @@ def test_the_kv_budget_is_auto_unless_given_or_switched_off():
     assert resolve(table(KV_CACHE_MB="512")).kv_cache_mb == 512
     with pytest.raises(KnobError, match="auto [|] off [|] N MiB"):
         resolve(table(KV_CACHE_MB="-5"))
+
+
+def test_the_default_max_tokens_is_a_ceiling_unless_it_is_the_context():
+    assert resolve(table()).default_max_tokens == 2048
+    assert resolve(table(DEFAULT_MAX_TOKENS="100")).default_max_tokens == 100
+    assert resolve(table(DEFAULT_MAX_TOKENS="context")).default_max_tokens is None
+    with pytest.raises(KnobError, match="1 <= N <= MAX_CONTEXT \\(1024\\)"):
+        resolve(table(MAX_CONTEXT="1024", DEFAULT_MAX_TOKENS="2000"))
 
 
 def test_the_door_and_the_lane_refuse_together():

@@ -30,7 +30,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def server():
     port = free_port()
-    env = {**os.environ, "TAILGATE_DECODE_SLOTS": "2", "TAILGATE_MAX_CONTEXT": "512"}
+    env = {**os.environ, "TAILGATE_DECODE_SLOTS": "2", "TAILGATE_MAX_CONTEXT": "512", "TAILGATE_DEFAULT_MAX_TOKENS": "24"}
     p = subprocess.Popen([sys.executable, "-m", "tailgate.cli", "serve", "--port", str(port), "--dtype", "auto",
                           "--max-queued-requests", "3", "--log-level", "warning"], env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -167,6 +167,13 @@ def post(base, path, body, raw=False):
     ({"prompt": "hi", "seed": 1 << 64}, "seed"),
     ({"prompt": "hi", "top_k": 1 << 70}, "top_k"),
     ({"prompt": ["a", "b"], "n": 2, "max_tokens": 2}, "n"),  # 4 entries; the test server queues at most 3
+    ({"prompt": "hi", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),  # 0 is a value, not unset
+    ({"prompt": "hi", "allowed_token_ids": [1, 2]}, "allowed_token_ids"),
+    ({"prompt": "hi", "bad_words": ["x"]}, "bad_words"),
+    ({"prompt": "hi", "add_special_tokens": False}, "add_special_tokens"),
+    ({"prompt": "hi", "chat_template_kwargs": {"x": 1}}, "chat_template_kwargs"),
+    ({"prompt": "hi", "continue_final_message": True}, "continue_final_message"),
+    ({"prompt": "hi", "use_beam_search": 0}, "use_beam_search"),
 ])
 def test_bad_requests_get_400_and_lose_nothing_else(server, client, body, param):
     with healthy_request(client, 20) as good:
@@ -189,6 +196,15 @@ def test_malformed_json_is_a_400_with_an_openai_error_body(server, client, raw):
         r = post(server[0], "/v1/completions", raw, raw=True)
     assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"], r.text
     assert good["completion_tokens"] == 12
+
+
+def test_a_request_without_max_tokens_stops_at_the_default_ceiling(server, client):
+    body = {"prompt": "Count with me: one, two,", "ignore_eos": True, "temperature": 0}
+    r = post(server[0], "/v1/completions", body)  # the fixture sets TAILGATE_DEFAULT_MAX_TOKENS=24
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 24, r.text
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    explicit = post(server[0], "/v1/completions", {**body, "max_tokens": 30})
+    assert explicit.json()["usage"]["completion_tokens"] == 30
 
 
 def test_a_vanishing_temperature_is_greedy(client):

@@ -93,7 +93,7 @@ class Generation:
             raise ApiError(429, f"the waiting queue is full ({len(st.pending)} requests, {waiting_tokens} tokens "
                                 "waiting); retry shortly", headers={"Retry-After": "1"})
         for pi, p in enumerate(g.prompts):
-            max_tokens = min(g.max_tokens or ceiling, ceiling - len(p))
+            max_tokens = min(g.max_tokens or st.cfg.default_max_tokens or ceiling, ceiling - len(p))
             for j in range(g.n):
                 params = g.params
                 if params.seed is not None and j:

@@ -28,10 +28,25 @@ def bad(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param)
 
 
-# Fields whose meaning we do not implement: refusing beats silently ignoring them.
+# Fields whose meaning we do not implement (OpenAI's and vLLM's extra parameters): refusing beats
+# silently ignoring them. Set means anything but null / an empty string, list or object: 0 and
+# false are values (`prompt_logprobs: 0` asks for something).
 _REFUSED_IF_SET = ("suffix", "tools", "tool_choice", "functions", "function_call", "guided_json", "guided_regex",
-                   "guided_choice", "guided_grammar", "structured_outputs", "prompt_logprobs", "audio", "prediction",
-                   "lora_request", "response_format", "logit_bias", "use_beam_search", "length_penalty")
+                   "guided_choice", "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern",
+                   "structured_outputs", "prompt_logprobs", "audio", "prediction", "lora_request", "response_format",
+                   "logit_bias", "bad_words", "allowed_token_ids", "truncate_prompt_tokens", "chat_template",
+                   "chat_template_kwargs", "documents", "mm_processor_kwargs", "logits_processors", "priority",
+                   "kv_transfer_params", "vllm_xargs", "cache_salt", "modalities", "reasoning_effort",
+                   "web_search_options", "parallel_tool_calls")
+# Fields we accept only at the value that means what we do.
+_REFUSED_UNLESS = {"use_beam_search": False, "length_penalty": 1, "continue_final_message": False,
+                   "spaces_between_special_tokens": True, "return_tokens_as_token_ids": False}
+# add_special_tokens: completions add the model's BOS, chat relies on the template (vLLM's defaults).
+_SPECIAL_TOKENS = {"completion": True, "chat": False}
+
+
+def _is_set(v) -> bool:
+    return v is not None and not (isinstance(v, (str, list, dict)) and not v)
 
 
 @dataclass
@@ -83,9 +98,12 @@ def _number(body, key, default, lo=None, hi=None, lo_open=False, integer=False):
 def parse_common(body: dict, kind: str, vocab_size: int) -> GenRequest:
     for k in _REFUSED_IF_SET:
         v = body.get(k)
-        if v not in (None, {}, [], "", False) and not (k == "response_format" and isinstance(v, dict)
-                                                         and v.get("type") == "text"):
+        if _is_set(v) and not (k == "response_format" and isinstance(v, dict) and v.get("type") == "text"):
             raise bad(f"'{k}' is not supported by this server", k)
+    for k, ok in {**_REFUSED_UNLESS, "add_special_tokens": _SPECIAL_TOKENS[kind]}.items():
+        v = body.get(k)
+        if v is not None and (isinstance(v, bool) != isinstance(ok, bool) or v != ok):
+            raise bad(f"'{k}': only {str(ok).lower()} is supported by this server, got {v!r}", k)
     if body.get("best_of") not in (None, 1) and body.get("best_of") != body.get("n", 1):
         raise bad("'best_of' other than n is not supported", "best_of")
     model = _typed(body, "model", str, None, "a string")
