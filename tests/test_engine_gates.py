@@ -225,3 +225,16 @@ def test_a_dead_engine_fails_open_and_new_requests_at_once(gemma):
     late = h.submit(ids(30, 4), max_tokens=4)
     assert h.done(late) and h.of(late, Finished)[-1].reason == "error"  # at once, not hanging
     h.engine.stop()
+
+
+def test_the_engine_publishes_a_snapshot_that_later_steps_do_not_touch(gemma):
+    with Harness(gemma, DECODE_SLOTS="4") as h:
+        r = h.submit(ids(30, 5), max_tokens=12)
+        assert h.wait(lambda: len(h.tokens(r)) >= 4)
+        snap = h.engine.snapshot
+        frozen = (snap.metrics.generation_tokens, snap.running, snap.kv_pages_used)
+        assert frozen[0] >= 3 and frozen[1] == 1 and frozen[2] > 0
+        assert h.wait(lambda: h.done(r))
+        assert h.wait(lambda: h.engine.snapshot.running == 0)
+        assert (snap.metrics.generation_tokens, snap.running, snap.kv_pages_used) == frozen  # a copy, not a view
+        assert h.engine.snapshot.metrics.generation_tokens >= 12 and h.engine.snapshot.kv_pages_used == 0

@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Callable
 
+from .metrics import EngineSnapshot, snapshot
 from .request import Event, Request
 from .scheduler import Scheduler
 
@@ -24,6 +25,9 @@ class Engine:
         self.observers: list[Callable[[list[Event]], None]] = []  # called with each step's events
         self.error: BaseException | None = None
         self.on_death: list[Callable[[BaseException], None]] = []  # e.g. the server exits non-zero
+        # Replaced (never mutated) by the engine thread after every step: readers on other
+        # threads see one consistent step boundary (a copy costs ~0.1 ms against 40+ ms steps).
+        self.snapshot: EngineSnapshot = snapshot(scheduler)
 
     def start(self) -> "Engine":
         self._running = True
@@ -73,6 +77,9 @@ class Engine:
                 for req in inbox:
                     sched.submit(req)
                 events = sched.step(self.clock())
+                with self._cv:
+                    inbox_now = len(self._inbox)
+                self.snapshot = snapshot(sched, inbox_now)
                 for obs in self.observers:
                     obs(events)
         except BaseException as e:  # fatal: fail every open request so no client hangs

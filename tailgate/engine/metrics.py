@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import bisect
+import copy
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -42,3 +43,24 @@ class EngineMetrics:
 
     def observe_gap(self, cause: str, gap: float) -> None:
         self.itl_by_cause.setdefault(cause, Histogram()).observe(gap)
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """What /metrics shows, copied by the engine thread after each step: the server reads one
+    object instead of iterating the scheduler's live queues and counters from another thread."""
+
+    running: int = 0
+    waiting: int = 0
+    held: int = 0
+    kv_usage: float = 0.0
+    kv_pages_used: int = 0
+    metrics: EngineMetrics = field(default_factory=EngineMetrics)
+
+
+def snapshot(scheduler, inbox: int = 0) -> EngineSnapshot:
+    book = scheduler.book
+    return EngineSnapshot(running=scheduler.running, waiting=inbox + len(scheduler.queue), held=scheduler.held,
+                          kv_usage=round(book.usage(), 6),
+                          kv_pages_used=book.glob.used + (book.local.used if book.local else 0),
+                          metrics=copy.deepcopy(scheduler.metrics))

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field, replace
 
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .. import __version__
 from ..engine.metrics import Histogram
 from ..engine.request import Finished, Rejected, Request, Scheduled, Token
-from .prom import Exposition
+from .metrics import CONTENT_TYPE, registry_for, render
 from .protocol import ApiError, GenRequest, bad, parse_chat, parse_completion
 from .text import TextStream
 
@@ -391,8 +391,10 @@ def create_app(state: ServerState) -> Starlette:
             return _error(e)
         return JSONResponse({"prompt": state.model.tokenizer.decode(ids, skip_special=False)})
 
+    registry = registry_for(state)
+
     async def metrics(req):
-        return PlainTextResponse(render_metrics(state), media_type="text/plain; version=0.0.4")
+        return Response(render(registry), media_type=CONTENT_TYPE)
 
     routes = [Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/chat/completions", chat, methods=["POST"]),
@@ -423,33 +425,3 @@ class HostCheck:
                 resp = _error(ApiError(421, f"Host {host!r} is not served here (tailgate serve --allowed-hosts)"))
                 return await resp(scope, receive, send)
         return await self.app(scope, receive, send)
-
-
-def render_metrics(state: ServerState) -> str:
-    x = Exposition(state.served_name)
-    if state.ready:
-        s = state.engine.scheduler
-        m = s.metrics
-        x.gauge("vllm:num_requests_running", s.running, "Requests in the decode roster or mid-prefill.")
-        x.gauge("vllm:num_requests_waiting", state.engine.waiting, "Requests waiting to be admitted.")
-        x.gauge("vllm:kv_cache_usage_perc", round(s.book.usage(), 6), "Fraction of KV pages in use (both pools).")
-        x.gauge("tailgate:kv_pages_used", s.book.glob.used + (s.book.local.used if s.book.local else 0),
-                "KV pages in use, both pools.")
-        x.counter("vllm:prompt_tokens_total", m.prompt_tokens, "Prefilled prompt tokens.")
-        x.counter("vllm:generation_tokens_total", m.generation_tokens, "Generated tokens.")
-        x.counter("vllm:request_success_total", {k: v for k, v in m.finished.items() if k in ("stop", "length")},
-                  "Finished requests by reason.", label="finished_reason")
-        x.counter("vllm:num_preemptions_total", m.preemptions, "Live rows preempted for KV pages (KV_CACHE_MB).")
-        x.gauge("tailgate:door_held_requests", s.held, "Arrivals the coalesce door holds now.")
-        x.histogram("tailgate:door_hold_seconds", m.door_hold, "How long the door held each released arrival.")
-        x.counter("tailgate:door_releases_total", dict(m.door_releases), "Door openings by reason.", label="reason")
-        x.histogram("tailgate:step_prefill_rows", m.prefill_rows, "Prompt rows per step that carried prompts.")
-        x.histogram("tailgate:step_decode_rows", m.decode_rows, "Decode rows per step that carried any.")
-        x.histogram("tailgate:inter_token_latency_by_cause_seconds", dict(m.itl_by_cause),
-                    "Engine-side gaps between a stream's tokens, by the kind of step that ended the gap "
-                    "(decode, mixed, walk, prefill, recompute).", label="cause")
-    x.histogram("vllm:time_to_first_token_seconds", state.ttft, "Time to first token.")
-    x.histogram("vllm:inter_token_latency_seconds", state.itl, "Gaps between tokens.")
-    x.histogram("vllm:e2e_request_latency_seconds", state.e2e, "Arrival to finish.")
-    x.histogram("vllm:request_queue_time_seconds", state.queue_time, "Arrival to admission.")
-    return x.text()

@@ -1,0 +1,86 @@
+"""/metrics: vLLM-compatible Prometheus families plus tailgate's own, through prometheus_client.
+
+Engine figures come from the snapshot the engine thread publishes after each step
+(`Engine.snapshot`), server-side latencies from the histograms the event loop keeps; a
+collector turns both into metric families at scrape time.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from ..engine.metrics import Histogram
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _Families:
+    def __init__(self, model: str):
+        self.model, self.out = model, []
+
+    def gauge(self, name, value, doc):
+        g = GaugeMetricFamily(name, doc, labels=["model_name"])
+        g.add_metric([self.model], value)
+        self.out.append(g)
+
+    def counter(self, name, value, doc, label: str | None = None):
+        # prometheus_client appends `_total` to a counter family's name.
+        c = CounterMetricFamily(name.removesuffix("_total"), doc, labels=["model_name"] + ([label] if label else []))
+        for key, v in (value.items() if label else [(None, value)]):
+            c.add_metric([self.model] + ([str(key)] if label else []), v)
+        self.out.append(c)
+
+    def histogram(self, name, h: Histogram | dict, doc, label: str | None = None):
+        f = HistogramMetricFamily(name, doc, labels=["model_name"] + ([label] if label else []))
+        for key, hist in (h.items() if label else [(None, h)]):
+            cum, buckets = 0, []
+            for le, c in zip([str(float(b)) for b in hist.buckets] + ["+Inf"], hist.counts):
+                cum += c
+                buckets.append((le, cum))
+            f.add_metric([self.model] + ([str(key)] if label else []), buckets, hist.total)
+        self.out.append(f)
+
+
+class TailgateCollector:
+    def __init__(self, state):
+        self.state = state
+
+    def collect(self):
+        st = self.state
+        x = _Families(st.served_name)
+        if st.ready:
+            snap = st.engine.snapshot
+            m = snap.metrics
+            x.gauge("vllm:num_requests_running", snap.running, "Requests in the decode roster or mid-prefill.")
+            x.gauge("vllm:num_requests_waiting", snap.waiting, "Requests waiting to be admitted.")
+            x.gauge("vllm:kv_cache_usage_perc", snap.kv_usage, "Fraction of KV pages in use (both pools).")
+            x.gauge("tailgate:kv_pages_used", snap.kv_pages_used, "KV pages in use, both pools.")
+            x.counter("vllm:prompt_tokens_total", m.prompt_tokens, "Prefilled prompt tokens.")
+            x.counter("vllm:generation_tokens_total", m.generation_tokens, "Generated tokens.")
+            x.counter("vllm:request_success_total", {k: v for k, v in m.finished.items() if k in ("stop", "length")},
+                      "Finished requests by reason.", label="finished_reason")
+            x.counter("vllm:num_preemptions_total", m.preemptions, "Live rows preempted for KV pages (KV_CACHE_MB).")
+            x.gauge("tailgate:door_held_requests", snap.held, "Arrivals the coalesce door holds now.")
+            x.histogram("tailgate:door_hold_seconds", m.door_hold, "How long the door held each released arrival.")
+            x.counter("tailgate:door_releases_total", dict(m.door_releases), "Door openings by reason.", label="reason")
+            x.histogram("tailgate:step_prefill_rows", m.prefill_rows, "Prompt rows per step that carried prompts.")
+            x.histogram("tailgate:step_decode_rows", m.decode_rows, "Decode rows per step that carried any.")
+            x.histogram("tailgate:inter_token_latency_by_cause_seconds", dict(m.itl_by_cause),
+                        "Engine-side gaps between a stream's tokens, by the kind of step that ended the gap "
+                        "(decode, mixed, walk, prefill, recompute).", label="cause")
+        x.histogram("vllm:time_to_first_token_seconds", st.ttft, "Time to first token.")
+        x.histogram("vllm:inter_token_latency_seconds", st.itl, "Gaps between tokens.")
+        x.histogram("vllm:e2e_request_latency_seconds", st.e2e, "Arrival to finish.")
+        x.histogram("vllm:request_queue_time_seconds", st.queue_time, "Arrival to admission.")
+        return x.out
+
+
+def registry_for(state) -> CollectorRegistry:
+    """A registry of its own per app (not the process-global one), so tests can run several."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(TailgateCollector(state))
+    return reg
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)
