@@ -151,7 +151,7 @@ def healthy_request(client, max_tokens: int, stream: bool = True, prompt: str = 
 
 def post(base, path, body, raw=False):
     return httpx.post(base + path, content=body if raw else json.dumps(body),
-                      headers={"content-type": "application/json"}, timeout=30)
+                      headers={"content-type": "application/json"}, timeout=120)
 
 
 @pytest.mark.parametrize("body,param", [
@@ -174,6 +174,7 @@ def post(base, path, body, raw=False):
     ({"prompt": "hi", "chat_template_kwargs": {"x": 1}}, "chat_template_kwargs"),
     ({"prompt": "hi", "continue_final_message": True}, "continue_final_message"),
     ({"prompt": "hi", "use_beam_search": 0}, "use_beam_search"),
+    ({"prompt": "hi", "stop": ["s" * 257]}, "stop"),
 ])
 def test_bad_requests_get_400_and_lose_nothing_else(server, client, body, param):
     with healthy_request(client, 20) as good:
@@ -205,6 +206,18 @@ def test_a_request_without_max_tokens_stops_at_the_default_ceiling(server, clien
     assert r.json()["choices"][0]["finish_reason"] == "length"
     explicit = post(server[0], "/v1/completions", {**body, "max_tokens": 30})
     assert explicit.json()["usage"]["completion_tokens"] == 30
+
+
+def test_a_body_past_the_limit_is_a_413_whether_declared_or_streamed(server, client):
+    big = json.dumps({"prompt": "x", "user": "y" * (9 << 20)}).encode()  # default limit: 8 MiB
+    with healthy_request(client, 12) as good:
+        declared = post(server[0], "/v1/completions", big, raw=True)
+        streamed = httpx.post(server[0] + "/v1/completions", content=iter([big[i:i + 65536] for i in
+                                                                          range(0, len(big), 65536)]),
+                              headers={"content-type": "application/json"}, timeout=120)
+    for r in (declared, streamed):
+        assert r.status_code == 413 and "--max-body-mb" in r.json()["error"]["message"], r.text
+    assert good["completion_tokens"] == 12
 
 
 def test_a_vanishing_temperature_is_greedy(client):

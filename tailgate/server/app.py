@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -30,6 +31,7 @@ class ServerState:
     api_key: str | None = None
     max_queued_requests: int = 256
     max_queued_tokens: int = 1 << 20
+    max_body_bytes: int = 8 << 20  # 413 beyond this: a 4096-token prompt is ~20-40 KB of JSON
     engine: object = None  # set once the model is loaded
     model: object = None
     cfg: object = None
@@ -218,8 +220,18 @@ def create_app(state: ServerState) -> Starlette:
         ctype = req.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype != "application/json":  # a browser's cross-site text/plain POST must not run work
             raise ApiError(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
+        declared = req.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > state.max_body_bytes:
+            raise ApiError(413, f"request body of {declared} bytes exceeds the server's {state.max_body_bytes} "
+                                "(tailgate serve --max-body-mb)")
+        raw = bytearray()
+        async for part in req.stream():  # a chunked body without Content-Length is bounded too
+            raw += part
+            if len(raw) > state.max_body_bytes:
+                raise ApiError(413, f"request body exceeds the server's {state.max_body_bytes} bytes "
+                                    "(tailgate serve --max-body-mb)")
         try:
-            body = json.loads(await req.body(), parse_constant=_no_constant)
+            body = json.loads(bytes(raw), parse_constant=_no_constant)
             json.dumps(body, ensure_ascii=False).encode("utf-8")  # lone surrogates ("\\ud800") cannot
         except RecursionError:
             raise bad("malformed JSON body: nested too deeply")
@@ -252,7 +264,9 @@ def create_app(state: ServerState) -> Starlette:
             body = await parse_body(req)  # a bad body is a 400 even while loading
             check_ready()
             parse = parse_completion if kind == "completion" else parse_chat
-            g = parse(body, state.model.tokenizer, state.model.spec.vocab_size)
+            # Tokenizing a long prompt (or many) takes milliseconds: off the event loop, so the
+            # streams it serves keep flowing.
+            g = await run_in_threadpool(parse, body, state.model.tokenizer, state.model.spec.vocab_size)
             check_model(g.model)
             gen = Generation(state, g)
             gen.start()
@@ -368,9 +382,11 @@ def create_app(state: ServerState) -> Starlette:
             check_ready()
             tok = state.model.tokenizer
             if "messages" in body:
-                ids = parse_chat({"messages": body["messages"]}, tok, state.model.spec.vocab_size).prompts[0]
+                g = await run_in_threadpool(parse_chat, {"messages": body["messages"]}, tok, state.model.spec.vocab_size)
+                ids = g.prompts[0]
             elif isinstance(body.get("prompt"), str):
-                ids = tok.encode(body["prompt"], add_bos=bool(body.get("add_special_tokens", True)) and tok.add_bos)
+                add_bos = bool(body.get("add_special_tokens", True)) and tok.add_bos
+                ids = await run_in_threadpool(tok.encode, body["prompt"], add_bos)
             else:
                 raise bad("'prompt' (a string) or 'messages' is required", "prompt")
         except ApiError as e:

@@ -44,7 +44,7 @@ def serve(args, lookup) -> int:
                         api_key=api_key(args.api_key, os.environ),
                         allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
                         max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
-                        kernels=plan.as_dict())
+                        max_body_bytes=args.max_body_mb << 20, kernels=plan.as_dict())
     app = create_app(state)
 
     def load():
@@ -87,6 +87,14 @@ def serve(args, lookup) -> int:
     return 0
 
 
+def _positive_int(raw: str) -> int:
+    import argparse
+
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not an integer >= 1")
+    return int(raw)
+
+
 def add_serve_args(p) -> None:
     from ..config import KNOBS
 
@@ -99,6 +107,7 @@ def add_serve_args(p) -> None:
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--max-queued-requests", type=int, default=256, help="429 beyond this many waiting requests")
     p.add_argument("--max-queued-tokens", type=int, default=1 << 20, help="429 beyond this many waiting prompt tokens")
+    p.add_argument("--max-body-mb", type=_positive_int, default=8, help="413 for request bodies past this many MiB")
     p.add_argument("--drain-timeout", type=int, default=30, help="seconds SIGTERM waits for in-flight requests")
     p.add_argument("--log-level", default="info")
     for k in KNOBS:

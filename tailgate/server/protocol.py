@@ -82,6 +82,7 @@ def _typed(body: dict, key: str, types, default=None, what: str = ""):
 
 
 _I64_MAX, _U64_MAX = (1 << 63) - 1, (1 << 64) - 1
+MAX_STOP_CHARS = 256
 
 
 def _number(body, key, default, lo=None, hi=None, lo_open=False, integer=False):
@@ -131,6 +132,8 @@ def parse_common(body: dict, kind: str, vocab_size: int) -> GenRequest:
     stop = [s for s in stop if s]
     if len(stop) > 16:
         raise bad("'stop' takes at most 16 strings", "stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stop):  # each token re-scans a hold-back of this length
+        raise bad(f"each 'stop' string takes at most {MAX_STOP_CHARS} characters", "stop")
     stop_ids = _typed(body, "stop_token_ids", list, [], "a list of token ids")
     if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in stop_ids):
         raise bad(f"'stop_token_ids' must be token ids in 0..{vocab_size - 1}", "stop_token_ids")
