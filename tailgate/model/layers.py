@@ -61,7 +61,7 @@ def paged_attention(q, k_new, v_new, k_pool, v_pool, view: FamilyView, decode_ro
                                            is_causal=mask is None, scale=scale, enable_gqa=True)
         out[r0:r1] = o[0].transpose(0, 1)
     d0, d1 = decode_rows
-    if d1 > d0 and native:
+    if d1 > d0 and native and d % 8 == 0:  # the kernel walks head_dim in 8-float vectors
         out[d0:d1] = decode_attention(q[d0:d1], k_pool, v_pool, view.decode_slots, view.decode_lens, scale)
     elif d1 > d0:
         b, width = view.decode_slots.shape

@@ -1,6 +1,7 @@
 """`tailgate serve`: knobs first, then the HTTP server, then the model (health says 503 meanwhile)."""
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import threading
@@ -88,8 +89,6 @@ def serve(args, lookup) -> int:
 
 
 def _positive_int(raw: str) -> int:
-    import argparse
-
     if not raw.strip().isdigit() or int(raw) < 1:
         raise argparse.ArgumentTypeError(f"{raw!r} is not an integer >= 1")
     return int(raw)
