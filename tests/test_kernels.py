@@ -26,7 +26,8 @@ def test_cpuinfo_is_read_into_the_model_name_and_an_isa_class():
 
 # Our C kernels need a C compiler on x86-64; where there is none the plan falls back (tested
 # above with a fake) and the tests of the kernels' arithmetic skip.
-needs_native = pytest.mark.skipif(native.load()[0] is None, reason=f"{native.load()[1]}: torch's kernels serve")
+_LIB, _WHY = native.load()
+needs_native = pytest.mark.skipif(_LIB is None, reason=f"{_WHY}: torch's kernels serve")
 Q8 = pytest.param("q8", marks=needs_native)
 BUILT = lambda: (object(), None)  # noqa: E731  (a q8 library that built)
 NO_CC = lambda: (None, "q8 kernel could not be built: cc not found")  # noqa: E731
@@ -197,7 +198,7 @@ def test_bench_kernels_times_every_kernel_this_cpu_can_run(capsys):
 
     rows = bench_kernels.run("smollm2-135m", rows=(2,), reps=1)
     names = [r["kernel"] for r in rows]
-    assert {"fp32 F.linear", "int8", "int4"} | ({"q8"} if native.load()[0] else set()) <= set(names) and all(r["layers_ms"] > 0 for r in rows)
+    assert {"fp32 F.linear", "int8", "int4"} | ({"q8"} if _LIB else set()) <= set(names) and all(r["layers_ms"] > 0 for r in rows)
     assert "CPU: " in capsys.readouterr().out
 
 
