@@ -227,3 +227,33 @@ def test_native_decode_attention_matches_sdpa_over_the_same_pages(hq, hkv, d):
                           FamilyView(write_slots=torch.arange(2, 3), decode_slots=slots[2:3], decode_mask=mask[2:3],
                                      decode_lens=torch.tensor(lens[2:3])), (0, 1), d ** -0.5, native=True)
     assert torch.equal(one[0], outs[1][2])  # a row's result does not depend on its batch
+
+
+@needs_native
+@pytest.mark.parametrize("rows,heads,d", [(1, 4, 256), (16, 9, 64), (300, 4, 256)])  # 300: the threaded path
+def test_the_fused_elementwise_ops_match_torch_and_do_not_depend_on_the_batch(rows, heads, d):
+    from tailgate.model.layers import rope_tables
+    from tailgate.model.ops import NATIVE, TORCH
+
+    g = torch.Generator().manual_seed(rows)
+    n, f = 640, 2048
+    h, a = torch.randn(rows, n, generator=g) * 3, torch.randn(rows, n, generator=g) * 40
+    w1, w2 = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    src = torch.randn(rows, (heads + 2) * d, generator=g) * 4  # a fused qkv-like row: q heads, then k, v
+    wn = torch.randn(d, generator=g)
+    cos, sin = rope_tables(torch.arange(7, 7 + rows), d, 10000.0, torch.float32)
+    gu = torch.randn(rows, 2 * f, generator=g) * 4
+
+    def run(op, lo, hi):
+        hh = h[lo:hi].clone()
+        x = op.add_rms_norm_(hh, a[lo:hi], w1, w2, 1e-6)
+        return [hh, x, op.rms_norm(a[lo:hi], w1, 1e-6), op.geglu(gu[lo:hi]),
+                op.norm_rope(src[lo:hi], 0, heads, d, wn, 1e-6, cos[lo:hi], sin[lo:hi]),
+                op.norm_rope(src[lo:hi], heads * d, 1, d, None, 1e-6, cos[lo:hi], sin[lo:hi])]
+
+    for got, want in zip(run(NATIVE, 0, rows), run(TORCH, 0, rows)):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5)
+    # The last row alone gets the same bits as inside the whole batch.
+    for alone, batched in zip(run(NATIVE, rows - 1, rows), run(NATIVE, 0, rows)):
+        assert torch.equal(alone, batched[-1:])

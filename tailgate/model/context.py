@@ -33,7 +33,7 @@ class StepContext:
     sample_rows: torch.Tensor  # [S] in plan order of sampled segments
     decode_rows: tuple[int, int]  # rows [d0, d1) are the batched one-token rows
     families: dict[str, FamilyView]
-    native_attention: bool = False  # decode rows attend through csrc/attn.c (fp32 CPU pools)
+    native: bool = False  # fp32 CPU step on our kernels: decode attention (csrc/attn.c), fused ops (fused.c)
 
 
 def _slots(table: list[int], pos: np.ndarray) -> np.ndarray:
@@ -46,7 +46,7 @@ def _key_start(qpos: int, window: int | None) -> int:
 
 
 def build_context(segments: list[Segment], windows: dict[str, int | None], device,
-                  native_attention: bool = False) -> StepContext:
+                  native: bool = False) -> StepContext:
     """`windows` maps family name ("global", "local") to its attention window (None = full)."""
     prefill = [s for s in segments if len(s.tokens) > 1]
     decode = [s for s in segments if len(s.tokens) == 1]
@@ -104,4 +104,4 @@ def build_context(segments: list[Segment], windows: dict[str, int | None], devic
     return StepContext(
         tokens=t(np.asarray(toks, dtype=np.int64)), positions=t(positions),
         sample_rows=t(np.asarray(sample_rows, dtype=np.int64)), decode_rows=(d0, r), families=fams,
-        native_attention=native_attention)
+        native=native)

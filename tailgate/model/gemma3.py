@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .context import StepContext
 from .kv_cache import KVCache
-from .layers import apply_rope, linear, paged_attention, rms_norm, rope_tables
+from .layers import linear, paged_attention, rope_tables
+from .ops import ops
 from .spec import ModelSpec
 
 
@@ -20,24 +20,23 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
         "local": rope_tables(ctx.positions, spec.head_dim, spec.rope_local_theta, dtype),
     }
     T, hq, hkv, d = h.shape[0], spec.n_heads, spec.n_kv_heads, spec.head_dim
+    op = ops(ctx)
+    x = op.rms_norm(h, w["layers.0.attn_norm"], spec.eps)
     for i in range(spec.n_layers):
         p = f"layers.{i}."
         fam, k_pool, v_pool = kv.layer(i)
-        x = rms_norm(h, w[p + "attn_norm"], spec.eps)
-        q, k, v = linear(x, w[p + "qkv"]).split([hq * d, hkv * d, hkv * d], dim=-1)
-        q = rms_norm(q.view(T, hq, d), w[p + "q_norm"], spec.eps)
-        k = rms_norm(k.view(T, hkv, d), w[p + "k_norm"], spec.eps)
+        qkv = linear(x, w[p + "qkv"])
         cos, sin = ropes[fam]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        a = paged_attention(q, k, v.view(T, hkv, d), k_pool, v_pool, ctx.families[fam], ctx.decode_rows, spec.scale,
-                            ctx.native_attention)
+        q = op.norm_rope(qkv, 0, hq, d, w[p + "q_norm"], spec.eps, cos, sin)
+        k = op.norm_rope(qkv, hq * d, hkv, d, w[p + "k_norm"], spec.eps, cos, sin)
+        v = qkv[:, (hq + hkv) * d:].view(T, hkv, d)
+        a = paged_attention(q, k, v, k_pool, v_pool, ctx.families[fam], ctx.decode_rows, spec.scale, ctx.native)
         a = linear(a.reshape(T, hq * d), w[p + "o"])
-        h = h + rms_norm(a, w[p + "post_attn_norm"], spec.eps)
-        x = rms_norm(h, w[p + "ffn_norm"], spec.eps)
-        gate, up = linear(x, w[p + "gate_up"]).chunk(2, dim=-1)
-        x = linear(F.gelu(gate, approximate="tanh") * up, w[p + "down"])
-        h = h + rms_norm(x, w[p + "post_ffn_norm"], spec.eps)
-    h = rms_norm(h[ctx.sample_rows], w["final_norm"], spec.eps)
+        x = op.add_rms_norm_(h, a, w[p + "post_attn_norm"], w[p + "ffn_norm"], spec.eps)
+        x = linear(op.geglu(linear(x, w[p + "gate_up"])), w[p + "down"])
+        nxt = w[f"layers.{i + 1}.attn_norm"] if i + 1 < spec.n_layers else None
+        x = op.add_rms_norm_(h, x, w[p + "post_ffn_norm"], nxt, spec.eps)
+    h = op.rms_norm(h[ctx.sample_rows], w["final_norm"], spec.eps)
     logits = linear(h, w["head"])
     if spec.final_softcap:
         logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap

@@ -70,7 +70,9 @@ class KernelPlan:
     cpu: str = ""
     isa: str = ""
     note: str = ""  # why auto settled for less (q8 could not be built)
-    attention: str = "torch"  # decode attention: "native" (csrc/attn.c, fp32 pools) | "torch" (SDPA)
+    # "native": decode attention from the fp32 pools (csrc/attn.c) and the fused elementwise ops
+    # (csrc/fused.c); "torch": SDPA and torch's ops.
+    attention: str = "torch"
 
     def line(self) -> str:
         dt = str(self.dtype).removeprefix("torch.")
@@ -80,7 +82,7 @@ class KernelPlan:
             s += f" + {self.quant} {what} for calls of <= {self.quant_rows[0]} rows (layers) / " \
                  f"<= {self.quant_rows[1]} rows (head)"
         if self.attention == "native":
-            s += " + native decode attention"
+            s += " + native decode attention and fused norms/RoPE/GeGLU"
         s += f" [{self.cpu}; {self.isa}; {self.device}]"
         return s + (f" ({self.note})" if self.note else "")
 
@@ -131,7 +133,8 @@ def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto
         if not {"avx2", "fma"} <= cpu.flags else None
     if why is None and (quant == "q8" or (dt == torch.float32 and kind != "torch")):
         why = (native_build or native.load)()[1]
-    # Our decode attention reads fp32 pools in place; `--kernels torch` keeps everything torch's.
+    # Our decode attention reads fp32 pools in place and our fused ops are fp32; `--kernels torch`
+    # keeps everything torch's.
     attention = "native" if dt == torch.float32 and kind != "torch" and why is None else "torch"
     if quant == "q8":
         if why and kind == "q8":

@@ -6,7 +6,8 @@ import torch.nn.functional as F
 
 from .context import StepContext
 from .kv_cache import KVCache
-from .layers import apply_rope, linear, paged_attention, rms_norm, rope_tables
+from .layers import linear, paged_attention, rope_tables
+from .ops import ops
 from .spec import ModelSpec
 
 
@@ -15,17 +16,17 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
     h = w["embed"][ctx.tokens]
     cos, sin = rope_tables(ctx.positions, spec.head_dim, spec.rope_theta, h.dtype)
     T, hq, hkv, d = h.shape[0], spec.n_heads, spec.n_kv_heads, spec.head_dim
+    op = ops(ctx)
     for i in range(spec.n_layers):
         p = f"layers.{i}."
         fam, k_pool, v_pool = kv.layer(i)
-        x = rms_norm(h, w[p + "attn_norm"], spec.eps)
-        q, k, v = linear(x, w[p + "qkv"]).split([hq * d, hkv * d, hkv * d], dim=-1)
-        q, k = apply_rope(q.view(T, hq, d), cos, sin), apply_rope(k.view(T, hkv, d), cos, sin)
-        a = paged_attention(q, k, v.view(T, hkv, d), k_pool, v_pool, ctx.families[fam], ctx.decode_rows, spec.scale,
-                            ctx.native_attention)
+        qkv = linear(op.rms_norm(h, w[p + "attn_norm"], spec.eps), w[p + "qkv"])
+        q = op.norm_rope(qkv, 0, hq, d, None, spec.eps, cos, sin)
+        k = op.norm_rope(qkv, hq * d, hkv, d, None, spec.eps, cos, sin)
+        a = paged_attention(q, k, qkv[:, (hq + hkv) * d:].view(T, hkv, d), k_pool, v_pool, ctx.families[fam],
+                            ctx.decode_rows, spec.scale, ctx.native)
         h = h + linear(a.reshape(T, hq * d), w[p + "o"])
-        x = rms_norm(h, w[p + "ffn_norm"], spec.eps)
-        gate, up = linear(x, w[p + "gate_up"]).chunk(2, dim=-1)
+        gate, up = linear(op.rms_norm(h, w[p + "ffn_norm"], spec.eps), w[p + "gate_up"]).chunk(2, dim=-1)
         h = h + linear(F.silu(gate) * up, w[p + "down"])
-    h = rms_norm(h[ctx.sample_rows], w["final_norm"], spec.eps)
+    h = op.rms_norm(h[ctx.sample_rows], w["final_norm"], spec.eps)
     return linear(h, w["head"])

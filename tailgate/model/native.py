@@ -1,4 +1,5 @@
-"""Our own CPU kernels (`csrc/*.c`): the q8 matmul and paged decode attention, AVX2 + FMA.
+"""Our own CPU kernels (`csrc/*.c`), AVX2 + FMA: the q8 matmul, paged decode attention, and the
+step's fused elementwise work (norms, residual adds, q/k norm + RoPE, GeGLU).
 
 torch 2.13 has no int8 x int8 matmul that is both fast and exact enough on an AVX2 CPU
 (docs/kernels.md: `_int_mm` is scalar there, FBGEMM's per-tensor activations saturate), and its
@@ -66,6 +67,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.q8_linear.argtypes, lib.q8_linear.restype = [P, I, I, P, P, I, P], ctypes.c_int
     lib.decode_attention.argtypes = [P, P, P, P, P, I, I, I, I, I, F, P]
     lib.decode_attention.restype = ctypes.c_int
+    lib.rms_norm.argtypes, lib.rms_norm.restype = [P, I, I, P, F, P], None
+    lib.add_rms_norm.argtypes, lib.add_rms_norm.restype = [P, P, I, I, P, P, F, P], None
+    lib.norm_rope.argtypes, lib.norm_rope.restype = [P, I, I, I, I, P, F, P, P, P], None
+    lib.geglu.argtypes, lib.geglu.restype = [P, I, I, P], None
 
 
 def load() -> tuple[ctypes.CDLL | None, str | None]:
@@ -125,4 +130,49 @@ def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
     if _LIB.decode_attention(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), slots.data_ptr(), lens.data_ptr(),
                              b, slots.shape[1], hq, hkv, d, scale, out.data_ptr()):
         raise MemoryError("decode attention: no scratch memory for the scores")
+    return out
+
+
+# The fused elementwise kernels (csrc/fused.c). fp32, contiguous rows; each returns a new tensor
+# except add_rms_norm_, which updates the residual stream h in place.
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm(x) * w over the last dim."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    _LIB.rms_norm(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], w.data_ptr(), eps, out.data_ptr())
+    return out
+
+
+def add_rms_norm_(h: torch.Tensor, a: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor | None,
+                  eps: float) -> torch.Tensor | None:
+    """h += RMSNorm(a) * w1 in place; then RMSNorm(h) * w2 (None when w2 is None). h, a: [T, n]."""
+    a = a.contiguous()
+    t, n = h.shape
+    out = torch.empty_like(h) if w2 is not None else None
+    _LIB.add_rms_norm(h.data_ptr(), a.data_ptr(), t, n, w1.data_ptr(), None if w2 is None else w2.data_ptr(), eps,
+                      None if out is None else out.data_ptr())
+    return out
+
+
+def norm_rope(src: torch.Tensor, col: int, heads: int, d: int, w: torch.Tensor | None, eps: float,
+              cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Columns [col, col + heads * d) of src [T, C], as [T, heads, d]: per-head RMSNorm * w (none
+    when w is None), then rotate-half RoPE with cos/sin [T, (1,) d]. Returns [T, heads, d]."""
+    if src.stride(-1) != 1 or d % 2 or d > 1024:
+        raise ValueError("norm_rope needs unit-stride rows and an even head_dim <= 1024")
+    t = src.shape[0]
+    out = torch.empty(t, heads, d, dtype=torch.float32)
+    cos, sin = cos.contiguous(), sin.contiguous()
+    _LIB.norm_rope(src.data_ptr() + 4 * col, src.stride(0), t, heads, d, None if w is None else w.data_ptr(), eps,
+                   cos.data_ptr(), sin.data_ptr(), out.data_ptr())
+    return out
+
+
+def geglu(gu: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gu[:, :f]) * gu[:, f:] for the fused gate/up output gu [T, 2f]."""
+    gu = gu.contiguous()
+    t, f2 = gu.shape
+    out = torch.empty(t, f2 // 2, dtype=torch.float32)
+    _LIB.geglu(gu.data_ptr(), t, f2 // 2, out.data_ptr())
     return out

@@ -1,0 +1,44 @@
+"""The step's elementwise ops, two interchangeable sets: torch's, and our fused C ones
+(`csrc/fused.c`, fp32 CPU steps whose kernel plan says `native`). Model files call `ops(ctx)`
+and stay the same text for both.
+
+Each set provides:
+- `rms_norm(x, w, eps)`
+- `add_rms_norm_(h, a, w1, w2, eps)`: h += RMSNorm(a) * w1 in place, then RMSNorm(h) * w2 (or None)
+- `norm_rope(src, col, heads, d, w, eps, cos, sin)`: columns [col, col + heads*d) of src as
+  [T, heads, d], per-head RMSNorm * w (skipped when w is None), then rotate-half RoPE
+- `geglu(gu)`: gelu_tanh(gate) * up over the fused gate/up output
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch.nn.functional as F
+
+from . import native
+from .context import StepContext
+from .layers import apply_rope, rms_norm
+
+
+def _add_rms_norm_(h, a, w1, w2, eps):
+    h.add_(rms_norm(a, w1, eps))
+    return None if w2 is None else rms_norm(h, w2, eps)
+
+
+def _norm_rope(src, col, heads, d, w, eps, cos, sin):
+    x = src[:, col:col + heads * d].view(src.shape[0], heads, d)
+    return apply_rope(x if w is None else rms_norm(x, w, eps), cos, sin)
+
+
+def _geglu(gu):
+    gate, up = gu.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
+TORCH = SimpleNamespace(rms_norm=rms_norm, add_rms_norm_=_add_rms_norm_, norm_rope=_norm_rope, geglu=_geglu)
+NATIVE = SimpleNamespace(rms_norm=native.rms_norm, add_rms_norm_=native.add_rms_norm_, norm_rope=native.norm_rope,
+                         geglu=native.geglu)
+
+
+def ops(ctx: StepContext) -> SimpleNamespace:
+    return NATIVE if ctx.native else TORCH
