@@ -54,6 +54,24 @@ def rig(loaded):
 
 
 @pytest.fixture(scope="session")
+def server():
+    """One live server for every HTTP gate (tests/live.py): (base URL, /health codes while loading)."""
+    from live import start_server
+
+    p, base, seen = start_server()
+    yield base, seen
+    p.terminate()
+    p.wait(30)
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    import openai
+
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="session")
 def hf_model():
     cache = {}
 

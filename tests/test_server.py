@@ -3,73 +3,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
-import openai
 import pytest
 from starlette.testclient import TestClient
 
+from live import MODEL, pages_used, post, wait_idle
 from tailgate.model import serial
 from tailgate.server.app import ServerState, create_app
-
-MODEL = "gemma3-270m"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def server():
-    port = free_port()
-    env = {**os.environ, "TAILGATE_DECODE_SLOTS": "2", "TAILGATE_MAX_CONTEXT": "512", "TAILGATE_DEFAULT_MAX_TOKENS": "24"}
-    p = subprocess.Popen([sys.executable, "-m", "tailgate.cli", "serve", "--port", str(port), "--dtype", "auto",
-                          "--max-queued-requests", "3", "--log-level", "warning"], env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
-    seen = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            code = httpx.get(base + "/health", timeout=2).status_code
-            if not seen or seen[-1] != code:
-                seen.append(code)
-            if code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert p.poll() is None, p.stderr.read()
-        time.sleep(0.05)
-    yield base, seen
-    p.terminate()
-    p.wait(30)
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0)
-
-
-def pages_used(base) -> float:
-    for line in httpx.get(base + "/metrics").text.splitlines():
-        if line.startswith("tailgate:kv_pages_used"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("no tailgate:kv_pages_used in /metrics")
-
-
-def wait_idle(base, timeout=30):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end and pages_used(base) != 0:
-        time.sleep(0.05)
-    return pages_used(base)
 
 
 def test_health_is_503_while_loading_then_200(server):
@@ -147,11 +90,6 @@ def healthy_request(client, max_tokens: int, stream: bool = True, prompt: str = 
         yield out
     finally:
         t.join(120)
-
-
-def post(base, path, body, raw=False):
-    return httpx.post(base + path, content=body if raw else json.dumps(body),
-                      headers={"content-type": "application/json"}, timeout=120)
 
 
 @pytest.mark.parametrize("body,param", [
@@ -360,3 +298,15 @@ def test_a_text_plain_post_runs_no_work():
     c = TestClient(create_app(ServerState(served_name="m")))
     r = c.post("/v1/completions", content=b'{"prompt": "x"}', headers={"content-type": "text/plain"})
     assert r.status_code == 415 and r.json()["error"]["type"] == "BadRequestError"
+
+
+@pytest.mark.parametrize("extra", [{"repetition_penalty": 1.3}, {"repetition_penalty": 5e-324, "temperature": 1.0},
+                                   {"frequency_penalty": 2, "presence_penalty": -2, "min_tokens": 3}])
+def test_penalties_and_suppression_work_on_every_runtime_dtype(server, client, extra):
+    # Found by the schema fuzz: on an fp32 runtime the step's logits were edited in place outside
+    # inference mode (a 500 for every penalised request), and a tiny penalty made NaN probabilities.
+    with healthy_request(client, 12) as good:
+        r = post(server[0], "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 6, "seed": 1,
+                                                "temperature": 0, **extra})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6, r.text
+    assert good["completion_tokens"] == 12

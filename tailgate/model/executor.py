@@ -14,6 +14,7 @@ class ModelExecutor:
         self.runner = runner
         self._gens: dict[str, torch.Generator] = {}
 
+    @torch.inference_mode()  # the step's logits are inference tensors: edits must happen in the mode too
     def run(self, segments: list[Segment], rows: list[RowSample]) -> list[Sampled]:
         logits = self.runner.step(segments)
         params = [r.params for r in rows]

@@ -25,7 +25,9 @@ def apply_penalties(x: torch.Tensor, p: SamplingParams, prompt: list[int], outpu
     if output and (p.presence_penalty or p.frequency_penalty):
         ids, counts = torch.tensor(output, dtype=torch.long).unique(return_counts=True)
         x[ids] -= p.frequency_penalty * counts.to(x.dtype) + p.presence_penalty
-    return x
+    # A valid but tiny repetition penalty (5e-324) divides a logit into +inf, which softmax turns
+    # into NaN; the largest finite value ranks the same and samples cleanly.
+    return x.clamp_(max=torch.finfo(x.dtype).max)
 
 
 def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

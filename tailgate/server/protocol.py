@@ -1,4 +1,5 @@
-"""Request parsing and validation for /v1/completions and /v1/chat/completions.
+"""From a request body to a `GenRequest`: the pydantic shapes (`schema.py`) check types and
+ranges; this adds what depends on the model (vocabulary, chat template) and on what we implement.
 
 Fail closed: a field we would silently drop is refused with a 400; harmless extras that common
 clients send are accepted and ignored.
@@ -7,7 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pydantic import BaseModel, ValidationError
+
 from ..engine.request import SamplingParams
+from .schema import ChatCompletionRequest, ChatMessage, CompletionRequest
 
 
 class ApiError(Exception):
@@ -70,33 +74,28 @@ class GenRequest:
     include_stop_str_in_output: bool = False
 
 
-def _typed(body: dict, key: str, types, default=None, what: str = ""):
-    v = body.get(key, default)
-    if v is None:
-        return default
-    if isinstance(v, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
-        raise bad(f"'{key}' must be {what}, got {v!r}", key)
-    if not isinstance(v, types):
-        raise bad(f"'{key}' must be {what}, got {type(v).__name__}", key)
-    return v
-
-
-_I64_MAX, _U64_MAX = (1 << 63) - 1, (1 << 64) - 1
 MAX_STOP_CHARS = 256
 
 
-def _number(body, key, default, lo=None, hi=None, lo_open=False, integer=False):
-    v = _typed(body, key, int if integer else (int, float), default, "an integer" if integer else "a number")
-    if v is None:
-        return None
-    if lo is not None and (v < lo or (lo_open and v == lo)):
-        raise bad(f"'{key}' must be {'>' if lo_open else '>='} {lo}, got {v}", key)
-    if hi is not None and v > hi:
-        raise bad(f"'{key}' must be <= {hi}, got {v}", key)
-    return v
+def validate(model: type[BaseModel], body: dict) -> BaseModel:
+    """The body as `model`, or a 400 naming the first field that is wrong (its top-level name is
+    the OpenAI error's `param`)."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        loc = [str(x) for x in err["loc"]]
+        param = loc[0] if loc else None
+        # Union branches show up in the location as type tags ("constrained-str", "list[...]").
+        where = ".".join(x for x in loc if x not in ("str", "int", "float", "bool") and not any(c in x for c in "-[]"))
+        raise bad(f"'{where or param}': {err['msg']}", param) from None
 
 
-def parse_common(body: dict, kind: str, vocab_size: int) -> GenRequest:
+def _pick(*values, default=None):
+    return next((v for v in values if v is not None), default)
+
+
+def parse_common(body: dict, kind: str, vocab_size: int) -> tuple[GenRequest, BaseModel]:
     for k in _REFUSED_IF_SET:
         v = body.get(k)
         if _is_set(v) and not (k == "response_format" and isinstance(v, dict) and v.get("type") == "text"):
@@ -107,69 +106,44 @@ def parse_common(body: dict, kind: str, vocab_size: int) -> GenRequest:
             raise bad(f"'{k}': only {str(ok).lower()} is supported by this server, got {v!r}", k)
     if body.get("best_of") not in (None, 1) and body.get("best_of") != body.get("n", 1):
         raise bad("'best_of' other than n is not supported", "best_of")
-    model = _typed(body, "model", str, None, "a string")
-    max_tokens = _number(body, "max_completion_tokens", None, lo=1, integer=True)
-    if max_tokens is None:
-        max_tokens = _number(body, "max_tokens", None, lo=1, integer=True)
-    temperature = _number(body, "temperature", 1.0, lo=0, hi=2)
-    top_p = _number(body, "top_p", 1.0, lo=0, hi=1, lo_open=True)
-    top_k = _number(body, "top_k", 0, lo=-1, hi=_I64_MAX, integer=True)
-    min_p = _number(body, "min_p", 0.0, lo=0, hi=1)
-    seed = _number(body, "seed", None, lo=-_I64_MAX - 1, hi=_U64_MAX, integer=True)  # torch's seed range
-    n = _number(body, "n", 1, lo=1, hi=16, integer=True)
+    m = validate(CompletionRequest if kind == "completion" else ChatCompletionRequest, body)
     params = SamplingParams(
-        temperature=float(temperature), top_k=int(top_k) if top_k > 0 else 0, top_p=float(top_p), min_p=float(min_p),
-        seed=seed, presence_penalty=float(_number(body, "presence_penalty", 0.0, lo=-2, hi=2)),
-        frequency_penalty=float(_number(body, "frequency_penalty", 0.0, lo=-2, hi=2)),
-        repetition_penalty=float(_number(body, "repetition_penalty", 1.0, lo=0, lo_open=True, hi=10)))
-    stop = body.get("stop")
-    if stop is None:
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    elif not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
-        raise bad("'stop' must be a string or a list of strings", "stop")
+        temperature=float(_pick(m.temperature, default=1.0)), top_k=max(0, _pick(m.top_k, default=0)),
+        top_p=float(_pick(m.top_p, default=1.0)), min_p=float(_pick(m.min_p, default=0.0)), seed=m.seed,
+        presence_penalty=float(_pick(m.presence_penalty, default=0.0)),
+        frequency_penalty=float(_pick(m.frequency_penalty, default=0.0)),
+        repetition_penalty=float(_pick(m.repetition_penalty, default=1.0)))
+    stop = [m.stop] if isinstance(m.stop, str) else (m.stop or [])
     stop = [s for s in stop if s]
     if len(stop) > 16:
         raise bad("'stop' takes at most 16 strings", "stop")
     if any(len(s) > MAX_STOP_CHARS for s in stop):  # each token re-scans a hold-back of this length
         raise bad(f"each 'stop' string takes at most {MAX_STOP_CHARS} characters", "stop")
-    stop_ids = _typed(body, "stop_token_ids", list, [], "a list of token ids")
-    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in stop_ids):
+    stop_ids = m.stop_token_ids or []
+    if not all(0 <= t < vocab_size for t in stop_ids):
         raise bad(f"'stop_token_ids' must be token ids in 0..{vocab_size - 1}", "stop_token_ids")
-    so = _typed(body, "stream_options", dict, {}, "an object")
-    stream = bool(_typed(body, "stream", bool, False, "a boolean"))
-    if so and not stream:
+    stream = bool(m.stream)
+    if m.stream_options is not None and not stream:
         raise bad("'stream_options' is only allowed with stream=true", "stream_options")
-    return GenRequest(
-        kind=kind, model=model, prompts=[], prompt_texts=[], max_tokens=max_tokens, n=n, params=params, stop=stop,
-        stop_token_ids=stop_ids, ignore_eos=bool(_typed(body, "ignore_eos", bool, False, "a boolean")),
-        min_tokens=_number(body, "min_tokens", 0, lo=0, integer=True), stream=stream,
-        include_usage=bool(so.get("include_usage", False)),
-        skip_special_tokens=bool(_typed(body, "skip_special_tokens", bool, True, "a boolean")),
-        include_stop_str_in_output=bool(_typed(body, "include_stop_str_in_output", bool, False, "a boolean")))
+    g = GenRequest(
+        kind=kind, model=m.model, prompts=[], prompt_texts=[], max_tokens=_pick(m.max_completion_tokens, m.max_tokens),
+        n=_pick(m.n, default=1), params=params, stop=stop, stop_token_ids=stop_ids, ignore_eos=bool(m.ignore_eos),
+        min_tokens=_pick(m.min_tokens, default=0), stream=stream,
+        include_usage=bool(m.stream_options and m.stream_options.include_usage),
+        skip_special_tokens=_pick(m.skip_special_tokens, default=True),
+        include_stop_str_in_output=bool(m.include_stop_str_in_output))
+    return g, m
 
 
 def parse_completion(body: dict, tokenizer, vocab_size: int) -> GenRequest:
-    g = parse_common(body, "completion", vocab_size)
-    prompt = body.get("prompt")
-    if prompt is None:
-        raise bad("'prompt' is required", "prompt")
-    if isinstance(prompt, str):
+    g, m = parse_common(body, "completion", vocab_size)
+    prompt = m.prompt
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         items = [prompt]
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        items = [prompt]
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        items = prompt
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, list) and p and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompt):
-        items = prompt
     else:
-        raise bad("'prompt' must be a string, a list of strings, a list of token ids, or a list of those", "prompt")
+        items = prompt
     for item in items:
         if isinstance(item, str):
-            if not item:
-                raise bad("'prompt' must not be empty", "prompt")
             g.prompts.append(tokenizer.encode(item))
             g.prompt_texts.append(item)
         else:
@@ -178,54 +152,38 @@ def parse_completion(body: dict, tokenizer, vocab_size: int) -> GenRequest:
                 raise bad(f"token id {badid} in 'prompt' is outside the vocabulary (0..{vocab_size - 1})", "prompt")
             g.prompts.append(list(item))
             g.prompt_texts.append(tokenizer.decode(item, skip_special=False))
-    lp = _number(body, "logprobs", None, lo=0, hi=20, integer=True)
-    g.logprobs = lp
-    g.echo = bool(_typed(body, "echo", bool, False, "a boolean"))
-    if g.echo and lp is not None:
+    g.logprobs = m.logprobs
+    g.echo = bool(m.echo)
+    if g.echo and g.logprobs is not None:
         raise bad("'echo' together with 'logprobs' (prompt logprobs) is not supported", "echo")
     return g
 
 
-def _message_text(m: dict, i: int) -> str:
-    c = m.get("content")
-    if c is None:
-        return ""
-    if isinstance(c, str):
-        return c
-    if isinstance(c, list):
-        parts = []
-        for p in c:
-            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                raise bad(f"messages[{i}].content: only text parts are supported", "messages")
-            parts.append(p["text"])
-        return "".join(parts)
-    raise bad(f"messages[{i}].content must be a string or a list of text parts", "messages")
+def _message_text(m: ChatMessage) -> str:
+    c = m.content
+    if c is None or isinstance(c, str):
+        return c or ""
+    return "".join(p.text for p in c)
+
+
+def chat_prompt(messages: list[ChatMessage], tokenizer, add_generation_prompt: bool = True) -> tuple[str, list[int]]:
+    """The chat template's text for `messages` and its token ids."""
+    clean = []
+    for m in messages:
+        clean.append({"role": "system" if m.role == "developer" else m.role, "content": _message_text(m)})
+    try:
+        text = tokenizer.render_chat(clean, add_generation_prompt=add_generation_prompt)
+    except ValueError as e:
+        raise bad(str(e), "messages") from e
+    return text, tokenizer.encode(text, add_bos=tokenizer.add_bos)
 
 
 def parse_chat(body: dict, tokenizer, vocab_size: int) -> GenRequest:
-    g = parse_common(body, "chat", vocab_size)
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise bad("'messages' must be a non-empty list", "messages")
-    clean = []
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict):
-            raise bad(f"messages[{i}] must be an object", "messages")
-        role = m.get("role")
-        if role == "developer":
-            role = "system"
-        if role not in ("system", "user", "assistant"):
-            raise bad(f"messages[{i}].role {role!r} is not supported (system, user, assistant)", "messages")
-        clean.append({"role": role, "content": _message_text(m, i)})
-    add_gen = bool(_typed(body, "add_generation_prompt", bool, True, "a boolean"))
-    try:
-        text = tokenizer.render_chat(clean, add_generation_prompt=add_gen)
-    except ValueError as e:
-        raise bad(str(e), "messages") from e
-    g.prompts = [tokenizer.encode(text, add_bos=tokenizer.add_bos)]
-    g.prompt_texts = [text]
-    if _typed(body, "logprobs", bool, False, "a boolean"):
-        g.logprobs = _number(body, "top_logprobs", 0, lo=0, hi=20, integer=True)
-    elif body.get("top_logprobs") is not None:
+    g, m = parse_common(body, "chat", vocab_size)
+    text, ids = chat_prompt(m.messages, tokenizer, _pick(m.add_generation_prompt, default=True))
+    g.prompts, g.prompt_texts = [ids], [text]
+    if m.logprobs:
+        g.logprobs = _pick(m.top_logprobs, default=0)
+    elif m.top_logprobs is not None:
         raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     return g

@@ -1,0 +1,276 @@
+"""Per-request generation state: one HTTP generation fans out into engine requests (n choices per
+prompt), hears their events on one queue, and turns them into OpenAI response shapes. Also the
+server-wide state the routes share (`ServerState`)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+
+from ..engine.metrics import Histogram
+from ..engine.request import Finished, Rejected, Request, Scheduled, Token
+from .protocol import ApiError, GenRequest, bad
+from .text import TextStream
+
+log = logging.getLogger("tailgate.server")
+
+
+@dataclass
+class ServerState:
+    served_name: str
+    api_key: str | None = None
+    max_queued_requests: int = 256
+    max_queued_tokens: int = 1 << 20
+    max_body_bytes: int = 8 << 20  # 413 beyond this: a 4096-token prompt is ~20-40 KB of JSON
+    engine: object = None  # set once the model is loaded
+    model: object = None
+    cfg: object = None
+    load_error: str | None = None
+    kernels: dict | None = None  # the KernelPlan chosen at start (`/version` shows it)
+    allowed_hosts: frozenset | None = None  # Host header names served (None: any; see main.allowed_hosts)
+    pending: dict = field(default_factory=dict)  # request id -> prompt tokens, until Scheduled
+    ttft: Histogram = field(default_factory=Histogram)
+    itl: Histogram = field(default_factory=Histogram)
+    e2e: Histogram = field(default_factory=Histogram)
+    queue_time: Histogram = field(default_factory=Histogram)
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None
+
+
+@dataclass
+class Choice:
+    index: int
+    req: Request
+    stream: TextStream
+    tokens: int = 0
+    finish: str | None = None
+    logprobs: list = field(default_factory=list)  # (token, logprob, top)
+    last_at: float | None = None
+    cause: dict | None = None  # stall attribution of the latest token (streamed as "tailgate")
+
+
+class Generation:
+    """One HTTP generation: n choices per prompt, each an engine request, one event queue."""
+
+    def __init__(self, state: ServerState, g: GenRequest):
+        self.state, self.g = state, g
+        self.id = ("cmpl-" if g.kind == "completion" else "chatcmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.choices: list[Choice] = []
+        self.prompt_tokens = sum(len(p) for p in g.prompts)
+
+    def start(self) -> None:
+        st, g = self.state, self.g
+        loop = asyncio.get_running_loop()
+        tok = st.model.tokenizer
+        ceiling = st.cfg.max_context
+        for p in g.prompts:
+            if len(p) >= ceiling:
+                raise bad(f"This model's maximum context length is {ceiling} tokens, but the prompt contains "
+                          f"{len(p)} tokens (at least one token must be left for the completion)", "prompt")
+        waiting_tokens = sum(st.pending.values())
+        new, new_tokens = len(g.prompts) * g.n, self.prompt_tokens * g.n
+        if new > st.max_queued_requests or new_tokens > st.max_queued_tokens:
+            # Even an empty queue could not take it: a 429 would ask the client to retry forever.
+            raise bad(f"this request needs {new} queue entries and {new_tokens} prompt tokens; the "
+                      f"server queues at most {st.max_queued_requests} and {st.max_queued_tokens}", "n")
+        if len(st.pending) + new > st.max_queued_requests or waiting_tokens + new_tokens > st.max_queued_tokens:
+            raise ApiError(429, f"the waiting queue is full ({len(st.pending)} requests, {waiting_tokens} tokens "
+                                "waiting); retry shortly", headers={"Retry-After": "1"})
+        for pi, p in enumerate(g.prompts):
+            max_tokens = min(g.max_tokens or st.cfg.default_max_tokens or ceiling, ceiling - len(p))
+            for j in range(g.n):
+                params = g.params
+                if params.seed is not None and j:
+                    params = replace(params, seed=params.seed + j)
+                r = Request(prompt=p, max_tokens=max_tokens, params=params, eos_ids=frozenset(tok.eos_ids),
+                            stop_token_ids=frozenset(g.stop_token_ids), ignore_eos=g.ignore_eos,
+                            min_tokens=min(g.min_tokens, max_tokens), logprobs=g.logprobs)
+                idx = len(self.choices)
+                r.sink = lambda ev, idx=idx: loop.call_soon_threadsafe(self.queue.put_nowait, (idx, ev))
+                self.choices.append(Choice(idx, r, TextStream(tok, g.stop, g.skip_special_tokens,
+                                                              g.include_stop_str_in_output)))
+        for c in self.choices:
+            st.pending[c.req.id] = len(c.req.prompt)
+            st.engine.submit(c.req)
+
+    def live(self) -> bool:
+        return any(c.finish is None for c in self.choices)
+
+    def abort_all(self) -> None:
+        for c in self.choices:
+            self.state.pending.pop(c.req.id, None)
+            if c.finish is None:
+                self.state.engine.abort(c.req)
+
+    def handle(self, idx: int, ev) -> str | None:
+        """Apply one engine event; returns new text for the choice (or None)."""
+        st, c = self.state, self.choices[idx]
+        if c.finish is not None:
+            return None
+        if isinstance(ev, Scheduled):
+            st.pending.pop(c.req.id, None)
+            st.queue_time.observe(ev.at - ev.queued_at)
+            return None
+        if isinstance(ev, Token):
+            (st.ttft if c.last_at is None else st.itl).observe(ev.at - (c.last_at or c.req.arrival))
+            c.last_at = ev.at
+            c.tokens += 1
+            c.cause = {"cause": ev.cause, "prompt_rows": ev.prompt_rows, "prompts": ev.prompts}
+            if c.req.logprobs is not None:
+                c.logprobs.append((ev.token, ev.logprob, ev.top_logprobs or []))
+            text = c.stream.push(ev.token)
+            if c.stream.stopped:
+                self._finish(c, "stop", ev.at)
+                c.req.cancel_as = "stop"  # a success in /metrics, not an abort
+                st.engine.abort(c.req)
+            elif c.tokens >= c.req.max_tokens:
+                # The last token: finish on its own chunk, as vLLM does, instead of sending an
+                # empty chunk when the engine's Finished arrives a moment later.
+                text += c.stream.flush()
+                self._finish(c, "length", ev.at)
+            return text
+        if isinstance(ev, Rejected):
+            st.pending.pop(c.req.id, None)
+            raise bad(ev.reason)
+        if isinstance(ev, Finished):
+            st.pending.pop(c.req.id, None)
+            if ev.reason == "error":
+                raise ApiError(500, f"generation failed: {ev.message}")
+            self._finish(c, "length" if ev.reason == "length" else "stop", ev.at)
+            return c.stream.flush()
+        return None
+
+    def _finish(self, c: Choice, reason: str, at: float) -> None:
+        c.finish = reason
+        self.state.e2e.observe(at - c.req.arrival)
+        log.info("request %s finished %s prompt=%d completion=%d e2e=%.3fs", c.req.id, reason, len(c.req.prompt),
+                 c.tokens, at - c.req.arrival)
+
+    def usage(self) -> dict:
+        comp = sum(c.tokens for c in self.choices)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": comp,
+                "total_tokens": self.prompt_tokens + comp, "prompt_tokens_details": {"cached_tokens": 0}}
+
+    # ---- response shapes ------------------------------------------------------------------
+    def logprobs_block(self, c: Choice, items: list) -> dict | None:
+        if c.req.logprobs is None:
+            return None
+        tok = self.state.model.tokenizer
+        piece = lambda t: tok.decode([t], skip_special=False)  # noqa: E731
+        if self.g.kind == "chat":
+            return {"content": [{"token": piece(t), "logprob": lp, "bytes": list(piece(t).encode()),
+                                 "top_logprobs": [{"token": piece(a), "logprob": b, "bytes": list(piece(a).encode())}
+                                                  for a, b in top]} for t, lp, top in items]}
+        return {"tokens": [piece(t) for t, _, _ in items], "token_logprobs": [lp for _, lp, _ in items],
+                "top_logprobs": [{piece(a): b for a, b in top} for _, _, top in items],
+                "text_offset": []}
+
+    def chunk(self, c: Choice, text: str, items: list, finish: str | None, first: bool = False) -> dict:
+        if self.g.kind == "chat":
+            delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+            ch = {"index": c.index, "delta": delta, "logprobs": self.logprobs_block(c, items), "finish_reason": finish}
+            obj = "chat.completion.chunk"
+        else:
+            ch = {"index": c.index, "text": text, "logprobs": self.logprobs_block(c, items), "finish_reason": finish}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.state.served_name,
+                "choices": [ch]}
+
+    def full(self) -> dict:
+        choices = []
+        for c in self.choices:
+            text = c.stream.final_text
+            if self.g.kind == "chat":
+                choices.append({"index": c.index, "message": {"role": "assistant", "content": text},
+                                "logprobs": self.logprobs_block(c, c.logprobs), "finish_reason": c.finish})
+            else:
+                if self.g.echo:
+                    text = self.g.prompt_texts[c.index // self.g.n] + text
+                choices.append({"index": c.index, "text": text, "logprobs": self.logprobs_block(c, c.logprobs),
+                                "finish_reason": c.finish})
+        return {"id": self.id, "object": "chat.completion" if self.g.kind == "chat" else "text_completion",
+                "created": self.created, "model": self.state.served_name, "choices": choices, "usage": self.usage()}
+
+    # ---- delivery ---------------------------------------------------------------------------
+    async def collect(self, is_disconnected) -> bool:
+        """Wait for every choice to finish (non-streaming); False if the client left first (its
+        requests are aborted). `is_disconnected` is the HTTP request's coroutine function."""
+        try:
+            while self.live():
+                try:
+                    idx, ev = await asyncio.wait_for(self.queue.get(), 0.5)
+                except asyncio.TimeoutError:
+                    if await is_disconnected():
+                        self.abort_all()
+                        return False
+                    continue
+                self.handle(idx, ev)
+                # Once per step (when this step's events are drained), not only after 0.5 s of
+                # silence: a busy request hears events every step. Starlette 1.10 also cancels
+                # this handler when the connection drops; this check does not rely on that.
+                if self.queue.empty() and await is_disconnected():
+                    self.abort_all()
+                    return False
+        except BaseException:  # an ApiError from an event, or the handler cancelled
+            self.abort_all()
+            raise
+        return True
+
+    async def sse(self):
+        """The server-sent events of a streaming response, ending with `data: [DONE]`."""
+        sse = lambda obj: f"data: {json.dumps(obj)}\n\n"  # noqa: E731
+        try:
+            if self.g.kind == "chat":
+                for c in self.choices:
+                    yield sse(self.chunk(c, "", [], None, first=True))
+            elif self.g.echo:
+                for c in self.choices:
+                    yield sse(self.chunk(c, self.g.prompt_texts[c.index // self.g.n], [], None))
+            while self.live():
+                batch = [await self.queue.get()]
+                while not self.queue.empty():  # events of one engine step arrive together
+                    batch.append(self.queue.get_nowait())
+                out, failed = [], None
+                for idx, ev in batch:
+                    c = self.choices[idx]
+                    if c.finish is not None:
+                        continue
+                    seen = len(c.logprobs)
+                    try:
+                        text = self.handle(idx, ev)
+                    except ApiError as e:
+                        failed = e
+                        break
+                    items = c.logprobs[seen:]
+                    if text or items:
+                        out.append(self.chunk(c, text or "", items, None))
+                        # Extension field (clients ignore unknown keys): the step that produced
+                        # this chunk's latest token, so a client can see why a gap was long.
+                        out[-1]["tailgate"] = c.cause
+                    if c.finish is not None:
+                        # The finish reason rides the choice's last chunk when it has one in this
+                        # batch (as vLLM's does), so clients do not see an extra empty "token".
+                        last = next((o for o in reversed(out) if o["choices"][0]["index"] == idx), None)
+                        if last is not None:
+                            last["choices"][0]["finish_reason"] = c.finish
+                        else:
+                            out.append(self.chunk(c, "", [], c.finish))
+                for o in out:
+                    yield sse(o)
+                if failed is not None:
+                    yield sse(failed.body())
+                    break
+            if self.g.include_usage:
+                yield sse({"id": self.id, "object": "chat.completion.chunk" if self.g.kind == "chat" else
+                           "text_completion", "created": self.created, "model": self.state.served_name,
+                           "choices": [], "usage": self.usage()})
+            yield "data: [DONE]\n\n"
+        finally:
+            self.abort_all()  # a client that went away frees its pages at once

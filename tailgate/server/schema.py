@@ -1,0 +1,182 @@
+"""The wire shapes: pydantic models of the requests we take and the responses we send.
+
+Requests are validated strictly (no "1" for 1, no true for 1, no NaN or Infinity: JSON has
+neither) against the ranges vLLM and OpenAI document; unknown fields are kept so that
+`protocol.py` can refuse the ones we do not implement by name and ignore the harmless rest.
+The response models document `/openapi.json`; the routes build the same shapes as plain dicts
+(one pass, no re-validation on the hot path), and the tests hold the two together.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+I64_MAX, U64_MAX = (1 << 63) - 1, (1 << 64) - 1
+MAX_N = 16
+MAX_LOGPROBS = 20
+
+
+def _integral(v):
+    """JSON Schema counts 5.0 as an integer, so we do too (but not 5.5, "5" or true)."""
+    return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 63 else v
+
+
+def Int(**bounds):
+    """An integer within `bounds` (the bounds first: so the JSON schema says minimum/maximum)."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_integral)]
+
+
+TokenId = Int(ge=0)
+Text = Annotated[str, Field(min_length=1)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+
+
+class _Sampling(_Strict):
+    """Fields both generation endpoints share."""
+    model: str | None = None
+    max_tokens: Int(ge=1) | None = None
+    max_completion_tokens: Int(ge=1) | None = None
+    temperature: float | None = Field(None, ge=0, le=2, description="< 1e-5 is greedy (as vLLM)")
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: Int(ge=-1, le=I64_MAX) | None = Field(None, description="0 or -1: off")
+    min_p: float | None = Field(None, ge=0, le=1)
+    seed: Int(ge=-I64_MAX - 1, le=U64_MAX) | None = None
+    n: Int(ge=1, le=MAX_N) | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool | None = None
+    min_tokens: Int(ge=0) | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    user: str | None = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: Text | Annotated[list[Text], Field(min_length=1)] | Annotated[list[TokenId], Field(min_length=1)] | \
+        Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
+    logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
+    echo: bool | None = None
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | list[TextPart] | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool | None = None
+    top_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
+    add_generation_prompt: bool | None = None
+
+
+class TokenizeRequest(_Strict):
+    """`prompt` or `messages`."""
+    model_config = ConfigDict(json_schema_extra={"anyOf": [{"required": ["prompt"]}, {"required": ["messages"]}]})
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_special_tokens: bool | None = None
+
+
+class DetokenizeRequest(_Strict):
+    tokens: list[TokenId]
+
+
+# ---- responses (documentation of what the routes send) -----------------------------------
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: dict | None
+    finish_reason: str | None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: dict | None
+    finish_reason: str | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    max_model_len: int | None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int | None
+    tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: int | str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+REQUESTS = (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest)

@@ -1,0 +1,61 @@
+"""Schema fuzz: schemathesis draws request bodies from the server's own /openapi.json, valid and
+invalid, and sends them to the live server (a fixed seed, a bounded number of cases)."""
+from __future__ import annotations
+
+from collections import Counter
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from schemathesis import GenerationMode
+
+from live import wait_idle
+
+VALID, INVALID = GenerationMode.POSITIVE, GenerationMode.NEGATIVE
+CASES = [  # (path, method, mode): ~300 requests in all
+    ("/v1/completions", "POST", VALID), ("/v1/completions", "POST", INVALID),
+    ("/v1/chat/completions", "POST", VALID), ("/v1/chat/completions", "POST", INVALID),
+    ("/tokenize", "POST", VALID), ("/tokenize", "POST", INVALID),
+    ("/v1/models", "GET", VALID),  # no parameters: nothing to make invalid
+]
+EXAMPLES = 45
+
+
+def bounded(body) -> None:
+    """Keep a drawn generation short (the fuzz is about shapes, not long completions): lengths
+    and fan-out that are valid stay valid, just small; invalid values are left alone."""
+    if not isinstance(body, dict):
+        return
+    for key, cap in (("max_tokens", 4), ("max_completion_tokens", 4), ("n", 2), ("min_tokens", 2)):
+        v = body.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > cap:
+            body[key] = cap
+
+
+@pytest.mark.parametrize("path,method,mode", CASES, ids=[f"{p}-{m.value}" for p, _, m in CASES])
+def test_fuzzed_requests_get_an_answer_never_a_5xx_and_errors_are_openai_bodies(server, path, method, mode):
+    base = server[0]
+    schema = schemathesis.openapi.from_url(base + "/openapi.json")
+    codes = Counter()
+
+    @seed(20261201)
+    @settings(max_examples=EXAMPLES, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(case=schema[path][method].as_strategy(generation_mode=mode))
+    def probe(case):
+        bounded(case.body)
+        r = case.call(base_url=base, timeout=120)
+        codes[r.status_code] += 1
+        assert r.status_code < 500, (case.body, r.status_code, r.text[:500])
+        if r.status_code >= 400:
+            err = r.json()["error"]
+            assert isinstance(err["message"], str) and err["message"] and err["type"], r.text[:500]
+
+    probe()
+    print(path, mode.value, dict(codes))
+    assert sum(codes.values()) > 0
+    if mode == INVALID:
+        assert any(400 <= c < 500 for c in codes), codes  # the invalid bodies were refused
+    assert httpx.get(base + "/health").status_code == 200
+    assert wait_idle(base) == 0
