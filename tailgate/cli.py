@@ -163,6 +163,11 @@ def main(argv=None) -> int:
     ba = bench.add_parser("ab", help="alternating A/B rounds of whole server configurations")
     bench_ab.add_args(ba)
     ba.set_defaults(fn=bench_ab.main)
+    from .bench import soak as bench_soak
+
+    bk = bench.add_parser("soak", help="minutes of hostile mixed load, then an audit of every response")
+    bench_soak.add_args(bk)
+    bk.set_defaults(fn=bench_soak.main)
     from .bench import plot as bench_plot
 
     bp = bench.add_parser("plot", help="ITL/TTFT CDFs and a token timeline from --save-detailed results")
