@@ -294,3 +294,52 @@ def test_a_row_that_cannot_grow_preempts_the_latest_arrival_which_resumes_by_rec
     assert recomputes and all(n > 10 for n, _, _ in recomputes)
     causes = {e.cause for e in events if isinstance(e, Token) and e.request_id == rs[2].id}
     assert "recompute" in causes
+
+
+class PoisonExecutor(FakeExecutor):
+    """A forward pass that contains token 666 raises; a row of request `bad_row` fails to sample."""
+
+    def __init__(self, bad_row=None):
+        super().__init__()
+        self.bad_row = bad_row
+
+    def run(self, segments, rows):
+        out = super().run(segments, rows)
+        if any(666 in s.tokens for s in segments):
+            raise ValueError("poisoned forward")
+        return [ValueError("bad row") if r.request_id == self.bad_row else o for r, o in zip(rows, out)]
+
+
+def finished(events, rid):
+    return next((e for e in events if isinstance(e, Finished) and e.request_id == rid), None)
+
+
+def test_a_failing_forward_fails_only_the_segment_that_makes_it_fail():
+    s, _ = make()
+    ex = PoisonExecutor()
+    s.executor = ex
+    good = req(max_tokens=6)
+    s.submit(good)
+    events = s.step(0.0)  # good's prefill: now it decodes
+    bad = Request(prompt=[1, 2, 666, 4], max_tokens=5, arrival=1.0)
+    s.submit(bad)
+    for _ in range(10):
+        events += s.step(0.0)
+    assert finished(events, bad.id).reason == "error" and "poisoned" in finished(events, bad.id).message
+    assert finished(events, good.id).reason == "length"
+    assert sum(isinstance(e, Token) and e.request_id == good.id for e in events) == 6
+    assert s.book.glob.used == 0  # the failed prompt's pages came back too
+
+
+def test_a_row_that_fails_to_sample_fails_alone():
+    s, _ = make()
+    good, bad = req(max_tokens=4), req(max_tokens=4)
+    s.executor = PoisonExecutor(bad_row=bad.id)
+    s.submit(good)
+    s.submit(bad)
+    events = []
+    for _ in range(8):
+        events += s.step(0.0)
+    assert finished(events, bad.id).reason == "error" and "bad row" in finished(events, bad.id).message
+    assert finished(events, good.id).reason == "length"
+    assert s.book.glob.used == 0

@@ -24,7 +24,9 @@ log = logging.getLogger("tailgate.engine")
 
 
 class Executor(Protocol):
-    def run(self, segments: list[Segment], rows: list[RowSample]) -> list[Sampled]: ...
+    def run(self, segments: list[Segment], rows: list[RowSample]) -> list[Sampled | Exception]:
+        """One token per row in `rows` (an exception in place of a row whose sampling failed);
+        raises when the forward pass itself fails."""
 
     def release(self, request_id: str) -> None: ...
 
@@ -309,17 +311,16 @@ class Scheduler:
         if rows:
             m.decode_rows.observe(len(rows))
         try:
-            outs = self.executor.run(segs, samples)
-        except Exception as e:  # a failed step fails everyone in it, loudly, and nothing else
-            msg = f"step failed: {e}"
-            for w, _ in chunks:
-                self._drop_walker(w, "error", msg)
-            for a in rows:
-                self._finish(a, "error", msg)
-            return
+            outs = iter(self.executor.run(segs, samples))
+            per_seg = [next(outs) if seg.sample else None for seg in segs]
+        except Exception as e:  # the forward pass failed: find the segment(s) that make it fail
+            log.warning("a step of %d segments failed (%r); retrying them one by one", len(segs), e)
+            per_seg = self._run_alone(segs, samples)
         now = self.clock()
-        outs = iter(outs)
-        for w, take in chunks:
+        for (w, take), out in zip(chunks, per_seg):
+            if isinstance(out, Exception):  # only this prompt fails; its pages return
+                self._drop_walker(w, "error", f"step failed: {out}")
+                continue
             final = w.done + take == len(w.tokens)
             self.book.advance(w.pages, take)
             w.done += take
@@ -330,12 +331,29 @@ class Scheduler:
                 self.walk.remove(w)
             a = Active(w.req, w.pages, queued_at=w.req.arrival, scheduled_at=now, output=list(w.resumed),
                        last_at=w.last_at)
-            if self._settle(a, next(outs)):
+            if self._settle(a, out):
                 self.roster.append(a)
-        for a, out in zip(rows, outs):
+        for a, out in zip(rows, per_seg[len(chunks):]):
+            if isinstance(out, Exception):
+                self._finish(a, "error", f"step failed: {out}")
+                continue
             self.book.advance(a.pages, 1)
             self._settle(a, out)
         self._deliver()
+
+    def _run_alone(self, segs: list[Segment], samples: list) -> list:
+        """Each segment in a step of its own (rewriting the same KV slots the failed step wrote):
+        per segment its Sampled, None (not sampled), or the exception that failed it."""
+        sample_of = iter(samples)
+        out = []
+        for seg in segs:
+            smp = [next(sample_of)] if seg.sample else []
+            try:
+                got = self.executor.run([seg], smp)
+                out.append(got[0] if smp else None)
+            except Exception as e:
+                out.append(e)
+        return out
 
     def _row_sample(self, req: Request, output: list[int]) -> RowSample:
         p = req.params

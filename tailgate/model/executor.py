@@ -15,8 +15,23 @@ class ModelExecutor:
         self._gens: dict[str, torch.Generator] = {}
 
     @torch.inference_mode()  # the step's logits are inference tensors: edits must happen in the mode too
-    def run(self, segments: list[Segment], rows: list[RowSample]) -> list[Sampled]:
+    def run(self, segments: list[Segment], rows: list[RowSample]) -> list[Sampled | Exception]:
+        """One forward pass and one token per sampled row. A row whose sampling raises (its own
+        knobs or history) gets its exception in its place; the other rows are unaffected. A failing
+        forward pass raises: the scheduler retries its segments one by one."""
         logits = self.runner.step(segments)
+        try:
+            return self._sample(logits, rows)
+        except Exception:  # find the row(s): each alone
+            out = []
+            for i, r in enumerate(rows):
+                try:
+                    out.append(self._sample(logits[i:i + 1], [r])[0])
+                except Exception as e:
+                    out.append(e)
+            return out
+
+    def _sample(self, logits: torch.Tensor, rows: list[RowSample]) -> list[Sampled]:
         params = [r.params for r in rows]
         edited = {}
         for i, r in enumerate(rows):
@@ -28,7 +43,7 @@ class ModelExecutor:
                     x[list(r.suppress)] = float("-inf")
                 edited[i] = x
         if edited:
-            logits = logits.float()
+            logits = logits.float().clone()
             for i, x in edited.items():
                 logits[i] = x
         gens = []
