@@ -86,11 +86,10 @@ def cmd_bench_kernels(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from .config import KNOB_NAMES, env_lookup
+    from .config import cli_lookup
     from .server.main import serve
 
-    lookup = env_lookup({name: getattr(args, "knob_" + name) for name in KNOB_NAMES})
-    return serve(args, lookup)
+    return serve(args, cli_lookup(args))
 
 
 def cmd_bench_engine(args) -> int:
@@ -173,6 +172,11 @@ def main(argv=None) -> int:
     bp = bench.add_parser("plot", help="ITL/TTFT CDFs and a token timeline from --save-detailed results")
     bench_plot.add_args(bp)
     bp.set_defaults(fn=bench_plot.main)
+    from .sim import run as sim_run
+
+    sm = sub.add_parser("sim", help="the real scheduler on a virtual clock with a step-cost model")
+    sim_run.add_args(sm)
+    sm.set_defaults(fn=sim_run.main)
     args = parser.parse_args(argv)
     from .config import KnobError
     from .model.kernels import KernelError

@@ -197,6 +197,18 @@ def resolve(lookup: Callable[[str], str | None]) -> ServingConfig:
     return ServingConfig(max_context, slots, gather, prompts, chunk, lane, cache, door, kv_mb, max_out)
 
 
+def add_knob_args(parser) -> None:
+    """One --flag per knob (dest `knob_<NAME>`), for every command that runs the scheduler."""
+    for k in KNOBS:
+        parser.add_argument("--" + k.name.lower().replace("_", "-"), dest="knob_" + k.name, default=None,
+                            help=f"{k.doc} [{k.grammar}; default {k.default}; env {PREFIX}{k.name}]")
+
+
+def cli_lookup(args) -> Callable[[str], str | None]:
+    """The knobs' lookup for parsed `add_knob_args` flags (flag first, then the environment)."""
+    return env_lookup({name: getattr(args, "knob_" + name) for name in KNOB_NAMES})
+
+
 def knob_table_markdown() -> str:
     rows = ["| env var / flag | default | grammar | what it does |", "|---|---|---|---|"]
     for k in KNOBS:

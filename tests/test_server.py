@@ -294,6 +294,11 @@ def test_a_loopback_server_answers_only_loopback_host_names():
     assert r.status_code == 421 and "attacker.example" in r.json()["error"]["message"]
 
 
+def test_probes_answer_head_as_well_as_get():
+    c = TestClient(create_app(ServerState(served_name="m")))
+    assert c.head("/health").status_code == 503 and c.head("/version").status_code == 200  # not loaded here
+
+
 def test_a_text_plain_post_runs_no_work():
     c = TestClient(create_app(ServerState(served_name="m")))
     r = c.post("/v1/completions", content=b'{"prompt": "x"}', headers={"content-type": "text/plain"})
@@ -301,6 +306,7 @@ def test_a_text_plain_post_runs_no_work():
 
 
 @pytest.mark.parametrize("extra", [{"repetition_penalty": 1.3}, {"repetition_penalty": 5e-324, "temperature": 1.0},
+                                   {"repetition_penalty": 1e-40, "temperature": 0.5},
                                    {"frequency_penalty": 2, "presence_penalty": -2, "min_tokens": 3}])
 def test_penalties_and_suppression_work_on_every_runtime_dtype(server, client, extra):
     # Found by the schema fuzz: on an fp32 runtime the step's logits were edited in place outside

@@ -67,7 +67,7 @@ def alternatives(chosen: KernelPlan) -> list[KernelPlan]:
 
 def run(model: str = "gemma3-270m", dtype: str = "auto", decode_batches=(1, 4, 16, 64),
         prefill_rows=(256, 512), context: int = 256, reps: int = 5, loaded=None, kernels: str = "auto",
-        compare: bool = True, device: str = "cpu") -> list[dict]:
+        compare: bool = True, device: str = "cpu", mixed=((64, 4), (64, 16))) -> list[dict]:
     from ..model.cpu import this_cpu
     from ..model.weights import load_model
 
@@ -82,7 +82,7 @@ def run(model: str = "gemma3-270m", dtype: str = "auto", decode_batches=(1, 4, 1
     rows_out = []
     for plan in alternatives(chosen) if compare and chosen.device == "cpu" else [chosen]:
         print(f"\n== {'chosen' if plan == chosen else 'alternative'}: {plan.line()}")
-        rows_out += run_plan(m, plan, decode_batches, prefill_rows, context, reps)
+        rows_out += run_plan(m, plan, decode_batches, prefill_rows, context, reps, mixed)
     return rows_out
 
 
@@ -90,7 +90,8 @@ def run_plan(m, plan: KernelPlan, decode_batches, prefill_rows, context: int, re
              mixed=((64, 4), (64, 16))) -> list[dict]:
     spec = m.spec
     max_b = max(decode_batches)
-    pages = pool_pages(max(max(prefill_rows), context + 2), max_b + 1, spec.sliding_window, transient_prompts=2)
+    pages = pool_pages(max(max(prefill_rows, default=0), context + 2), max_b + 1, spec.sliding_window,
+                       transient_prompts=2)
     runner = ModelRunner(spec, m.weights, pages, plan=plan)
     book = KVBook(pages["global"], pages.get("local"), spec.sliding_window)
     dev = runner.device
@@ -102,10 +103,12 @@ def run_plan(m, plan: KernelPlan, decode_batches, prefill_rows, context: int, re
     n_gl = spec.n_layers - n_sl
     name = plan.line().split(" [")[0].removeprefix("kernels: ")
 
-    def report(kind, n, secs, flops, mm):
+    def report(kind, n, secs, flops, mm, prompt_rows, decode_rows, sampled, raw_pairs):
+        # The last four: what the step holds, as the simulator's cost model prices it (sim/cost.py).
         frac = flops / secs / peak
         rows_out.append({"plan": name, "kind": kind, "n": n, "ms": secs * 1e3, "matmul_ms": mm * 1e3,
-                         "gflops": flops / secs / 1e9, "peak_frac": frac})
+                         "gflops": flops / secs / 1e9, "peak_frac": frac, "prompt_rows": prompt_rows,
+                         "decode_rows": decode_rows, "sampled": sampled, "pairs": raw_pairs})
         print(f"{kind:9s} {n:5d}  {secs * 1e3:8.1f} ms  {flops / secs / 1e9:7.1f} GFLOP/s  {100 * frac:5.1f}% of peak"
               f"  matmuls alone {mm * 1e3:6.1f} ms ({secs / mm:.2f}x)")
 
@@ -119,7 +122,7 @@ def run_plan(m, plan: KernelPlan, decode_batches, prefill_rows, context: int, re
         secs = _time(lambda: runner.step(segs), reps, dev)
         pairs = b * (n_sl * min(context + 1, window) + n_gl * (context + 1)) // spec.n_layers
         mm = _time(lambda: matmuls_only(runner, b, b), reps, dev)
-        report("decode", b, secs, step_flops(spec, b, b, pairs), mm)
+        report("decode", b, secs, step_flops(spec, b, b, pairs), mm, 0, b, b, b * (context + 1))
     # Mixed: one walk round, `chunk` rows of a prompt already `context // 2` tokens in, riding
     # B live decode rows (the step every live stream waits for while a prompt walks in).
     k0 = context // 2
@@ -132,7 +135,7 @@ def run_plan(m, plan: KernelPlan, decode_batches, prefill_rows, context: int, re
         secs = _time(lambda: runner.step(segs), reps, dev)
         pairs = chunk * k0 + chunk * (chunk + 1) // 2 + b * (context + 1)
         mm = _time(lambda: matmuls_only(runner, chunk + b, b), reps, dev)
-        report(f"mixed+{b}", chunk, secs, step_flops(spec, chunk + b, b, pairs), mm)
+        report(f"mixed+{b}", chunk, secs, step_flops(spec, chunk + b, b, pairs), mm, chunk, b, b, pairs)
         book.free(w)
     for s in seqs:
         book.free(s)
@@ -143,7 +146,7 @@ def run_plan(m, plan: KernelPlan, decode_batches, prefill_rows, context: int, re
         secs = _time(lambda: runner.step([seg]), max(2, reps // 2), dev)
         pairs = (n_sl * sum(min(i + 1, window) for i in range(n)) + n_gl * n * (n + 1) // 2) // spec.n_layers
         mm = _time(lambda: matmuls_only(runner, n, 1), max(2, reps // 2), dev)
-        report("prefill", n, secs, step_flops(spec, n, 1, pairs), mm)
+        report("prefill", n, secs, step_flops(spec, n, 1, pairs), mm, n, 0, 1, n * (n + 1) // 2)
         book.free(s)
     return rows_out
 

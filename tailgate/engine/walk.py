@@ -15,7 +15,7 @@ from .pages import SeqPages
 from .request import Request
 
 
-@dataclass
+@dataclass(eq=False)  # identity, as Active
 class Walker:
     """A prompt mid-prefill: `done` of its rows have run (and hold pages). `resumed` is the output
     a preempted request had already emitted: it is recomputed after the prompt, not re-emitted."""

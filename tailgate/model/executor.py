@@ -20,9 +20,15 @@ class ModelExecutor:
         knobs or history) gets its exception in its place; the other rows are unaffected. A failing
         forward pass raises: the scheduler retries its segments one by one."""
         logits = self.runner.step(segments)
+        ids = {r.request_id for r in rows}
+        states = {rid: g.get_state() for rid, g in self._gens.items() if rid in ids}
         try:
             return self._sample(logits, rows)
-        except Exception:  # find the row(s): each alone
+        except Exception:  # find the row(s): each alone, every generator back where it was
+            for rid in ids - states.keys():
+                self._gens.pop(rid, None)
+            for rid, st in states.items():
+                self._gens[rid].set_state(st)
             out = []
             for i, r in enumerate(rows):
                 try:

@@ -33,7 +33,7 @@ def apply_penalties(x: torch.Tensor, p: SamplingParams, prompt: list[int], outpu
 def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Temperature then top-k, top-p, min-p masks, batched over rows (fp32 in, fp32 out)."""
     temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=logits.device)
-    x = logits / temps[:, None]
+    x = (logits / temps[:, None]).clamp_(max=torch.finfo(logits.dtype).max)  # a capped logit / T < 1 is inf again
     if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
         sorted_x, idx = x.sort(dim=-1, descending=True)
         vocab = x.shape[-1]

@@ -126,7 +126,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def chat(req: Request):
         return await generate(req, "chat")
 
-    @app.get("/v1/models", responses={200: {"model": schema.ModelList}, 401: {"model": schema.ErrorResponse}})
+    @app.api_route("/v1/models", methods=["GET", "HEAD"], responses={200: {"model": schema.ModelList}, 401: {"model": schema.ErrorResponse}})
     async def models(req: Request):
         try:
             check_auth(req)
@@ -136,7 +136,7 @@ def create_app(state: ServerState) -> FastAPI:
                 "max_model_len": state.cfg.max_context if state.cfg and state.cfg.max_context else None}
         return JSONResponse({"object": "list", "data": [card]})
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         if not state.ready:
             return JSONResponse({"status": "loading" if not state.load_error else state.load_error}, status_code=503)
@@ -144,7 +144,7 @@ def create_app(state: ServerState) -> FastAPI:
             return JSONResponse({"status": f"engine failed: {state.engine.error}"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.get("/version")
+    @app.api_route("/version", methods=["GET", "HEAD"])
     async def version():
         return JSONResponse({"version": __version__, "kernels": state.kernels})
 
@@ -185,7 +185,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     registry = registry_for(state)
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics():
         return Response(render(registry), media_type=CONTENT_TYPE)
 

@@ -95,7 +95,7 @@ def _positive_int(raw: str) -> int:
 
 
 def add_serve_args(p) -> None:
-    from ..config import KNOBS
+    from ..config import add_knob_args
 
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -109,6 +109,4 @@ def add_serve_args(p) -> None:
     p.add_argument("--max-body-mb", type=_positive_int, default=8, help="413 for request bodies past this many MiB")
     p.add_argument("--drain-timeout", type=int, default=30, help="seconds SIGTERM waits for in-flight requests")
     p.add_argument("--log-level", default="info")
-    for k in KNOBS:
-        p.add_argument("--" + k.name.lower().replace("_", "-"), dest="knob_" + k.name, default=None,
-                       help=f"{k.doc} [{k.grammar}; default {k.default}; env TAILGATE_{k.name}]")
+    add_knob_args(p)

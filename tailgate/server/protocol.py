@@ -123,13 +123,13 @@ def parse_common(body: dict, kind: str, vocab_size: int) -> tuple[GenRequest, Ba
     if not all(0 <= t < vocab_size for t in stop_ids):
         raise bad(f"'stop_token_ids' must be token ids in 0..{vocab_size - 1}", "stop_token_ids")
     stream = bool(m.stream)
-    if m.stream_options is not None and not stream:
+    if m.stream_options is not None and m.stream_options.model_dump(exclude_none=True) and not stream:
         raise bad("'stream_options' is only allowed with stream=true", "stream_options")
     g = GenRequest(
         kind=kind, model=m.model, prompts=[], prompt_texts=[], max_tokens=_pick(m.max_completion_tokens, m.max_tokens),
         n=_pick(m.n, default=1), params=params, stop=stop, stop_token_ids=stop_ids, ignore_eos=bool(m.ignore_eos),
         min_tokens=_pick(m.min_tokens, default=0), stream=stream,
-        include_usage=bool(m.stream_options and m.stream_options.include_usage),
+        include_usage=bool(m.stream_options is not None and m.stream_options.include_usage),
         skip_special_tokens=_pick(m.skip_special_tokens, default=True),
         include_stop_str_in_output=bool(m.include_stop_str_in_output))
     return g, m

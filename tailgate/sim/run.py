@@ -1,0 +1,224 @@
+"""`tailgate sim`: the unmodified scheduler (`engine.scheduler.Scheduler`, knobs through
+`config.resolve`) on a virtual clock. The model runner is replaced by `SimExecutor`, which moves
+the clock forward by the cost model's price of each step and samples a fixed token; arrivals come
+from the same workload flags as `tailgate bench serve` (closed loop at a concurrency, or Poisson /
+gamma open loop), and the results go through the same metrics code (`bench.serve.compute_metrics`).
+
+The loop mirrors the engine thread (`engine/loop.py`): deliver every arrival due by now, run one
+scheduler iteration, repeat; an idle scheduler jumps the clock to the next arrival.
+"""
+from __future__ import annotations
+
+import heapq
+import json
+import random
+import sys
+import time
+
+from ..bench.serve import Result, compute_metrics, gamma_offsets, print_table
+from ..config import ServingConfig, cli_lookup, resolve
+from ..engine.pages import KVBook, pool_pages
+from ..engine.request import Finished, Rejected, Request, Sampled, Scheduled, Token
+from ..engine.scheduler import Scheduler
+from .cost import CostModel, resolve_cost
+
+TOKEN = 7  # every row samples this (never an EOS: requests end at max_tokens, as with ignore_eos)
+VOCAB = 1 << 16
+
+
+class VirtualClock:
+    def __init__(self, t: float = 0.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class SimExecutor:
+    """The scheduler's executor: each step costs `cost.step_seconds(segments)` of virtual time,
+    times (1 + jitter * a seeded standard normal) when `jitter` is set (real steps vary; without
+    it a closed loop of equal requests is one deterministic trajectory whatever the seed)."""
+
+    def __init__(self, cost: CostModel, clock: VirtualClock, jitter: float = 0.0, seed: int = 0):
+        self.cost, self.clock, self.jitter = cost, clock, jitter
+        self.rng = random.Random(seed)
+        self.steps = 0
+
+    def run(self, segments, rows):
+        dt = self.cost.step_seconds(segments)
+        if self.jitter:
+            dt *= max(0.5, 1 + self.jitter * self.rng.gauss(0, 1))
+        self.clock.t += dt
+        self.steps += 1
+        return [Sampled(TOKEN) for _ in rows]
+
+    def release(self, request_id: str) -> None:
+        pass
+
+
+def build(cfg: ServingConfig, cost: CostModel, clock: VirtualClock, jitter: float = 0.0, seed: int = 0) -> Scheduler:
+    """The real scheduler with a page book of every slot's full context (as `assemble.build_engine`
+    sizes it without a KV budget; `KV_CACHE_MB` budgets and preemption are not simulated)."""
+    pages = pool_pages(cfg.max_context, cfg.decode_slots, cost.window, transient_prompts=cfg.mix_max_prompts)
+    book = KVBook(pages["global"], pages.get("local"), cost.window)
+    return Scheduler(SimExecutor(cost, clock, jitter, seed), book, cfg, VOCAB, clock=clock)
+
+
+def workload(n: int, input_len: int, output_len: int, range_ratio: float, seed: int) -> list[tuple[int, int]]:
+    """(prompt length, output length) per request, drawn as `bench serve --dataset-name random`."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        il = rng.randint(int(input_len * (1 - range_ratio)), int(input_len * (1 + range_ratio))) if range_ratio \
+            else input_len
+        ol = rng.randint(max(1, int(output_len * (1 - range_ratio))), int(output_len * (1 + range_ratio))) \
+            if range_ratio else output_len
+        out.append((il, ol))
+    return out
+
+
+def simulate(cfg: ServingConfig, cost: CostModel, jobs: list[tuple[int, int]], rate: float = float("inf"),
+             burstiness: float = 1.0, concurrency: int | None = None, seed: int = 0,
+             offsets: list[float] | None = None, jitter: float = 0.0) -> tuple[list[Result], dict]:
+    """Run `jobs` through the scheduler; returns per-request results (virtual seconds) and
+    scheduler figures (steps, door releases, when each request was scheduled). Arrivals: `offsets`
+    when given (sorted), else `bench serve`'s gamma arrivals at `rate`; at most `concurrency` in
+    flight (a closed loop: a finish sends the next request at once)."""
+    clock = VirtualClock()
+    sched = build(cfg, cost, clock, jitter, seed)
+    offsets = offsets if offsets is not None else gamma_offsets(len(jobs), rate, burstiness, seed)
+    scheduled: list[float | None] = [None] * len(jobs)
+    results = [Result(prompt_len=il, output_len=ol, probe=False) for il, ol in jobs]
+    due: list[tuple[float, int]] = []  # (arrival time, job index) of released requests
+    free = [0.0] * (concurrency or len(jobs))  # when each client slot came free (a heap)
+    nxt = 0  # the next job to release
+
+    def release() -> None:
+        """Every job a free client can send: it arrives at its offset, or when its client came free."""
+        nonlocal nxt
+        while nxt < len(jobs) and free:
+            heapq.heappush(due, (max(offsets[nxt], heapq.heappop(free)), nxt))
+            nxt += 1
+
+    def sink_for(i: int):
+        def sink(ev):
+            if isinstance(ev, Scheduled):
+                scheduled[i] = ev.at
+            elif isinstance(ev, Token):
+                results[i].chunk_times.append(ev.at)
+                results[i].output_tokens += 1
+            elif isinstance(ev, (Finished, Rejected)):
+                results[i].success = isinstance(ev, Finished) and ev.reason == "length"
+                results[i].finish_reasons.append(ev.reason)
+                heapq.heappush(free, ev.at)  # a closed-loop client sends its next request at once
+                release()
+        return sink
+
+    release()
+    while due or sched.has_work():
+        if not sched.has_work() and due[0][0] > clock.t:
+            clock.t = due[0][0]  # idle: jump to the next arrival
+        while due and due[0][0] <= clock.t:
+            at, i = heapq.heappop(due)
+            il, ol = jobs[i]
+            results[i].send = at
+            # As the server does (`Generation.start`): at most what the context leaves after the prompt.
+            req = Request(prompt=[1000 + (j * 37 + i) % 20000 for j in range(il)],
+                          max_tokens=max(1, min(ol, cfg.max_context - il)), arrival=at, ignore_eos=True)
+            req.sink = sink_for(i)
+            sched.submit(req)
+        sched.step(clock.t)
+    m = sched.metrics
+    return results, {"iterations": m.steps, "steps": sched.executor.steps, "door_releases": dict(m.door_releases), "door_holds": m.door_hold.n,
+                     "door_mean_hold_ms": 1000 * m.door_hold.total / max(1, m.door_hold.n),
+                     "virtual_s": clock.t, "scheduled_at": scheduled}
+
+
+def run(args) -> dict:
+    cfg = resolve(cli_lookup(args))
+    cost = resolve_cost(args.cost)
+    cfg = cfg.with_model_limit(args.model_max_context)
+    jobs = workload(args.num_prompts, args.random_input_len, args.random_output_len, args.random_range_ratio,
+                    args.seed)
+    t0 = time.perf_counter()
+    results, sched = simulate(cfg, cost, jobs, args.request_rate, args.burstiness, args.max_concurrency, args.seed,
+                              jitter=args.jitter)
+    wall = time.perf_counter() - t0
+    times = [t for r in results for t in r.chunk_times]
+    if not times:
+        raise ValueError("no request produced a token (every one was rejected: prompts longer than MAX_CONTEXT?)")
+    dur = max(times) - min(r.send for r in results)
+    pcts = tuple(float(p) for p in args.metric_percentiles.split(","))
+    sched.pop("scheduled_at")
+    out = {"cost": args.cost, "jitter": args.jitter, "seed": args.seed, "knobs": {k: v for k, v in vars(cfg).items()}, **compute_metrics(results, dur, pcts),
+           **sched}
+    out["sim_wall_s"] = round(wall, 3)
+    return out
+
+
+def calibrate(args) -> int:
+    """Fit the `local` preset from `tailgate bench step` on this machine (the chosen kernel plan):
+    decode 1/4/16/64, two walk rounds and prefill 256/512 at 256 keys of context, and decode
+    4/16 at 1024 keys (so attention's price is seen apart from the rows')."""
+    import torch
+
+    from ..bench.step import run as step_run
+    from ..model.cpu import this_cpu
+    from ..model.weights import load_model
+    from .cost import fit, save_preset
+
+    m = load_model(args.calibrate_model)
+    rows = step_run(args.calibrate_model, loaded=m, compare=False, reps=3)
+    rows += step_run(args.calibrate_model, loaded=m, compare=False, reps=3, decode_batches=(4, 16), prefill_rows=(),
+                     context=480, mixed=())
+    cpu = this_cpu()
+    model, errors = fit(rows, m.spec.sliding_window, "")
+    worst = max(abs(e["error_pct"]) for e in errors)
+    source = (f"`tailgate sim calibrate`: least squares over `tailgate bench step` ({args.calibrate_model}, chosen "
+              f"kernels) on {cpu.model} ({cpu.isa}), torch {torch.__version__}, {time.strftime('%Y-%m-%d')}; "
+              f"worst fit error {worst:.0f} % over {len(rows)} steps")
+    model = CostModel(**{**vars(model), "source": source})
+    for e in errors:
+        print(f"{e['kind']:9s} {e['n']:5d}  measured {e['ms']:8.1f} ms  fit {e['fit_ms']:8.1f} ms  {e['error_pct']:+6.1f} %")
+    save_preset("local", model)
+    print(f"local preset: {model}")
+    return 0
+
+
+def main(args) -> int:
+    if args.action == "calibrate":
+        return calibrate(args)
+    try:
+        out = run(args)
+    except ValueError as e:  # an unknown preset, a workload nothing of which can run
+        print(f"tailgate: {e}", file=sys.stderr)
+        return 2
+    print_table(out, tuple(float(p) for p in args.metric_percentiles.split(",")))
+    print(f"{out['steps']} model steps in {out['iterations']} iterations, door releases {out['door_releases']}, holds {out['door_holds']} "
+          f"(mean {out['door_mean_hold_ms']:.1f} ms); simulated {out['virtual_s']:.1f} s in {out['sim_wall_s']} s")
+    if args.save_result:
+        with open(args.save_result, "w") as f:
+            json.dump({k: v for k, v in out.items() if k != "sim_wall_s"}, f, indent=1, sort_keys=True)
+    return 0
+
+
+def add_args(p) -> None:
+    from ..config import add_knob_args
+
+    p.add_argument("action", nargs="?", default="run", choices=["run", "calibrate"],
+                   help="run a workload (default), or refit the `local` cost preset from `bench step` here")
+    p.add_argument("--calibrate-model", default="gemma3-270m")
+    p.add_argument("--cost", default="local", help="a preset of sim/presets.json, or a cost-model JSON file")
+    p.add_argument("--model-max-context", type=int, default=32768, help="the simulated model's position limit")
+    p.add_argument("--num-prompts", type=int, default=100)
+    p.add_argument("--random-input-len", type=int, default=256)
+    p.add_argument("--random-output-len", type=int, default=64)
+    p.add_argument("--random-range-ratio", type=float, default=0.0)
+    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--burstiness", type=float, default=1.0)
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--metric-percentiles", default="50,90,99")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jitter", type=float, default=0.0, help="relative std dev of each step's cost (seeded)")
+    p.add_argument("--save-result", default=None, help="the metrics as JSON (sorted keys; same seed, same bytes)")
+    add_knob_args(p)

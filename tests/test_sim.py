@@ -1,0 +1,90 @@
+"""The simulator: the real scheduler on a virtual clock with a scripted or preset cost model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import tailgate.config
+import tailgate.engine.scheduler
+from tailgate.cli import main
+from tailgate.config import resolve
+from tailgate.sim import run as sim
+from tailgate.sim.cost import CostModel, fit, load_preset
+
+# 10 ms a step, 1 ms a prompt row, 2 ms a decode row: times a person can add up.
+SCRIPTED = CostModel(floor=0.010, prompt_row=0.001, decode_row=0.002)
+
+
+def cfg(**knobs):
+    return resolve(lambda name: knobs.get(name)).with_model_limit(32768)
+
+
+def test_the_simulator_drives_the_unmodified_scheduler_and_knob_parser():
+    assert sim.Scheduler is tailgate.engine.scheduler.Scheduler and sim.resolve is tailgate.config.resolve
+    s = sim.build(cfg(), SCRIPTED, sim.VirtualClock())
+    assert type(s) is tailgate.engine.scheduler.Scheduler
+
+
+def test_virtual_time_gives_the_hand_computed_event_times():
+    # A (10-token prompt, 3 tokens) at 0; B (5, 2) at 15 ms; whole-prompt admission (walk off).
+    # t=0: A's solo prefill, 10 + 10 = 20 ms -> A1 at 20; the iteration's decode round, 10 + 2 ->
+    # A2 at 32. B (due at 15) is taken at 32: a mixed step of B's 5 rows + A's row, 10 + 5 + 2 ->
+    # B1 and A3 at 49 (A done); the decode round of B, 12 ms -> B2 at 61.
+    res, s = sim.simulate(cfg(DECODE_SLOTS="4", MIX_CHUNK_TOKENS="off"), SCRIPTED, [(10, 3), (5, 2)],
+                          offsets=[0.0, 0.015])
+    assert [round(t, 9) for t in res[0].chunk_times] == [0.020, 0.032, 0.049]
+    assert [round(t, 9) for t in res[1].chunk_times] == [0.049, 0.061]
+    assert res[1].send == 0.015 and round(s["scheduled_at"][1], 9) == 0.032
+    assert (s["iterations"], s["steps"]) == (2, 4) and all(r.success for r in res)
+
+
+def test_the_door_releases_one_burst_under_the_simulator():
+    # The engine gate (tests/test_engine_gates.py), on virtual time: slots 4, a live stream, two
+    # arrivals held, the third completes the cohort and all three are admitted in one step.
+    res, s = sim.simulate(cfg(DECODE_SLOTS="4", ADMIT_COALESCE_MS="2000"), SCRIPTED,
+                          [(40, 400), (40, 4), (40, 4), (40, 4)], offsets=[0.0, 0.1, 0.1, 1.0])
+    x, y, z = s["scheduled_at"][1:]
+    assert x == y == z and z >= 1.0
+    assert s["door_releases"] == {"cohort": 1} and all(len(r.chunk_times) == 4 for r in res[1:])
+
+
+def test_a_short_door_window_releases_an_incomplete_cohort_under_the_simulator():
+    res, s = sim.simulate(cfg(DECODE_SLOTS="4", ADMIT_COALESCE_MS="20"), SCRIPTED,
+                          [(40, 200), (40, 3), (40, 3)], offsets=[0.0, 0.1, 0.1])
+    x, y = s["scheduled_at"][1:]
+    assert x == y and x - 0.1 >= 0.020
+    assert s["door_releases"].get("window", 0) >= 1
+
+
+def _sim_json(tmp_path, seed, name):
+    out = tmp_path / name
+    assert main(["sim", "--cost", "gemma4-12b-sm89", "--num-prompts", "40", "--random-input-len", "512",
+                 "--random-output-len", "32", "--random-range-ratio", "0.5", "--request-rate", "4",
+                 "--seed", str(seed), "--save-result", str(out)]) == 0
+    return out.read_bytes()
+
+
+def test_the_same_seed_gives_the_same_json_and_another_seed_differs(tmp_path):
+    a, b, c = _sim_json(tmp_path, 1, "a.json"), _sim_json(tmp_path, 1, "b.json"), _sim_json(tmp_path, 2, "c.json")
+    assert a == b and a != c
+    m = json.loads(a)
+    assert m["completed"] == 40 and m["output_throughput"] > 0 and m["p99_itl_ms"] >= m["median_itl_ms"]
+
+
+def test_a_fit_recovers_a_known_cost_model():
+    truth = CostModel(floor=0.02, prompt_row=0.0015, decode_row=0.003, sampled_row=0.0005, attn_per_1k=0.0001)
+    rows = []
+    for p, d, smp, pairs in [(0, 1, 1, 257), (0, 4, 4, 1028), (0, 16, 16, 4112), (64, 4, 4, 14000),
+                             (64, 16, 16, 17000), (256, 0, 1, 32896), (512, 0, 1, 131328), (0, 64, 64, 16448)]:
+        ms = 1000 * (truth.floor + truth.prompt_row * p + truth.decode_row * d + truth.sampled_row * smp
+                     + truth.attn_per_1k * pairs / 1000)
+        rows.append({"kind": "x", "n": 0, "prompt_rows": p, "decode_rows": d, "sampled": smp, "pairs": pairs, "ms": ms})
+    got, errors = fit(rows, None, "test")
+    assert max(abs(e["error_pct"]) for e in errors) < 1e-6
+    assert got.floor == pytest.approx(truth.floor) and got.prompt_row == pytest.approx(truth.prompt_row)
+
+
+def test_every_preset_names_its_source():
+    for name in ("gemma4-12b-sm89", "moe-26b-a4b-like", "local"):
+        assert load_preset(name).source
