@@ -308,27 +308,32 @@ def main(args) -> int:
     return 1 if checks(results, args.ignore_eos) and args.strict else 0
 
 
+def add_workload_args(p) -> None:
+    """The workload flags `bench serve` and `tailgate sim` share (vLLM's names and defaults)."""
+    p.add_argument("--num-prompts", type=int, default=100)
+    p.add_argument("--random-input-len", type=int, default=256)
+    p.add_argument("--random-output-len", type=int, default=64)
+    p.add_argument("--random-range-ratio", type=float, default=0.0)
+    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--burstiness", type=float, default=1.0)
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--metric-percentiles", default="50,90,99")
+    p.add_argument("--seed", type=int, default=0)
+
+
 def add_args(p) -> None:
+    add_workload_args(p)
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--endpoint", default="/v1/completions")
     p.add_argument("--model", default="gemma3-270m", help="the served model name sent in requests")
     p.add_argument("--tokenizer", default="gemma3-270m", help="tokenizer to build exact-length prompts with")
     p.add_argument("--dataset-name", default="random", choices=["random"])
     p.add_argument("--dataset-path", default=None, help="JSONL of {\"prompt\": ...} or a ShareGPT JSON file")
-    p.add_argument("--num-prompts", type=int, default=100)
-    p.add_argument("--random-input-len", type=int, default=256)
-    p.add_argument("--random-output-len", type=int, default=64)
-    p.add_argument("--random-range-ratio", type=float, default=0.0)
     p.add_argument("--random-prefix-len", type=int, default=0)
-    p.add_argument("--request-rate", type=float, default=float("inf"))
-    p.add_argument("--burstiness", type=float, default=1.0)
-    p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--probe-request-rate", type=float, default=0.0)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--ignore-eos", action="store_true")
-    p.add_argument("--metric-percentiles", default="50,90,99")
     p.add_argument("--goodput", nargs="*", default=None, help="e.g. ttft:500 itl:100")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", default=None)
     p.add_argument("--save-result", default=None)
     p.add_argument("--save-detailed", action="store_true")

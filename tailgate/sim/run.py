@@ -15,7 +15,7 @@ import random
 import sys
 import time
 
-from ..bench.serve import Result, compute_metrics, gamma_offsets, print_table
+from ..bench.serve import Result, add_workload_args, compute_metrics, gamma_offsets, print_table
 from ..config import ServingConfig, cli_lookup, resolve
 from ..engine.pages import KVBook, pool_pages
 from ..engine.request import Finished, Rejected, Request, Sampled, Scheduled, Token
@@ -210,15 +210,7 @@ def add_args(p) -> None:
     p.add_argument("--calibrate-model", default="gemma3-270m")
     p.add_argument("--cost", default="local", help="a preset of sim/presets.json, or a cost-model JSON file")
     p.add_argument("--model-max-context", type=int, default=32768, help="the simulated model's position limit")
-    p.add_argument("--num-prompts", type=int, default=100)
-    p.add_argument("--random-input-len", type=int, default=256)
-    p.add_argument("--random-output-len", type=int, default=64)
-    p.add_argument("--random-range-ratio", type=float, default=0.0)
-    p.add_argument("--request-rate", type=float, default=float("inf"))
-    p.add_argument("--burstiness", type=float, default=1.0)
-    p.add_argument("--max-concurrency", type=int, default=None)
-    p.add_argument("--metric-percentiles", default="50,90,99")
-    p.add_argument("--seed", type=int, default=0)
+    add_workload_args(p)
     p.add_argument("--jitter", type=float, default=0.0, help="relative std dev of each step's cost (seeded)")
     p.add_argument("--save-result", default=None, help="the metrics as JSON (sorted keys; same seed, same bytes)")
     add_knob_args(p)
