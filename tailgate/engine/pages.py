@@ -87,7 +87,9 @@ class KVBook:
         seq.global_pages.extend(got_g)
         if self.local:
             seq.local_pages.extend(got_l)
-        seq.reserved = total_tokens
+        # What the held pages can take, not just what was asked: a decode row then finds its next
+        # 15 tokens already covered and skips the pools (~1 call in 16 reaches them).
+        seq.reserved = pages_for(total_tokens) * PAGE_SIZE
         return True
 
     def advance(self, seq: SeqPages, tokens: int) -> None:

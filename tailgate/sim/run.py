@@ -114,6 +114,7 @@ def simulate(cfg: ServingConfig, cost: CostModel, jobs: list[tuple[int, int]], r
                 release()
         return sink
 
+    filler = list(range(60000, 60000 + max((il for il, _ in jobs), default=1)))
     release()
     while due or sched.has_work():
         if not sched.has_work() and due[0][0] > clock.t:
@@ -123,7 +124,8 @@ def simulate(cfg: ServingConfig, cost: CostModel, jobs: list[tuple[int, int]], r
             il, ol = jobs[i]
             results[i].send = at
             # As the server does (`Generation.start`): at most what the context leaves after the prompt.
-            req = Request(prompt=[1000 + (j * 37 + i) % 20000 for j in range(il)],
+            # Distinct from the first token on (no two requests share a prefix), sliced, not built.
+            req = Request(prompt=[1000 + i % 50000] + filler[:il - 1],
                           max_tokens=max(1, min(ol, cfg.max_context - il)), arrival=at, ignore_eos=True)
             req.sink = sink_for(i)
             sched.submit(req)
