@@ -15,10 +15,9 @@ import argparse
 import statistics
 import sys
 
-from tailgate.bench.serve import compute_metrics
 from tailgate.config import resolve
 from tailgate.sim.cost import resolve_cost
-from tailgate.sim.run import simulate, workload
+from tailgate.sim.run import metrics, simulate, workload
 
 KEYS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms")
 
@@ -29,8 +28,7 @@ def one(cost, door, n, c=None, rate=float("inf"), seed=0, jitter=0.0, slots=16, 
     cfg = resolve(knobs.get).with_model_limit(32768)
     res, s = simulate(cfg, cost, workload(n, 1024, 128, 0.0, seed), rate=rate, concurrency=c, seed=seed,
                       jitter=jitter)
-    dur = max(t for r in res for t in r.chunk_times) - min(r.send for r in res)
-    m = compute_metrics(res, dur)
+    m = metrics(res)
     m["door_holds"] = s["door_holds"]
     return m
 

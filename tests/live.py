@@ -4,24 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 
+from tailgate.bench.ab import free_port
+
 MODEL = "gemma3-270m"
 # 2 slots, a 512-token context, a 24-token default completion and a 3-request queue: small enough
 # that the gates can fill it and quick to step on either CPU.
 ENV = {"TAILGATE_DECODE_SLOTS": "2", "TAILGATE_MAX_CONTEXT": "512", "TAILGATE_DEFAULT_MAX_TOKENS": "24"}
 ARGS = ["--dtype", "auto", "--max-queued-requests", "3", "--log-level", "warning"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(timeout: float = 120):

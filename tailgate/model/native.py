@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 SOURCES = sorted((Path(__file__).with_name("csrc")).glob("*.c"))
+HEADERS = sorted((Path(__file__).with_name("csrc")).glob("*.h"))  # hashed too: a header change rebuilds
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 GROUP = 32  # inputs per int8 block of the q8 matmul (K must be a multiple)
 
@@ -40,7 +41,7 @@ def cache_dir() -> Path:
 def _build(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     h = hashlib.sha256(" ".join(FLAGS).encode() + version.encode())
-    for src in SOURCES:
+    for src in SOURCES + HEADERS:
         h.update(src.name.encode() + src.read_bytes())
     out = cache_dir() / f"tailgate-{h.hexdigest()[:16]}.so"
     if out.exists():

@@ -90,29 +90,33 @@ def create_app(state: ServerState) -> FastAPI:
         if name is not None and name not in (state.served_name, "default"):
             raise ApiError(400, f"The model `{name}` does not exist.", "model", code="model_not_found")
 
+    async def admitted_body(req: Request) -> dict:
+        """What every POST route checks first, in this order: the key, the body (a bad body is a
+        400 even while loading), then that the model is serving."""
+        check_auth(req)
+        body = await parse_body(req)
+        check_ready()
+        return body
+
     async def generate(req: Request, kind: str):
-        try:
-            check_auth(req)
-            body = await parse_body(req)  # a bad body is a 400 even while loading
-            check_ready()
-            parse = parse_completion if kind == "completion" else parse_chat
-            # Tokenizing a long prompt (or many) takes milliseconds: off the event loop, so the
-            # streams it serves keep flowing.
-            g = await run_in_threadpool(parse, body, state.model.tokenizer, state.model.spec.vocab_size)
-            check_model(g.model)
-            gen = Generation(state, g)
-            gen.start()
-            if g.stream:
-                return StreamingResponse(gen.sse(), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            if not await gen.collect(req.is_disconnected):
-                return Response(status_code=499)
-        except ApiError as e:
-            return _error(e)
+        body = await admitted_body(req)
+        parse = parse_completion if kind == "completion" else parse_chat
+        # Tokenizing a long prompt (or many) takes milliseconds: off the event loop, so the
+        # streams it serves keep flowing.
+        g = await run_in_threadpool(parse, body, state.model.tokenizer, state.model.spec.vocab_size)
+        check_model(g.model)
+        gen = Generation(state, g)
+        gen.start()
+        if g.stream:
+            return StreamingResponse(gen.sse(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        if not await gen.collect(req.is_disconnected):
+            return Response(status_code=499)
         return JSONResponse(gen.full())
 
+    # Every route raises ApiError for what a client did wrong; one handler turns it into the body.
     app = FastAPI(title="tailgate", version=__version__, docs_url=None, redoc_url=None,
-                  exception_handlers={HTTPException: lambda req, exc: _error(
+                  exception_handlers={ApiError: lambda req, exc: _error(exc), HTTPException: lambda req, exc: _error(
                       ApiError(exc.status_code, f"{req.method} {req.url.path}: {exc.detail}")),
                       Exception: lambda req, exc: _error(ApiError(500, f"internal error: {exc!r}"))})
 
@@ -126,12 +130,10 @@ def create_app(state: ServerState) -> FastAPI:
     async def chat(req: Request):
         return await generate(req, "chat")
 
-    @app.api_route("/v1/models", methods=["GET", "HEAD"], responses={200: {"model": schema.ModelList}, 401: {"model": schema.ErrorResponse}})
+    @app.api_route("/v1/models", methods=["GET", "HEAD"],
+                   responses={200: {"model": schema.ModelList}, 401: {"model": schema.ErrorResponse}})
     async def models(req: Request):
-        try:
-            check_auth(req)
-        except ApiError as e:
-            return _error(e)
+        check_auth(req)
         card = {"id": state.served_name, "object": "model", "created": 0, "owned_by": "tailgate",
                 "max_model_len": state.cfg.max_context if state.cfg and state.cfg.max_context else None}
         return JSONResponse({"object": "list", "data": [card]})
@@ -151,36 +153,24 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/tokenize", openapi_extra=_body(schema.TokenizeRequest),
               responses={200: {"model": schema.TokenizeResponse}, **_ERRORS})
     async def tokenize(req: Request):
-        try:
-            check_auth(req)
-            body = await parse_body(req)  # a bad body is a 400 even while loading
-            check_ready()
-            m = validate(schema.TokenizeRequest, body)
-            tok = state.model.tokenizer
-            if m.messages is not None:
-                ids = (await run_in_threadpool(chat_prompt, m.messages, tok))[1]
-            elif m.prompt is not None:
-                add_bos = (m.add_special_tokens is not False) and tok.add_bos
-                ids = await run_in_threadpool(tok.encode, m.prompt, add_bos)
-            else:
-                raise bad("'prompt' (a string) or 'messages' is required", "prompt")
-        except ApiError as e:
-            return _error(e)
+        m = validate(schema.TokenizeRequest, await admitted_body(req))
+        tok = state.model.tokenizer
+        if m.messages is not None:
+            ids = (await run_in_threadpool(chat_prompt, m.messages, tok))[1]
+        elif m.prompt is not None:
+            add_bos = (m.add_special_tokens is not False) and tok.add_bos
+            ids = await run_in_threadpool(tok.encode, m.prompt, add_bos)
+        else:
+            raise bad("'prompt' (a string) or 'messages' is required", "prompt")
         return JSONResponse({"count": len(ids), "max_model_len": state.cfg.max_context, "tokens": ids})
 
     @app.post("/detokenize", openapi_extra=_body(schema.DetokenizeRequest),
               responses={200: {"model": schema.DetokenizeResponse}, **_ERRORS})
     async def detokenize(req: Request):
-        try:
-            check_auth(req)
-            body = await parse_body(req)  # a bad body is a 400 even while loading
-            check_ready()
-            ids = validate(schema.DetokenizeRequest, body).tokens
-            v = state.model.spec.vocab_size
-            if not all(0 <= t < v for t in ids):
-                raise bad(f"'tokens' must be a list of token ids in 0..{v - 1}", "tokens")
-        except ApiError as e:
-            return _error(e)
+        ids = validate(schema.DetokenizeRequest, await admitted_body(req)).tokens
+        v = state.model.spec.vocab_size
+        if not all(0 <= t < v for t in ids):
+            raise bad(f"'tokens' must be a list of token ids in 0..{v - 1}", "tokens")
         return JSONResponse({"prompt": state.model.tokenizer.decode(ids, skip_special=False)})
 
     registry = registry_for(state)

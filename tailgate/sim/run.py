@@ -131,9 +131,18 @@ def simulate(cfg: ServingConfig, cost: CostModel, jobs: list[tuple[int, int]], r
             sched.submit(req)
         sched.step(clock.t)
     m = sched.metrics
-    return results, {"iterations": m.steps, "steps": sched.executor.steps, "door_releases": dict(m.door_releases), "door_holds": m.door_hold.n,
+    return results, {"iterations": m.steps, "steps": sched.executor.steps, "door_releases": dict(m.door_releases),
+                     "door_holds": m.door_hold.n,
                      "door_mean_hold_ms": 1000 * m.door_hold.total / max(1, m.door_hold.n),
                      "virtual_s": clock.t, "scheduled_at": scheduled}
+
+
+def metrics(results: list[Result], percentiles=(50, 90, 99)) -> dict:
+    """`bench serve`'s metrics of a simulated run, over its span from the first send to the last token."""
+    times = [t for r in results for t in r.chunk_times]
+    if not times:
+        raise ValueError("no request produced a token (every one was rejected: prompts longer than MAX_CONTEXT?)")
+    return compute_metrics(results, max(times) - min(r.send for r in results), percentiles)
 
 
 def run(args) -> dict:
@@ -146,14 +155,10 @@ def run(args) -> dict:
     results, sched = simulate(cfg, cost, jobs, args.request_rate, args.burstiness, args.max_concurrency, args.seed,
                               jitter=args.jitter)
     wall = time.perf_counter() - t0
-    times = [t for r in results for t in r.chunk_times]
-    if not times:
-        raise ValueError("no request produced a token (every one was rejected: prompts longer than MAX_CONTEXT?)")
-    dur = max(times) - min(r.send for r in results)
     pcts = tuple(float(p) for p in args.metric_percentiles.split(","))
     sched.pop("scheduled_at")
-    out = {"cost": args.cost, "jitter": args.jitter, "seed": args.seed, "knobs": {k: v for k, v in vars(cfg).items()}, **compute_metrics(results, dur, pcts),
-           **sched}
+    out = {"cost": args.cost, "jitter": args.jitter, "seed": args.seed, "knobs": dict(vars(cfg)),
+           **metrics(results, pcts), **sched}
     out["sim_wall_s"] = round(wall, 3)
     return out
 

@@ -13,12 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+#include "simd.h"
 
 /* q [b, hq, d]; pools [slots, hkv, d]; slots [b, w] (row i uses its first lens[i]); out [b, hq, d].
  * d must be a multiple of 8 and hq a multiple of hkv. Returns 0, or -1 without scratch memory. */

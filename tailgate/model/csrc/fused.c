@@ -12,15 +12,10 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "simd.h"
+
 /* Below this many floats a call stays on one thread: an OpenMP fork costs more than the work. */
 #define PAR_MIN (1 << 15)
-
-static inline float hsum_f(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 /* 1 / sqrt(mean(x^2) + eps) over n floats. */
 static inline float inv_rms(const float* x, int64_t n, float eps) {
@@ -35,7 +30,7 @@ static inline float inv_rms(const float* x, int64_t n, float eps) {
     const __m256 v = _mm256_loadu_ps(x + i);
     a0 = _mm256_fmadd_ps(v, v, a0);
   }
-  float s = hsum_f(_mm256_add_ps(a0, a1));
+  float s = hsum8(_mm256_add_ps(a0, a1));
   for (; i < n; ++i) s += x[i] * x[i];
   return 1.0f / sqrtf(s / (float)n + eps);
 }

@@ -20,14 +20,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#define QK 32
+#include "simd.h"
 
-static inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+#define QK 32
 
 /* One row of k floats -> k/32 int8 blocks, each with its scale amax / 127 (round to nearest). */
 static void quantize_row(const float* x, int64_t k, int8_t* q, float* d) {
@@ -71,7 +66,7 @@ static inline __attribute__((always_inline)) void dot_rows(int r, const int8_t* 
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(wd[b] * ad[i * nb + b]), acc[i]);
     }
   }
-  for (int i = 0; i < r; ++i) out[i * ldo] = hsum(acc[i]);
+  for (int i = 0; i < r; ++i) out[i * ldo] = hsum8(acc[i]);
 }
 
 /* W [n, k] fp32 -> q int8 [n, k] and d fp32 [n, k/32]. */
