@@ -11,7 +11,7 @@ import dataclasses
 
 import torch
 
-from ..model.kernels import KernelPlan, runnable_plans
+from ..model.kernels import EVERY, KernelPlan, runnable_plans
 from ..model.layers import linear
 from ..model.runner import prepare_weights
 from .step import _time
@@ -20,7 +20,7 @@ def plans(device: str = "cpu") -> list[tuple[str, KernelPlan]]:
     out = []
     for p in runnable_plans(device):
         if p.quant:  # every call quantized: the table shows where each kernel wins
-            out.append((p.quant, dataclasses.replace(p, quant_rows=(10 ** 9, 10 ** 9))))
+            out.append((p.quant, dataclasses.replace(p, quant_rows=(EVERY, EVERY))))
         else:
             dt = str(p.dtype).removeprefix("torch.").replace("float32", "fp32").replace("bfloat16", "bf16")
             out.append((f"{dt} {'oneDNN' if p.dense == 'onednn' else 'F.linear'}", p))

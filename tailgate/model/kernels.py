@@ -1,7 +1,7 @@
 """One kernel choice per machine, made before any weights load and printed in one line.
 
 `choose()` turns (--dtype, --kernels, --device, the CPU) into a `KernelPlan`: the runtime dtype,
-the dense matmul kernel, and an optional weight-only quantized kernel that small steps use.
+the dense matmul kernel, and an optional quantized kernel for calls up to a row cut.
 `Linear` is one weight matrix holding the kernels its plan asked for; it picks by the number of
 rows of each call, so a decode step of 4 rows and a 256-row prefill use different kernels.
 
@@ -10,11 +10,12 @@ Why these kernels (torch 2.13, 2 threads, Gemma 3 270M shapes; see docs/kernels.
   F.linear, which reorders the weight on every call).
 - AVX2-only CPU (AMD EPYC Zen 3): bf16 is emulated (a 16-row layer pass 4x slower than fp32) and
   MKL's fp32 sgemm is 1.4-2.6x slower than oneDNN's prepacked fp32, so the dense path is oneDNN fp32.
-  Steps up to a row cut run our q8 kernel (`native.py`: int8 weights x int8 activations in 32-wide
-  blocks, llama.cpp's dot product): it reads a quarter of fp32's bytes (small steps are
-  memory-bound: the fp32 head streams 671 MB at ~12.7 GB/s) and is compute-bound above that at
-  ~2.3 ms per row of the 18 layers, so it beats oneDNN fp32 up to ~40 layer rows and ~32 head rows. Where it cannot
-  be built, weight-only int8 (torch's `_weight_int8pack_mm`, bf16 activations) takes its place.
+  Our q8 kernel (`csrc/q8.c`: int8 weights x int8 activations in 32-wide blocks, weights packed in
+  panels of 8 outputs) reads a quarter of fp32's bytes (small steps are memory-bound: the fp32
+  head streams 671 MB at ~12.7 GB/s) and is compute-bound above that at ~1.4 ms per row of the
+  18 layers against oneDNN fp32's ~1.7, so every layer call and head calls up to 64 rows take it;
+  oneDNN fp32 keeps the larger head calls. Where q8 cannot be built, weight-only int8 (torch's
+  `_weight_int8pack_mm`, bf16 activations, small steps only) takes its place.
   int4 is lossy on this file (its q/k/v, gate/up are 5-bit and its head 8-bit), so it is opt-in.
 """
 from __future__ import annotations
@@ -33,23 +34,25 @@ _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.flo
            "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
 INT4_GROUP = 32  # the file's own Q4_K/Q5_0 group size
 
-# Steps of at most this many rows use the quantized kernel, per weight group (layers, head).
-# Measured on AMD EPYC (Zen 3, AVX2), torch 2.13, 2 threads; `tailgate bench kernels` prints
-# the crossover on any machine. Above the cut oneDNN fp32 wins (it reads the weights once for
-# all rows; the quantized kernels' per-row work grows faster).
-# AMD EPYC, 18 layers' four matmuls (ms) at M = 1/4/16/64: oneDNN fp32 12.8/37.5/75.5/194,
-# int8 7.1/15.2/62.0/305; the 262k head: oneDNN fp32 48.6/62.6/94.9/308, int8 28.6/37.1/146/637,
-# int4 15.4/28.1/116/476 (int4 layers 9.0/16.9/70.3/286).
-# q8 (same machine, random weights of these shapes, ctypes call included), M = 1/4/8/16/32/64/128:
-# layers 5.0/10.6/19.5/38.1/72.4/153/298 ms against oneDNN fp32 28.8/35.0/54.3/58.5/74.3/141/198;
-# head (M <= 64) 13.1/16.5/29.3/56.9/124/330 against 47.6/58.4/70.2/91.5/136/242.
+# Steps of at most this many rows use the quantized kernel, per weight group (layers, head);
+# EVERY means every call (the dense copy of those weights is then not kept at all).
+# Measured on AMD EPYC (Zen 3, AVX2), torch 2.13, 2 threads, `tailgate bench kernels` on the real
+# weights (it prints the crossover on any machine), ms at M = 1/4/16/64/256:
+# 18 layers' four matmuls: q8 11.4/14.5/33.7/106/349 against oneDNN fp32 44.2/45.7/74.2/151/443;
+# the 262k head: q8 12.6/16.5/42.3/181 against oneDNN fp32 56.0/63.0/103/222 (M <= 64).
+# The panel q8 kernel (csrc/q8.c) is compute-bound from ~16 rows at ~1.4 ms per layer row, under
+# oneDNN fp32's ~1.7, and blocks its rows by 64, so its cost stays linear past 256: the layers
+# always take it. The head's crossover sits near 64 rows (its activations outgrow L1 sooner).
+# Weight-only int8/int4 (bf16 activations, torch's kernels), M = 1/4/16/64: layers int8
+# 18.2/25.8/92.0/289, int4 12.4/22.1/73.5/287; head int8 28.9/39.1/164/679, int4 15.6/30.9/115/470.
+EVERY = 1 << 31
 QUANT_ROWS = {
-    ("avx2", "q8"): (48, 32),
+    ("avx2", "q8"): (EVERY, 64),
     ("avx2", "int8"): (16, 6),
     ("avx2", "int4"): (16, 8),
 }
 # A CPU class without a measured cut uses these (the same shapes of memory-bound crossover).
-DEFAULT_QUANT_ROWS = {"q8": (48, 32), "int8": (16, 6), "int4": (16, 8)}
+DEFAULT_QUANT_ROWS = {"q8": (EVERY, 64), "int8": (16, 6), "int4": (16, 8)}
 # `auto` on each CPU class: the quantized kernel it adds for small steps (None: dense only), and
 # what takes its place when q8 cannot be built here.
 AUTO_QUANT = {"avx2": "q8", "avx512": "q8"}
@@ -79,8 +82,8 @@ class KernelPlan:
         s = f"kernels: {dt} {'oneDNN prepacked' if self.dense == 'onednn' else 'F.linear'}"
         if self.quant:
             what = "int8 x int8" if self.quant == "q8" else "weight-only"
-            s += f" + {self.quant} {what} for calls of <= {self.quant_rows[0]} rows (layers) / " \
-                 f"<= {self.quant_rows[1]} rows (head)"
+            cuts = ["every call" if n >= EVERY else f"calls of <= {n} rows" for n in self.quant_rows]
+            s += f" + {self.quant} {what} for {cuts[0]} (layers) / {cuts[1]} (head)"
         if self.attention == "native":
             s += " + native decode attention and fused norms/RoPE/GeGLU"
         s += f" [{self.cpu}; {self.isa}; {self.device}]"
@@ -198,7 +201,10 @@ class Linear:
             else:
                 self.q, self.qs = (quantize_int8 if plan.quant == "int8" else quantize_int4)(w)
         self.packed = plan.dense == "onednn"
-        self.w = torch.ops.mkldnn._reorder_linear_weight(w, 16) if self.packed else w
+        if self.max_q_rows >= EVERY:
+            self.w = None  # never called densely: do not hold (or prepack) a second copy
+        else:
+            self.w = torch.ops.mkldnn._reorder_linear_weight(w, 16) if self.packed else w
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.quant is not None and x.shape[0] <= self.max_q_rows:

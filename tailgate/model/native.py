@@ -27,6 +27,7 @@ SOURCES = sorted((Path(__file__).with_name("csrc")).glob("*.c"))
 HEADERS = sorted((Path(__file__).with_name("csrc")).glob("*.h"))  # hashed too: a header change rebuilds
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 GROUP = 32  # inputs per int8 block of the q8 matmul (K must be a multiple)
+PANEL = 8  # outputs per packed weight panel of the q8 matmul (N must be a multiple)
 
 _LOCK = threading.Lock()
 _LIB: ctypes.CDLL | None = None
@@ -99,12 +100,13 @@ def _lib() -> ctypes.CDLL:
 
 
 def q8_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """W [N, K] -> (int8 q [N, K], fp32 scales [N, K/32]): GGUF's Q8_0 layout."""
+    """W [N, K] -> (int8 q, fp32 scales): GGUF's Q8_0 blocks, packed in panels of 8 outputs
+    (csrc/q8.c); the tensors have the sizes of [N, K] and [N, K/32] but only q8_linear reads them."""
     lib = _lib()
     w = w.float().contiguous()
     n, k = w.shape
-    if k % GROUP:
-        raise ValueError(f"q8 needs K % {GROUP} == 0, got K={k}")
+    if k % GROUP or n % PANEL:
+        raise ValueError(f"q8 needs K % {GROUP} == 0 and N % {PANEL} == 0, got N={n}, K={k}")
     q = torch.empty(n, k, dtype=torch.int8)
     d = torch.empty(n, k // GROUP, dtype=torch.float32)
     lib.q8_quantize(w.data_ptr(), n, k, q.data_ptr(), d.data_ptr())
