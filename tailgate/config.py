@@ -38,11 +38,17 @@ def _int_in(name: str, raw: str, lo: int, hi: int, grammar: str) -> int:
     return n
 
 
-def parse_admit_coalesce_ms(raw: str | None) -> int | None:
-    """off | N ms with 1 <= N <= 2000. Unset, empty, 0 and off (any case) mean admit on sight."""
+DOOR_GRAMMAR = "off | auto | N ms, 1 <= N <= 2000"
+
+
+def parse_admit_coalesce_ms(raw: str | None) -> int | str | None:
+    """off | auto | N ms with 1 <= N <= 2000. Unset, empty, 0 and off (any case) mean admit on
+    sight; auto is the priced door (engine/door.py)."""
     if raw is None or raw.strip().lower() in OFF_WORDS:
         return None
-    return _int_in("ADMIT_COALESCE_MS", raw, 1, 2000, "off | N ms, 1 <= N <= 2000")
+    if raw.strip().lower() == "auto":
+        return "auto"
+    return _int_in("ADMIT_COALESCE_MS", raw, 1, 2000, DOOR_GRAMMAR)
 
 
 def parse_off_or_int(name: str, raw: str | None, lo: int, hi: int) -> int | None:
@@ -109,8 +115,9 @@ KNOBS = (
          "side-lane prefill (grammar parsed; not built yet, so `shared` refuses); refuses with the door"),
     Knob("PREFIX_CACHE", "off", "off | K, 1 <= K <= 1024",
          "prefix-cache entries (grammar parsed; not built yet, so a value refuses)"),
-    Knob("ADMIT_COALESCE_MS", "off", "off | N ms, 1 <= N <= 2000",
-         "admission coalesce door: hold arrivals into a deep live batch up to N ms"),
+    Knob("ADMIT_COALESCE_MS", "off", DOOR_GRAMMAR,
+         "admission coalesce door: hold arrivals into a deep live batch up to N ms; auto: hold only while "
+         "the stall it spares live streams (learned step costs) exceeds the wait it adds"),
     Knob("DEFAULT_MAX_TOKENS", f"min({DEFAULT_MAX_TOKENS}, MAX_CONTEXT)", "context | N, 1 <= N <= MAX_CONTEXT",
          "max_tokens of a request that sets none (never past the context); context: the rest of the context, "
          "as vLLM does"),
@@ -131,7 +138,7 @@ class ServingConfig:
     mix_chunk_tokens: int | None = None
     async_prefill: str | None = None
     prefix_cache: int | None = None
-    admit_coalesce_ms: int | None = None
+    admit_coalesce_ms: int | str | None = None  # ms, "auto" or None (off)
     kv_cache_mb: int | str | None = "auto"  # MiB, "auto" (settled against RAM at load) or None (off)
     default_max_tokens: int | None = DEFAULT_MAX_TOKENS  # None: the rest of the context
 

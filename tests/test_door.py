@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tailgate.config import KnobError, parse_admit_coalesce_ms
-from tailgate.engine.door import CoalesceDoor
+from tailgate.engine.door import CoalesceDoor, DoorView as V, PricedDoor, StepCosts
 
 T = 1000.0
 W = 0.25  # exact in binary, so T + W - T == W
@@ -17,63 +17,138 @@ def door(max_prompts=4):
 def test_an_idle_roster_opens_and_clears_the_timer():
     d = door()
     d.since = T - 5
-    assert d.decide(1, 0, 8, T) == (True, "idle") and d.since is None
+    assert d.decide(V(1, 0, 8), T) == (True, "idle") and d.since is None
 
 
 def test_an_empty_queue_opens():
     d = door()
-    assert d.opens(0, 4, 8, T) and d.since is None
+    assert d.decide(V(0, 4, 8), T)[0] and d.since is None
 
 
 def test_a_shallow_batch_opens():
     d = door()
-    assert d.decide(1, 1, 8, T) == (True, "shallow") and d.since is None  # (1+1)*2 = 4 < 8
+    assert d.decide(V(1, 1, 8), T) == (True, "shallow") and d.since is None  # (1+1)*2 = 4 < 8
 
 
 def test_a_deep_under_cohort_batch_closes_and_pins_the_timer():
     d = door()
-    assert not d.opens(1, 3, 8, T) and d.since == T
-    assert not d.opens(1, 3, 8, T + 0.001) and d.since == T
+    assert not d.decide(V(1, 3, 8), T)[0] and d.since == T
+    assert not d.decide(V(1, 3, 8), T + 0.001)[0] and d.since == T
 
 
 def test_a_full_cohort_opens_and_clears():
     d = door()
-    assert not d.opens(1, 4, 8, T)
-    assert d.decide(4, 4, 8, T + 0.01) == (True, "cohort") and d.since is None  # cohort min(4, 4)
+    assert not d.decide(V(1, 4, 8), T)[0]
+    assert d.decide(V(4, 4, 8), T + 0.01) == (True, "cohort") and d.since is None  # cohort min(4, 4)
 
 
 def test_an_elapsed_window_opens_no_earlier_than_the_window():
     d = door()
-    assert not d.opens(1, 3, 8, T)
-    assert not d.opens(1, 3, 8, T + W - 1e-6)
-    assert d.decide(1, 3, 8, T + W) == (True, "window") and d.since is None
+    assert not d.decide(V(1, 3, 8), T)[0]
+    assert not d.decide(V(1, 3, 8), T + W - 1e-6)[0]
+    assert d.decide(V(1, 3, 8), T + W) == (True, "window") and d.since is None
 
 
 def test_a_full_roster_opens_for_a_capacity_bounded_cohort_of_one():
-    assert door().decide(1, 8, 8, T) == (True, "cohort")  # cohort max(1, 0) = 1
+    assert door().decide(V(1, 8, 8), T) == (True, "cohort")  # cohort max(1, 0) = 1
 
 
 def test_freed_slots_rederive_the_cohort():
     d = door()
-    assert d.opens(2, 6, 8, T)  # cohort min(4, 2) = 2
-    assert not d.opens(2, 5, 8, T) and d.since == T  # cohort min(4, 3) = 3
+    assert d.decide(V(2, 6, 8), T)[0]  # cohort min(4, 2) = 2
+    assert not d.decide(V(2, 5, 8), T)[0] and d.since == T  # cohort min(4, 3) = 3
 
 
 def test_the_cohort_follows_max_prompts():
     d = door(max_prompts=8)
-    assert not d.opens(4, 8, 16, T)
-    assert d.opens(8, 8, 16, T)
+    assert not d.decide(V(4, 8, 16), T)[0]
+    assert d.decide(V(8, 8, 16), T)[0]
+
+
+# ---- auto: the priced door -------------------------------------------------------------
+
+def priced(chunk=None, decode_s=0.03, row_s=0.0002):
+    """A priced door that has already learned its step costs (GPU-like: 30 ms decode steps,
+    0.2 ms a prompt row), taught through the same calls the scheduler makes."""
+    d = PricedDoor(chunk)
+    d.observe_step(decode_s, 0, 8)
+    d.observe_step(decode_s + 100 * row_s, 100, 8)
+    return d
+
+
+def test_step_costs_price_a_prompt_row_by_the_stall_it_added_to_a_decode_step():
+    c = StepCosts()
+    c.observe(0.5, 256, 0)  # a prompt alone: no live stream paid it, nothing learned
+    assert not c.ready
+    c.observe(0.030, 0, 8)
+    c.observe(0.050, 100, 8)
+    assert c.ready and c.decode_s == 0.030 and abs(c.row_s - 0.0002) < 1e-12
+
+
+def test_auto_does_not_hold_before_it_has_measured_a_decode_and_a_mixed_step():
+    d = PricedDoor(None)
+    d.observe_step(0.03, 0, 8)
+    assert d.decide(V(1, 8, 16, (1, 50), 1024), T) == (True, "priced")
+
+
+def test_auto_holds_to_spare_a_stream_about_to_end_a_stall_worth_more_than_the_wait():
+    d = priced()
+    # 2 tokens left: a 60 ms hold spares that stream 1024 rows x 0.2 ms = 205 ms of stall.
+    assert d.decide(V(1, 8, 16, (50, 2, 90), 1024), T) == (False, None) and d.since == T
+    assert d.best_hold(V(1, 8, 16, (50, 2, 90), 1024), T)[1] == pytest.approx(0.06)
+
+
+def test_auto_admits_when_the_nearest_end_is_further_off_than_its_stall_is_worth():
+    d = priced()
+    assert d.decide(V(1, 8, 16, (50, 60), 1024), T) == (True, "priced")  # 1.5 s of wait for 205 ms
+
+
+def test_auto_prices_the_wait_of_every_pending_request():
+    # 3 pending requests wait 3 x 60 ms = 180 ms, against 3 x 256 rows x 0.2 ms = 154 ms saved.
+    assert priced().decide(V(3, 8, 16, (2, 50), 768), T) == (True, "priced")
+    assert not priced().decide(V(1, 8, 16, (2, 50), 768), T)[0]
+
+
+def test_under_the_walk_a_stream_is_spared_only_the_rounds_it_would_live_through():
+    # Chunk 64: a stream 2 tokens from its end would pay 2 rounds (128 rows = 26 ms), not 60 ms of wait.
+    assert priced(chunk=64).decide(V(1, 8, 16, (2, 50), 1024), T) == (True, "priced")
+    # Under the walk it takes several near-ended streams to pay for a hold.
+    assert not priced(chunk=64, row_s=0.001).decide(V(1, 8, 16, (1, 1, 1, 50), 1024), T)[0]
+
+
+def test_a_burst_raises_the_price_of_holding_and_a_lull_lowers_it():
+    d = priced()
+    for i in range(5):
+        d.observe_arrival(T + 0.001 * i)  # 1 ms apart
+    assert d.rate(T + 0.004) > 500
+    assert d.rate(T + 10.0) == pytest.approx(1 / (10.0 - 0.004))  # the lull bounds the gap
+    # Expected arrivals during the hold wait too: a burst makes a 60 ms hold cost more than it saves.
+    assert d.decide(V(1, 8, 16, (2, 90), 1024), T + 0.004) == (True, "priced")
+
+
+def test_an_auto_hold_never_outlives_its_cap():
+    d = priced()
+    v = V(1, 8, 16, (2, 90), 1024)
+    assert not d.decide(v, T)[0]
+    assert not d.decide(v, T + d.cap - 1e-6)[0]
+    assert d.decide(v, T + d.cap) == (True, "window") and d.since is None
+
+
+def test_auto_opens_for_an_idle_roster_and_an_empty_queue():
+    d = priced()
+    assert d.decide(V(1, 0, 16, (), 1024), T) == (True, "idle")
+    assert d.decide(V(0, 8, 16, (2,), 0), T) == (True, None)
 
 
 @pytest.mark.parametrize("raw,ms", [(None, None), ("", None), ("0", None), ("off", None), (" OFF ", None),
-                                    ("300", 300), ("1", 1), ("2000", 2000), (" 20 ", 20)])
+                                    ("auto", "auto"), (" AUTO ", "auto"), ("300", 300), ("1", 1), ("2000", 2000), (" 20 ", 20)])
 def test_the_door_grammar_parses(raw, ms):
     assert parse_admit_coalesce_ms(raw) == ms
 
 
-@pytest.mark.parametrize("raw", ["5000", "abc", "0x", "2001", "-1", "1.5", "on"])
+@pytest.mark.parametrize("raw", ["5000", "abc", "0x", "2001", "-1", "1.5", "on", "auto:300", "automatic"])
 def test_the_door_grammar_refuses_naming_knob_value_and_grammar(raw):
     with pytest.raises(KnobError) as e:
         parse_admit_coalesce_ms(raw)
     msg = str(e.value)
-    assert "TAILGATE_ADMIT_COALESCE_MS" in msg and repr(raw) in msg and "off | N ms, 1 <= N <= 2000" in msg
+    assert "TAILGATE_ADMIT_COALESCE_MS" in msg and repr(raw) in msg and "off | auto | N ms, 1 <= N <= 2000" in msg

@@ -57,6 +57,20 @@ def test_a_short_door_window_releases_an_incomplete_cohort_under_the_simulator()
     assert s["door_releases"].get("window", 0) >= 1
 
 
+def test_the_priced_door_spares_a_stream_its_last_tokens_stall_under_the_simulator():
+    # Walk off. A lives long; B (6 tokens) rides A; C (100 rows) arrives with B one token from its
+    # end. The priced door has learned 14 ms decode steps and 1 ms prompt rows from the steps it
+    # watched: a 14 ms hold spares B 100 ms of stall, so C waits for B's last token; A's end is
+    # seconds off, so the door then admits C ("priced"). With the door off C rides B's last steps.
+    jobs, offsets = [(40, 400), (40, 6), (100, 3)], [0.0, 0.1, 0.2]
+    res, s = sim.simulate(cfg(DECODE_SLOTS="4", MIX_CHUNK_TOKENS="off", ADMIT_COALESCE_MS="auto"), SCRIPTED,
+                          jobs, offsets=offsets)
+    b_end, c_at = res[1].chunk_times[-1], s["scheduled_at"][2]
+    assert c_at >= b_end and c_at - 0.2 < 0.05 and s["door_releases"] == {"priced": 1}
+    res, s = sim.simulate(cfg(DECODE_SLOTS="4", MIX_CHUNK_TOKENS="off"), SCRIPTED, jobs, offsets=offsets)
+    assert s["scheduled_at"][2] < res[1].chunk_times[-1]
+
+
 def _sim_json(tmp_path, seed, name):
     out = tmp_path / name
     assert main(["sim", "--cost", "gemma4-12b-sm89", "--num-prompts", "40", "--random-input-len", "512",

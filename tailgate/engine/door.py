@@ -1,11 +1,42 @@
-"""The admission coalesce door (TAILGATE_ADMIT_COALESCE_MS).
+"""The admission coalesce door (TAILGATE_ADMIT_COALESCE_MS): a fixed window, or `auto`, priced.
 
-With a live decode batch, every admission is a mixed step that every live stream's inter-token
-gap pays. The door holds arrivals up to `window` so one window's arrivals are admitted in one
-intake turn (one interruption instead of one per arrival). It prices the number of
-interruptions, not their size: gather rules still decide how many prompts share one step.
+With a live decode batch, every admission is a mixed step (or a walk of them) that every live
+stream's inter-token gap pays. The fixed door holds arrivals up to `window` so one window's
+arrivals are admitted in one intake turn (one interruption instead of one per arrival). It prices
+the number of interruptions, not their size: gather rules still decide how many prompts share one step.
+
+`auto` (`PricedDoor`) holds only while holding pays, in one currency, seconds:
+- What an admission costs the live streams: the pending prompts' rows times the learned price of
+  a prompt row (`StepCosts`), paid by every live stream that is still running when the rows run.
+  Under the walk a stream pays only the rounds it is alive for: min(rows, remaining * chunk).
+- What holding buys: a stream that finishes before the admission never pays it. The roster's
+  remaining tokens times the learned decode step time say when each would finish.
+- What holding costs: every pending request waits (TTFT), and so does each arrival during the hold
+  (half the hold on average, at the recent arrival rate).
+Holding for as long as it takes the j streams nearest their end to finish is worth it when their
+saved stall exceeds the wait it adds; the door holds while some j is worth it, re-priced every turn.
+Why no credit for merging arrivals: with step time linear in rows (floor + rows; `sim/cost.py`,
+measured on both CPUs), two admissions or one merged admission cost the live streams the same
+total stall (the separate case's extra step also yields a token), so merging only reshapes the
+gap distribution; the price counts what is actually saved: stalls streams never see.
+Until it has measured both a decode step and a step with prompt rows, `auto` does not hold.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+AUTO_CAP_S = 2.0  # the longest an `auto` hold can run: the fixed grammar's ceiling (2000 ms)
+
+
+@dataclass(frozen=True)
+class DoorView:
+    """What the door sees at an intake turn (plain numbers from the scheduler)."""
+
+    pending: int  # requests in the queue
+    active: int  # requests holding a slot
+    slots: int
+    remaining: tuple[int, ...] = ()  # live streams' tokens left (max_tokens bound; EOS only ends them sooner)
+    pending_rows: int = 0  # prompt rows of the prompts the next intake would admit
 
 
 class CoalesceDoor:
@@ -14,23 +45,23 @@ class CoalesceDoor:
         self.max_prompts = max_prompts
         self.since: float | None = None  # pinned at the first held turn of the current cohort
 
-    def decide(self, pending: int, active: int, slots: int, now: float) -> tuple[bool, str | None]:
+    def decide(self, v: DoorView, now: float) -> tuple[bool, str | None]:
         """(open, release reason). Reasons: idle, shallow, cohort, window; None when there is
         nothing to release (empty queue) or the door stays closed."""
-        if pending == 0:
+        if v.pending == 0:
             self.since = None
             return True, None
-        if active == 0:
+        if v.active == 0:
             self.since = None
             return True, "idle"
-        if (active + pending) * 2 < slots:  # shallow batch: nothing worth protecting
+        if (v.active + v.pending) * 2 < v.slots:  # shallow batch: nothing worth protecting
             self.since = None
             return True, "shallow"
         # The cohort is a capacity bound over the slots free now, floored at one.
-        cohort = max(1, min(self.max_prompts, slots - active))
+        cohort = max(1, min(self.max_prompts, v.slots - v.active))
         if self.since is None:
             self.since = now
-        if pending >= cohort:
+        if v.pending >= cohort:
             self.since = None
             return True, "cohort"
         if now - self.since >= self.window:
@@ -38,5 +69,113 @@ class CoalesceDoor:
             return True, "window"
         return False, None
 
-    def opens(self, pending: int, active: int, slots: int, now: float) -> bool:
-        return self.decide(pending, active, slots, now)[0]
+    def observe_step(self, seconds: float, prompt_rows: int, decode_rows: int) -> None:
+        pass  # a fixed window learns nothing
+
+    def observe_arrival(self, at: float) -> None:
+        pass
+
+
+class StepCosts:
+    """Running estimates of a decode step's time and a prompt row's price, from the steps the
+    engine actually ran (EWMAs: the machine's speed drifts, and so does the batch). A step of live
+    rows alone is a decode step; a step of prompt rows riding live rows prices its rows as
+    (its time - the decode estimate) / rows: exactly the stall it added to every live stream.
+    Prompt-only steps teach nothing here (no live stream paid them)."""
+
+    def __init__(self, alpha: float = 0.2):
+        self.alpha = alpha
+        self.decode_s: float | None = None
+        self.row_s: float | None = None
+
+    def _ewma(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.alpha * (new - old)
+
+    def observe(self, seconds: float, prompt_rows: int, decode_rows: int) -> None:
+        if not decode_rows:
+            return
+        if not prompt_rows:
+            self.decode_s = self._ewma(self.decode_s, seconds)
+        elif self.decode_s is not None:
+            self.row_s = self._ewma(self.row_s, max(0.0, seconds - self.decode_s) / prompt_rows)
+
+    @property
+    def ready(self) -> bool:
+        return self.decode_s is not None and self.row_s is not None
+
+
+class PricedDoor:
+    """ADMIT_COALESCE_MS=auto: holds while the priced saving beats the priced wait (module doc)."""
+
+    def __init__(self, chunk: int | None, cap_s: float = AUTO_CAP_S, alpha: float = 0.2):
+        self.chunk = chunk
+        self.cap = cap_s
+        self.costs = StepCosts(alpha)
+        self.since: float | None = None
+        self.last_arrival: float | None = None
+        self.gap_s: float | None = None  # EWMA of inter-arrival gaps
+        self.alpha = alpha
+
+    def observe_step(self, seconds: float, prompt_rows: int, decode_rows: int) -> None:
+        self.costs.observe(seconds, prompt_rows, decode_rows)
+
+    def observe_arrival(self, at: float) -> None:
+        if self.last_arrival is not None and at >= self.last_arrival:
+            g = at - self.last_arrival
+            self.gap_s = g if self.gap_s is None else self.gap_s + self.alpha * (g - self.gap_s)
+        self.last_arrival = at
+
+    def rate(self, now: float) -> float:
+        """Arrivals per second, recent: a burst reads high, and a lull longer than the usual gap
+        pulls the estimate down at once (the gap since the last arrival is a lower bound)."""
+        if self.gap_s is None or self.last_arrival is None:
+            return 0.0
+        return 1.0 / max(self.gap_s, now - self.last_arrival, 1e-6)
+
+    def best_hold(self, v: DoorView, now: float) -> tuple[float, float]:
+        """(net saving in seconds, hold seconds) of the best hold; (0, 0) when none pays."""
+        if not self.costs.ready or not v.remaining or v.pending_rows <= 0:
+            return 0.0, 0.0
+        d, row = self.costs.decode_s, self.costs.row_s
+        lam = self.rate(now)
+        best = (0.0, 0.0)
+        saved = 0.0
+        for j, r in enumerate(sorted(v.remaining), start=1):
+            hold = r * d  # the j-th nearest end, in decode steps from now
+            if hold > self.cap:
+                break
+            rows = v.pending_rows if not self.chunk else min(v.pending_rows, r * self.chunk)
+            saved += rows * row
+            net = saved - (v.pending * hold + lam * hold * hold / 2)
+            if net > best[0]:
+                best = (net, hold)
+        return best
+
+    def decide(self, v: DoorView, now: float) -> tuple[bool, str | None]:
+        """(open, release reason). Reasons: idle, priced (the price says admit now), window
+        (the cap ran out)."""
+        if v.pending == 0:
+            self.since = None
+            return True, None
+        if v.active == 0:
+            self.since = None
+            return True, "idle"
+        if self.since is not None and now - self.since >= self.cap:
+            self.since = None
+            return True, "window"
+        net, _ = self.best_hold(v, now)
+        if net <= 0:
+            self.since = None
+            return True, "priced"
+        if self.since is None:
+            self.since = now
+        return False, None
+
+
+def make_door(ms: int | str | None, max_prompts: int, chunk: int | None):
+    """The door ADMIT_COALESCE_MS asks for: None (off), a fixed window, or the priced one."""
+    if ms is None:
+        return None
+    if ms == "auto":
+        return PricedDoor(chunk)
+    return CoalesceDoor(ms / 1000.0, max_prompts)

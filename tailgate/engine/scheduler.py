@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from itertools import islice
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..config import ServingConfig
-from .door import CoalesceDoor
+from .door import DoorView, make_door
 from .metrics import EngineMetrics
 from .pages import KVBook, SeqPages, pages_for
 from .plan import Segment
@@ -59,8 +60,7 @@ class Scheduler:
         self.roster: list[Active] = []
         self.walk: list[Walker] = []  # prompts mid-prefill under the chunked walk, admission order
         self.chunk = config.mix_chunk_tokens
-        self.door = CoalesceDoor(config.admit_coalesce_ms / 1000.0, config.mix_max_prompts) \
-            if config.admit_coalesce_ms else None
+        self.door = make_door(config.admit_coalesce_ms, config.mix_max_prompts, config.mix_chunk_tokens)
         self.metrics = EngineMetrics()
         self._events: list[tuple[Request, Event]] = []  # not yet delivered
         self._iteration: list[Event] = []  # everything this iteration emitted (the step output)
@@ -72,6 +72,8 @@ class Scheduler:
         if not req.arrival:
             req.arrival = self.clock()
         self.queue.append(req)
+        if self.door is not None:
+            self.door.observe_arrival(req.arrival)
 
     def has_work(self) -> bool:
         return bool(self.queue or self.roster or self.walk)
@@ -121,7 +123,7 @@ class Scheduler:
     def intake_turn(self, now: float) -> bool:
         """Admit from the queue head; returns whether the door was open."""
         if self.door is not None:
-            opened, reason = self.door.decide(len(self.queue), self.running, self.slots, now)
+            opened, reason = self.door.decide(self._door_view(), now)
             if not opened:
                 for r in self.queue:
                     if r.held_at is None:
@@ -161,6 +163,12 @@ class Scheduler:
             self._announce(newcomers)
             self._run([(w, len(w.tokens)) for w in newcomers], self.roster if live else [])
         return True
+
+    def _door_view(self) -> DoorView:
+        cohort = islice(self.queue, max(1, min(self.cfg.mix_max_prompts, self.slots - self.running)))
+        return DoorView(len(self.queue), self.running, self.slots,
+                        tuple(a.req.max_tokens - len(a.output) for a in self.roster),
+                        sum(len(r.prompt) for r in cohort))
 
     def _walker(self, req: Request) -> Walker:
         """A newcomer; a preempted request comes back with its output so far to recompute."""
@@ -310,6 +318,7 @@ class Scheduler:
             m.prefill_rows.observe(prompt_rows)
         if rows:
             m.decode_rows.observe(len(rows))
+        t0 = self.clock()
         try:
             outs = iter(self.executor.run(segs, samples))
             per_seg = [next(outs) if seg.sample else None for seg in segs]
@@ -317,6 +326,8 @@ class Scheduler:
             log.warning("a step of %d segments failed (%r); retrying them one by one", len(segs), e)
             per_seg = self._run_alone(segs, samples)
         now = self.clock()
+        if self.door is not None:
+            self.door.observe_step(now - t0, prompt_rows, len(rows))
         for (w, take), out in zip(chunks, per_seg):
             if isinstance(out, Exception):  # only this prompt fails; its pages return
                 self._drop_walker(w, "error", f"step failed: {out}")
