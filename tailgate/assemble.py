@@ -35,7 +35,7 @@ def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device:
     window = m.spec.sliding_window if m.spec.has_sliding else None
     # Whole-prompt admission: up to mix_max_prompts prompts hold full-length sliding pages
     # during their prefill step, on top of one window per slot.
-    tb = token_bytes(m.spec, plan.dtype)
+    tb = token_bytes(m.spec, plan.kv)
     pages = pool_pages(cfg.max_context, cfg.decode_slots, window, transient_prompts=cfg.mix_max_prompts)
     budget_mb = cfg.kv_cache_mb
     if budget_mb == "auto":  # slots x context while it fits half the free RAM, else that half

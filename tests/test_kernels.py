@@ -37,14 +37,16 @@ def test_an_avx2_cpu_gets_prepacked_fp32_and_q8_for_small_steps():
     p = choose(cpu=EPYC, mkldnn=True, cuda=False, native_build=BUILT)
     assert (p.dtype, p.dense, p.quant) == (torch.float32, "onednn", "q8")
     assert min(p.quant_rows) >= 1 and "AMD EPYC 7B13" in p.line() and "q8 int8 x int8" in p.line()
+    assert p.kv == torch.float16 and "float16 KV" in p.line() and p.as_dict()["kv_dtype"] == "float16"
 
 
 def test_without_a_compiler_auto_falls_back_to_int8_and_says_why_but_a_forced_q8_refuses():
     p = choose(cpu=EPYC, mkldnn=True, cuda=False, native_build=NO_CC)
     assert p.quant == "int8" and "cc not found; using int8" in p.line() and p.as_dict()["note"]
+    assert p.kv == torch.float32 and p.attention == "torch"  # torch's attention reads the runtime dtype
     with pytest.raises(KernelError, match="--kernels q8 refused: q8 kernel could not be built: cc not found"):
         choose("auto", "q8", cpu=EPYC, mkldnn=True, cuda=False, native_build=NO_CC)
-    with pytest.raises(KernelError, match="native kernels need AVX2 and FMA, which this CPU .* lacks"):
+    with pytest.raises(KernelError, match="native kernels need AVX2, FMA and F16C, which this CPU .* lacks"):
         choose("auto", "q8", cpu=OLD, mkldnn=True, cuda=False, native_build=BUILT)
 
 
@@ -56,7 +58,7 @@ def test_an_amx_cpu_keeps_prepacked_bf16_dense():
 def test_an_explicit_dtype_keeps_the_weights_dense_for_the_exactness_gates():
     for cpu in (EPYC, XEON):
         p = choose("fp32", cpu=cpu, mkldnn=True, cuda=False)
-        assert (p.dtype, p.dense, p.quant) == (torch.float32, "onednn", None)
+        assert (p.dtype, p.dense, p.quant, p.kv) == (torch.float32, "onednn", None, torch.float32)
 
 
 def test_bf16_without_onednn_support_falls_back_to_f_linear_and_a_forced_onednn_refuses():
@@ -203,14 +205,15 @@ def test_bench_kernels_times_every_kernel_this_cpu_can_run(capsys):
 
 
 @needs_native
+@pytest.mark.parametrize("pool", [torch.float32, torch.float16])  # fp16: the q8 plan's KV
 @pytest.mark.parametrize("hq,hkv,d", [(4, 1, 256), (9, 3, 64)])  # Gemma 3 270M, SmolLM2-135M
-def test_native_decode_attention_matches_sdpa_over_the_same_pages(hq, hkv, d):
+def test_native_decode_attention_matches_sdpa_over_the_same_pages(hq, hkv, d, pool):
     from tailgate.model.context import FamilyView
     from tailgate.model.layers import paged_attention
 
     g = torch.Generator().manual_seed(4)
     slots_n, lens = 400, [1, 37, 200, 129]
-    k_pool, v_pool = torch.randn(slots_n, hkv, d, generator=g), torch.randn(slots_n, hkv, d, generator=g)
+    k_pool, v_pool = (torch.randn(slots_n, hkv, d, generator=g).to(pool) for _ in range(2))
     slots = torch.zeros(len(lens), max(lens), dtype=torch.int64)
     mask = torch.zeros(len(lens), 1, 1, max(lens), dtype=torch.bool)
     for b, n in enumerate(lens):  # scattered pages, padding reads slot 0 (as build_context pads)

@@ -76,6 +76,13 @@ class KernelPlan:
     # "native": decode attention from the fp32 pools (csrc/attn.c) and the fused elementwise ops
     # (csrc/fused.c); "torch": SDPA and torch's ops.
     attention: str = "torch"
+    # The KV pools' dtype when it is not the runtime dtype: fp16 on the q8 plan (decode attention
+    # is bound by reading the pools; half the bytes, arithmetic still fp32; llama.cpp's default).
+    kv_dtype: torch.dtype | None = None
+
+    @property
+    def kv(self) -> torch.dtype:
+        return self.kv_dtype or self.dtype
 
     def line(self) -> str:
         dt = str(self.dtype).removeprefix("torch.")
@@ -86,6 +93,8 @@ class KernelPlan:
             s += f" + {self.quant} {what} for {cuts[0]} (layers) / {cuts[1]} (head)"
         if self.attention == "native":
             s += " + native decode attention and fused norms/RoPE/GeGLU"
+        if self.kv_dtype is not None:
+            s += f" + {str(self.kv_dtype).removeprefix('torch.')} KV"
         s += f" [{self.cpu}; {self.isa}; {self.device}]"
         return s + (f" ({self.note})" if self.note else "")
 
@@ -93,7 +102,7 @@ class KernelPlan:
         return {"device": self.device, "dtype": str(self.dtype).removeprefix("torch."), "dense": self.dense,
                 "quant": self.quant, "quant_rows": {"layers": self.quant_rows[0], "head": self.quant_rows[1]},
                 "cpu": self.cpu, "isa": self.isa, "note": self.note,
-                "attention": self.attention}
+                "attention": self.attention, "kv_dtype": str(self.kv).removeprefix("torch.")}
 
 
 def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto", device="auto",
@@ -132,8 +141,8 @@ def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto
     if quant and dt == torch.float16:
         raise KernelError(f"--kernels {quant} runs with fp32 or bf16 activations, not --dtype fp16")
     note = ""
-    why = f"tailgate's native kernels need AVX2 and FMA, which this CPU ({cpu.model}) lacks" \
-        if not {"avx2", "fma"} <= cpu.flags else None
+    why = f"tailgate's native kernels need AVX2, FMA and F16C, which this CPU ({cpu.model}) lacks" \
+        if not {"avx2", "fma", "f16c"} <= cpu.flags else None
     if why is None and (quant == "q8" or (dt == torch.float32 and kind != "torch")):
         why = (native_build or native.load)()[1]
     # Our decode attention reads fp32 pools in place and our fused ops are fp32; `--kernels torch`
@@ -145,7 +154,8 @@ def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto
         if why:
             quant, note = Q8_FALLBACK, f"{why}; using {Q8_FALLBACK}"
     rows = QUANT_ROWS.get((cpu.isa, quant), DEFAULT_QUANT_ROWS.get(quant, (0, 0))) if quant else (0, 0)
-    return KernelPlan("cpu", dt, dense, quant, rows, cpu.model, cpu.isa, note, attention)
+    kv = torch.float16 if quant == "q8" and attention == "native" else None
+    return KernelPlan("cpu", dt, dense, quant, rows, cpu.model, cpu.isa, note, attention, kv)
 
 
 def runnable_plans(device="cpu") -> list[KernelPlan]:

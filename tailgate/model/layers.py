@@ -44,10 +44,16 @@ def paged_attention(q, k_new, v_new, k_pool, v_pool, view: FamilyView, decode_ro
     `native`, the decode rows read the pool in place through csrc/attn.c.
 
     q: [T, Hq, D]; k_new/v_new: [T, Hkv, D]; pools: [slots, Hkv, D]. Returns [T, Hq, D].
+    Pools may be narrower than q (fp16 KV on the q8 plan): every read of K/V, the fresh prompt's
+    own rows included, sees the values as stored, so a prompt attends the same whether it walks
+    in chunks (read back from the pool) or arrives whole.
     """
     hkv, d = k_pool.shape[1], k_pool.shape[2]
     # F.embedding is this CPU's fastest row gather (~2x index_select for 8 MB of bf16 rows).
     kflat, vflat = k_pool.view(-1, hkv * d), v_pool.view(-1, hkv * d)
+    narrow = k_pool.dtype != q.dtype
+    if narrow:
+        k_new, v_new = k_new.to(k_pool.dtype), v_new.to(v_pool.dtype)
     k_pool.index_copy_(0, view.write_slots, k_new)
     v_pool.index_copy_(0, view.write_slots, v_new)
     out = torch.empty_like(q)
@@ -57,6 +63,8 @@ def paged_attention(q, k_new, v_new, k_pool, v_pool, view: FamilyView, decode_ro
         else:
             k = F.embedding(slots, kflat).view(-1, hkv, d).transpose(0, 1).unsqueeze(0)  # [1, Hkv, K, D]
             v = F.embedding(slots, vflat).view(-1, hkv, d).transpose(0, 1).unsqueeze(0)
+        if narrow:
+            k, v = k.to(q.dtype), v.to(q.dtype)
         o = F.scaled_dot_product_attention(q[r0:r1].transpose(0, 1).unsqueeze(0), k, v, attn_mask=mask,
                                            is_causal=mask is None, scale=scale, enable_gqa=True)
         out[r0:r1] = o[0].transpose(0, 1)
@@ -65,8 +73,8 @@ def paged_attention(q, k_new, v_new, k_pool, v_pool, view: FamilyView, decode_ro
         out[d0:d1] = decode_attention(q[d0:d1], k_pool, v_pool, view.decode_slots, view.decode_lens, scale)
     elif d1 > d0:
         b, width = view.decode_slots.shape
-        k = F.embedding(view.decode_slots, kflat).view(b, width, hkv, d).transpose(1, 2)
-        v = F.embedding(view.decode_slots, vflat).view(b, width, hkv, d).transpose(1, 2)
+        k = F.embedding(view.decode_slots, kflat).view(b, width, hkv, d).transpose(1, 2).to(q.dtype)
+        v = F.embedding(view.decode_slots, vflat).view(b, width, hkv, d).transpose(1, 2).to(q.dtype)
         o = F.scaled_dot_product_attention(q[d0:d1].unsqueeze(2), k, v, attn_mask=view.decode_mask,
                                            scale=scale, enable_gqa=True)
         out[d0:d1] = o.squeeze(2)

@@ -1,4 +1,4 @@
-"""Our own CPU kernels (`csrc/*.c`), AVX2 + FMA: the q8 matmul, paged decode attention, and the
+"""Our own CPU kernels (`csrc/*.c`), AVX2 + FMA + F16C: the q8 matmul, paged decode attention, and the
 step's fused elementwise work (norms, residual adds, q/k norm + RoPE, GeGLU).
 
 torch 2.13 has no int8 x int8 matmul that is both fast and exact enough on an AVX2 CPU
@@ -25,7 +25,7 @@ import torch
 
 SOURCES = sorted((Path(__file__).with_name("csrc")).glob("*.c"))
 HEADERS = sorted((Path(__file__).with_name("csrc")).glob("*.h"))  # hashed too: a header change rebuilds
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 GROUP = 32  # inputs per int8 block of the q8 matmul (K must be a multiple)
 PANEL = 8  # outputs per packed weight panel of the q8 matmul (N must be a multiple)
 
@@ -69,6 +69,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.q8_linear.argtypes, lib.q8_linear.restype = [P, I, I, P, P, I, P], ctypes.c_int
     lib.decode_attention.argtypes = [P, P, P, P, P, I, I, I, I, I, F, P]
     lib.decode_attention.restype = ctypes.c_int
+    lib.decode_attention_f16.argtypes = lib.decode_attention.argtypes
+    lib.decode_attention_f16.restype = ctypes.c_int
     lib.rms_norm.argtypes, lib.rms_norm.restype = [P, I, I, P, F, P], None
     lib.add_rms_norm.argtypes, lib.add_rms_norm.restype = [P, P, I, I, P, P, F, P], None
     lib.norm_rope.argtypes, lib.norm_rope.restype = [P, I, I, I, I, P, F, P, P, P], None
@@ -125,12 +127,15 @@ def q8_linear(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> torch.Tensor
 
 def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
                      lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [B, Hq, D] fp32; pools [slots, Hkv, D] fp32; row i attends over slots[i, :lens[i]]."""
+    """q [B, Hq, D] fp32; pools [slots, Hkv, D] fp32 or fp16; row i attends over slots[i, :lens[i]]."""
     q = q.contiguous()
     b, hq, d = q.shape
     hkv = k_pool.shape[1]
     out = torch.empty_like(q)
-    if _LIB.decode_attention(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), slots.data_ptr(), lens.data_ptr(),
+    if k_pool.dtype not in (torch.float32, torch.float16) or v_pool.dtype != k_pool.dtype:
+        raise ValueError(f"decode attention reads fp32 or fp16 pools, not {k_pool.dtype}/{v_pool.dtype}")
+    fn = _LIB.decode_attention_f16 if k_pool.dtype == torch.float16 else _LIB.decode_attention
+    if fn(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), slots.data_ptr(), lens.data_ptr(),
                              b, slots.shape[1], hq, hkv, d, scale, out.data_ptr()):
         raise MemoryError("decode attention: no scratch memory for the scores")
     return out

@@ -49,7 +49,7 @@ class ModelRunner:
         self.plan = plan or choose(dtype, kernels, device)
         self.device, self.dtype = torch.device(self.plan.device), self.plan.dtype
         self.w = prepare_weights(raw_weights, spec, self.plan)
-        self.kv = KVCache(spec, pages, self.dtype, self.device)
+        self.kv = KVCache(spec, pages, self.plan.kv, self.device)
         self.windows = {"global": None}
         if spec.has_sliding:
             self.windows["local"] = spec.sliding_window
