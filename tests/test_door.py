@@ -93,26 +93,30 @@ def test_auto_does_not_hold_before_it_has_measured_a_decode_and_a_mixed_step():
 
 def test_auto_holds_to_spare_a_stream_about_to_end_a_stall_worth_more_than_the_wait():
     d = priced()
-    # 2 tokens left: a 60 ms hold spares that stream 1024 rows x 0.2 ms = 205 ms of stall.
-    assert d.decide(V(1, 8, 16, (50, 2, 90), 1024), T) == (False, None) and d.since == T
-    assert d.best_hold(V(1, 8, 16, (50, 2, 90), 1024), T)[1] == pytest.approx(0.06)
+    # 1 token left: a 30 ms hold spares that stream 1024 rows x 0.2 ms = 205 ms of stall; the wait
+    # costs 30 ms x 1 pending x 2 (half the slots busy).
+    assert d.decide(V(1, 8, 16, (50, 1, 90), 1024), T) == (False, None) and d.since == T
+    assert d.best_hold(V(1, 8, 16, (50, 1, 90), 1024), T)[1] == pytest.approx(0.03)
 
 
-def test_auto_admits_when_the_nearest_end_is_further_off_than_its_stall_is_worth():
+def test_auto_holds_no_longer_than_one_decode_step():
     d = priced()
     assert d.decide(V(1, 8, 16, (50, 60), 1024), T) == (True, "priced")  # 1.5 s of wait for 205 ms
+    assert d.decide(V(1, 8, 16, (2, 50), 1024), T) == (True, "priced")  # 2 steps: past the cap
 
 
-def test_auto_prices_the_wait_of_every_pending_request():
-    # 3 pending requests wait 3 x 60 ms = 180 ms, against 3 x 256 rows x 0.2 ms = 154 ms saved.
-    assert priced().decide(V(3, 8, 16, (2, 50), 768), T) == (True, "priced")
-    assert not priced().decide(V(1, 8, 16, (2, 50), 768), T)[0]
+def test_auto_prices_the_wait_of_every_pending_request_and_the_slots_load():
+    # 3 pending wait 3 x 30 ms, x2 for a half-busy roster = 180 ms, against 768 rows x 0.2 ms = 154 ms saved.
+    assert priced().decide(V(3, 8, 16, (1, 50), 768), T) == (True, "priced")
+    assert not priced().decide(V(1, 8, 16, (1, 50), 768), T)[0]
+    # A nearly full roster (15 of 16): every later request waits too, x16 = 480 ms: no hold.
+    assert priced().decide(V(1, 15, 16, (1, 50), 768), T) == (True, "priced")
 
 
 def test_under_the_walk_a_stream_is_spared_only_the_rounds_it_would_live_through():
-    # Chunk 64: a stream 2 tokens from its end would pay 2 rounds (128 rows = 26 ms), not 60 ms of wait.
-    assert priced(chunk=64).decide(V(1, 8, 16, (2, 50), 1024), T) == (True, "priced")
-    # Under the walk it takes several near-ended streams to pay for a hold.
+    # Chunk 64: a stream 1 token from its end would pay 1 round (64 rows = 13 ms), not 60 ms of wait.
+    assert priced(chunk=64).decide(V(1, 8, 16, (1, 50), 1024), T) == (True, "priced")
+    # Under the walk it takes several near-ended streams (and dearer rows) to pay for a hold.
     assert not priced(chunk=64, row_s=0.001).decide(V(1, 8, 16, (1, 1, 1, 50), 1024), T)[0]
 
 
@@ -122,16 +126,16 @@ def test_a_burst_raises_the_price_of_holding_and_a_lull_lowers_it():
         d.observe_arrival(T + 0.001 * i)  # 1 ms apart
     assert d.rate(T + 0.004) > 500
     assert d.rate(T + 10.0) == pytest.approx(1 / (10.0 - 0.004))  # the lull bounds the gap
-    # Expected arrivals during the hold wait too: a burst makes a 60 ms hold cost more than it saves.
-    assert d.decide(V(1, 8, 16, (2, 90), 1024), T + 0.004) == (True, "priced")
+    # Expected arrivals during the hold wait too: in a burst a 30 ms hold costs more than it saves.
+    assert d.decide(V(1, 8, 16, (1, 90), 1024), T + 0.004) == (True, "priced")
 
 
-def test_an_auto_hold_never_outlives_its_cap():
+def test_an_auto_hold_that_still_pays_ends_at_its_cap():
     d = priced()
-    v = V(1, 8, 16, (2, 90), 1024)
+    v = V(1, 8, 16, (1, 90), 1024)
     assert not d.decide(v, T)[0]
-    assert not d.decide(v, T + d.cap - 1e-6)[0]
-    assert d.decide(v, T + d.cap) == (True, "window") and d.since is None
+    assert not d.decide(v, T + 0.03 - 1e-6)[0]
+    assert d.decide(v, T + 0.0301) == (True, "window") and d.since is None
 
 
 def test_auto_opens_for_an_idle_roster_and_an_empty_queue():

@@ -12,9 +12,11 @@ the number of interruptions, not their size: gather rules still decide how many 
 - What holding buys: a stream that finishes before the admission never pays it. The roster's
   remaining tokens times the learned decode step time say when each would finish.
 - What holding costs: every pending request waits (TTFT), and so does each arrival during the hold
-  (half the hold on average, at the recent arrival rate).
+  (half the hold on average, at the recent arrival rate); while the slots are busy a hold pushes
+  back every request behind it too, so the wait is weighted by 1 / (1 - slot occupancy).
 Holding for as long as it takes the j streams nearest their end to finish is worth it when their
-saved stall exceeds the wait it adds; the door holds while some j is worth it, re-priced every turn.
+saved stall exceeds the wait it adds; the door holds while some j is worth it, re-priced every turn,
+for at most one decode step per cohort (`AUTO_CAP_STEPS`: longer holds synchronised closed loops).
 Why no credit for merging arrivals: with step time linear in rows (floor + rows; `sim/cost.py`,
 measured on both CPUs), two admissions or one merged admission cost the live streams the same
 total stall (the separate case's extra step also yields a token), so merging only reshapes the
@@ -26,6 +28,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 AUTO_CAP_S = 2.0  # the longest an `auto` hold can run: the fixed grammar's ceiling (2000 ms)
+# ...and in decode steps: one. In the simulator (gemma4-12b-sm89, walk off, closed loops of equal
+# requests, 5 seeds) holds of up to 2 s paid for themselves on paper but synchronised completions
+# into cohorts that are then admitted together: TTFT p50 x2.2 / x4.1 / x2.0 of door off at
+# c4 / c8 / c16, against x1.5 / x2.0 / x1.0 with a one-step cap, which also keeps every open-loop
+# cell's TTFT p50 and throughput within 1 % of off (docs/benchmarks/door-auto.md).
+AUTO_CAP_STEPS = 1
 
 
 @dataclass(frozen=True)
@@ -107,9 +115,10 @@ class StepCosts:
 class PricedDoor:
     """ADMIT_COALESCE_MS=auto: holds while the priced saving beats the priced wait (module doc)."""
 
-    def __init__(self, chunk: int | None, cap_s: float = AUTO_CAP_S, alpha: float = 0.2):
+    def __init__(self, chunk: int | None, cap_s: float = AUTO_CAP_S, cap_steps: float = AUTO_CAP_STEPS,
+                 alpha: float = 0.2):
         self.chunk = chunk
-        self.cap = cap_s
+        self.cap, self.cap_steps = cap_s, cap_steps
         self.costs = StepCosts(alpha)
         self.since: float | None = None
         self.last_arrival: float | None = None
@@ -137,36 +146,43 @@ class PricedDoor:
         if not self.costs.ready or not v.remaining or v.pending_rows <= 0:
             return 0.0, 0.0
         d, row = self.costs.decode_s, self.costs.row_s
+        cap = min(self.cap, self.cap_steps * d)
         lam = self.rate(now)
+        # A hold delays more than the pending requests: while the slots are busy, a later start
+        # pushes back every request behind it (queueing: a delay inside a busy period reaches each
+        # request of that period, ~1 / (1 - utilisation) of them). Slot occupancy stands in for
+        # utilisation: a full roster makes holding all but never pay.
+        load = 1.0 / max(1.0 - v.active / v.slots, 1.0 / v.slots)
         best = (0.0, 0.0)
         saved = 0.0
         for j, r in enumerate(sorted(v.remaining), start=1):
             hold = r * d  # the j-th nearest end, in decode steps from now
-            if hold > self.cap:
+            if hold > cap:
                 break
             rows = v.pending_rows if not self.chunk else min(v.pending_rows, r * self.chunk)
             saved += rows * row
-            net = saved - (v.pending * hold + lam * hold * hold / 2)
+            net = saved - load * (v.pending * hold + lam * hold * hold / 2)
             if net > best[0]:
                 best = (net, hold)
         return best
 
     def decide(self, v: DoorView, now: float) -> tuple[bool, str | None]:
-        """(open, release reason). Reasons: idle, priced (the price says admit now), window
-        (the cap ran out)."""
+        """(open, release reason). Reasons: idle, priced (no hold pays now), window (a hold that
+        still pays ran out its cap)."""
         if v.pending == 0:
             self.since = None
             return True, None
         if v.active == 0:
             self.since = None
             return True, "idle"
-        if self.since is not None and now - self.since >= self.cap:
-            self.since = None
-            return True, "window"
         net, _ = self.best_hold(v, now)
         if net <= 0:
             self.since = None
             return True, "priced"
+        cap = min(self.cap, self.cap_steps * self.costs.decode_s)  # a hold pays only once costs are known
+        if self.since is not None and now - self.since >= cap:
+            self.since = None
+            return True, "window"
         if self.since is None:
             self.since = now
         return False, None
