@@ -114,7 +114,8 @@ KNOBS = (
     Knob("ASYNC_PREFILL", "off", "off | 0 | false | shared",
          "side-lane prefill (grammar parsed; not built yet, so `shared` refuses); refuses with the door"),
     Knob("PREFIX_CACHE", "off", "off | K, 1 <= K <= 1024",
-         "prefix-cache entries (grammar parsed; not built yet, so a value refuses)"),
+         "keep up to K finished prompts' KV pages; a prompt resumes at its longest cached prefix (LRU; "
+         "evicted under page pressure before any live request)"),
     Knob("ADMIT_COALESCE_MS", "off", DOOR_GRAMMAR,
          "admission coalesce door: hold arrivals into a deep live batch up to N ms; auto: hold only while "
          "the stall it spares live streams (learned step costs) exceeds the wait it adds"),
@@ -198,7 +199,7 @@ def resolve(lookup: Callable[[str], str | None]) -> ServingConfig:
         raise KnobError(f"{PREFIX}ADMIT_COALESCE_MS={raw['ADMIT_COALESCE_MS']!r} refuses with "
                         f"{PREFIX}ASYNC_PREFILL={raw['ASYNC_PREFILL']!r}: the lane flies one prefill at a time, "
                         "so the door could only delay it")
-    for name, value in (("ASYNC_PREFILL", lane), ("PREFIX_CACHE", cache)):
+    for name, value in (("ASYNC_PREFILL", lane),):
         if value is not None:
             raise KnobError(f"{PREFIX}{name}={raw[name]!r}: this build does not have that feature yet (accepted now: off)")
     return ServingConfig(max_context, slots, gather, prompts, chunk, lane, cache, door, kv_mb, max_out)

@@ -238,3 +238,25 @@ def test_the_engine_publishes_a_snapshot_that_later_steps_do_not_touch(gemma):
         assert h.wait(lambda: h.engine.snapshot.running == 0)
         assert (snap.metrics.generation_tokens, snap.running, snap.kv_pages_used) == frozen  # a copy, not a view
         assert h.engine.snapshot.metrics.generation_tokens >= 12 and h.engine.snapshot.kv_pages_used == 0
+
+
+def test_a_warm_prefix_resume_reports_cached_tokens_and_is_token_exact_vs_cold(gemma, rig):
+    # 700 shared tokens cross the 512-token sliding window. A short prompt, cached too, comes back
+    # with its token 50 changed: only the pages before it may be reused.
+    r = rig("gemma3-270m", "fp32")
+    base, short = ids(700, 11), ids(100, 14)
+    warm, changed = base + ids(30, 12), list(short) + ids(20, 13)
+    changed[50] += 1
+    want = [serial.generate(r.runner, r.book, p, 6) for p in (warm, changed)]
+    with Harness(gemma, dtype="fp32", DECODE_SLOTS="4", PREFIX_CACHE="4") as h:
+        for p in (base, short):
+            x = h.submit(p, max_tokens=4)
+            assert h.wait(lambda: h.done(x), 300)
+        a = h.submit(warm, max_tokens=6)
+        assert h.wait(lambda: h.done(a), 300)
+        b = h.submit(changed, max_tokens=6)
+        assert h.wait(lambda: h.done(b), 300)
+        assert h.of(a, Scheduled)[0].cached_tokens == 688  # 43 whole pages of the 700
+        assert h.of(b, Scheduled)[0].cached_tokens == 48  # the pages before the changed token only
+        assert [h.tokens(a), h.tokens(b)] == want
+        assert h.sched.metrics.prefix_hits == 688 + 48

@@ -316,3 +316,25 @@ def test_penalties_and_suppression_work_on_every_runtime_dtype(server, client, e
                                                 "temperature": 0, **extra})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6, r.text
     assert good["completion_tokens"] == 12
+
+
+def test_a_cached_prefix_shows_in_usage_and_in_the_prefix_cache_metrics():
+    from live import start_server
+
+    p, base, _ = start_server(TAILGATE_PREFIX_CACHE="2")
+    try:
+        text = "The history of the city begins with a small settlement on the river, " * 3
+        first = post(base, "/v1/completions", {"model": MODEL, "prompt": text, "max_tokens": 2})
+        second = post(base, "/v1/completions", {"model": MODEL, "prompt": text + "Later,", "max_tokens": 2})
+        assert first.status_code == second.status_code == 200
+        assert first.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        got = second.json()["usage"]
+        cached = got["prompt_tokens_details"]["cached_tokens"]
+        assert cached > 0 and cached % 16 == 0 and cached < got["prompt_tokens"]
+        metrics = {ln.split("{")[0]: float(ln.rsplit(" ", 1)[1]) for ln in httpx.get(base + "/metrics").text.splitlines()
+                   if ln.startswith("vllm:prefix_cache_")}
+        assert metrics["vllm:prefix_cache_hits_total"] == cached
+        assert metrics["vllm:prefix_cache_queries_total"] == first.json()["usage"]["prompt_tokens"] + got["prompt_tokens"]
+    finally:
+        p.terminate()
+        p.wait(30)

@@ -73,7 +73,8 @@ def run(arms: list[tuple[str, str]], tok, workloads: list[dict], rounds: int, co
     # Every cell and the warm-up get prompts of their own (distinct seeds): a server with a prefix
     # cache must not be handed a later cell's prompts warm.
     data = {cell_name(w): random_dataset(tok, w["num_prompts"], w["input_len"], w["output_len"],
-                                         seed=1000 * (i + 1) + w.get("seed", 0)) for i, w in enumerate(workloads)}
+                                         prefix_len=w.get("prefix_len", 0), seed=1000 * (i + 1) + w.get("seed", 0))
+            for i, w in enumerate(workloads)}
     probes = {cell_name(w): probe_schedule(tok, w.get("probe_rate", 0.0), w["num_prompts"] / w["rate"]
                                            if w["rate"] != float("inf") else 30.0, 1000 * (i + 1) + w.get("seed", 0))
               for i, w in enumerate(workloads)}
@@ -136,7 +137,8 @@ def main(args) -> int:
             n = args.num_prompts or (4 * c_int if c_int else 32)  # default: prompts = 4 x C
             workloads.append({"num_prompts": n, "input_len": args.random_input_len,
                               "output_len": args.random_output_len, "rate": float(r), "burstiness": args.burstiness,
-                              "concurrency": c_int, "seed": args.seed, "probe_rate": args.probe_request_rate})
+                              "concurrency": c_int, "seed": args.seed, "probe_rate": args.probe_request_rate,
+                              "prefix_len": args.random_prefix_len})
     res = run(arms, load_tokenizer(args.tokenizer), workloads, args.rounds, args.cool, args.log_dir)
     print(table(res))
     if args.save_result:
@@ -153,6 +155,8 @@ def add_args(p) -> None:
     p.add_argument("--num-prompts", type=int, default=0, help="0: 4 x concurrency (32 for an open loop)")
     p.add_argument("--random-input-len", type=int, default=256)
     p.add_argument("--random-output-len", type=int, default=64)
+    p.add_argument("--random-prefix-len", type=int, default=0,
+                   help="a shared prefix of this many tokens, counted in --random-input-len (fresh per cell)")
     p.add_argument("--request-rate", default="inf", help="comma-separated rates; one cell each")
     p.add_argument("--burstiness", type=float, default=1.0)
     p.add_argument("--max-concurrency", default=None, help="comma-separated, e.g. 4,8,16; one cell each")

@@ -5,6 +5,8 @@ Page 0 of each pool is the padding page: never handed out, it is what padded row
 """
 from __future__ import annotations
 
+from typing import Callable
+
 PAGE_SIZE = 16
 
 
@@ -13,12 +15,16 @@ def pages_for(tokens: int) -> int:
 
 
 class PagePool:
+    """Page ids with reference counts: a page the prefix cache shares has several holders and
+    returns to the free list when the last one gives it back."""
+
     def __init__(self, num_pages: int, name: str):
         if num_pages < 2:
             raise ValueError(f"{name} pool needs at least 2 pages (one is padding), got {num_pages}")
         self.name = name
         self.num_pages = num_pages
         self._free = list(range(num_pages - 1, 0, -1))
+        self._refs = [0] * num_pages
 
     @property
     def capacity(self) -> int:
@@ -39,10 +45,27 @@ class PagePool:
             return []
         taken = self._free[-n:]
         del self._free[-n:]
+        for p in taken:
+            self._refs[p] = 1
         return taken[::-1]
 
+    def share(self, pages) -> None:
+        """One more holder for each (taken) page."""
+        for p in pages:
+            if p:
+                if self._refs[p] < 1:
+                    raise RuntimeError(f"{self.name} page {p} shared while free")
+                self._refs[p] += 1
+
     def give(self, pages) -> None:
-        self._free.extend(p for p in pages if p)
+        """One holder fewer for each page; a page nobody holds is free again."""
+        for p in pages:
+            if p:
+                if self._refs[p] < 1:
+                    raise RuntimeError(f"{self.name} page {p} given back twice")
+                self._refs[p] -= 1
+                if self._refs[p] == 0:
+                    self._free.append(p)
 
 
 class SeqPages:
@@ -70,9 +93,19 @@ class KVBook:
         self.glob = PagePool(global_pages, "global")
         self.local = PagePool(local_pages, "sliding") if local_pages else None
         self.window = window
+        # Called when the pools cannot satisfy a reservation: frees something (the prefix cache's
+        # oldest entry) and says whether it did, so cached prefixes go before any live request.
+        self.evict: Callable[[], bool] | None = None
 
     def reserve(self, seq: SeqPages, total_tokens: int) -> bool:
-        """Make room for KV up to `total_tokens` in both pools, or change nothing."""
+        """Make room for KV up to `total_tokens` in both pools (evicting cached prefixes if it
+        must), or change nothing."""
+        while not self._reserve(seq, total_tokens):
+            if self.evict is None or not self.evict():
+                return False
+        return True
+
+    def _reserve(self, seq: SeqPages, total_tokens: int) -> bool:
         if total_tokens <= seq.reserved:
             return True
         need_g = pages_for(total_tokens) - len(seq.global_pages)

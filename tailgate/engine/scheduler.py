@@ -15,6 +15,7 @@ from typing import Protocol
 
 from ..config import ServingConfig
 from .door import DoorView, make_door
+from .prefix import PrefixCache
 from .metrics import EngineMetrics
 from .pages import KVBook, SeqPages, pages_for
 from .plan import Segment
@@ -61,6 +62,9 @@ class Scheduler:
         self.walk: list[Walker] = []  # prompts mid-prefill under the chunked walk, admission order
         self.chunk = config.mix_chunk_tokens
         self.door = make_door(config.admit_coalesce_ms, config.mix_max_prompts, config.mix_chunk_tokens)
+        self.prefix = PrefixCache(config.prefix_cache, book) if config.prefix_cache else None
+        if self.prefix is not None:
+            book.evict = self.prefix.evict_one
         self.metrics = EngineMetrics()
         self._events: list[tuple[Request, Event]] = []  # not yet delivered
         self._iteration: list[Event] = []  # everything this iteration emitted (the step output)
@@ -161,7 +165,7 @@ class Scheduler:
             if live:
                 attempts = self._gather(newcomers, attempts)
             self._announce(newcomers)
-            self._run([(w, len(w.tokens)) for w in newcomers], self.roster if live else [])
+            self._run([(w, w.rest) for w in newcomers], self.roster if live else [])
         return True
 
     def _door_view(self) -> DoorView:
@@ -173,13 +177,21 @@ class Scheduler:
     def _walker(self, req: Request) -> Walker:
         """A newcomer; a preempted request comes back with its output so far to recompute."""
         resumed, last_at = self._preempted.pop(req.id, ([], None))
-        return Walker(req, SeqPages(), resumed=resumed, last_at=last_at)
+        w = Walker(req, SeqPages(), resumed=resumed, last_at=last_at)
+        if self.prefix is not None and not resumed:  # a fresh prompt resumes at its longest cached prefix
+            entry, cached = self.prefix.lookup(req.prompt)
+            if entry is not None:
+                self.prefix.attach(entry, cached, w.pages)
+                w.done = w.cached = cached
+        return w
 
     def _announce(self, walkers: list[Walker]) -> None:
         for w in walkers:
             if not w.resumed:  # a preempted request was scheduled once already
                 self._emit(w.req, Scheduled(w.req.id, self.clock(), queued_at=w.req.arrival,
-                                            prompt_tokens=len(w.req.prompt)))
+                                            prompt_tokens=len(w.req.prompt), cached_tokens=w.cached))
+                self.metrics.prefix_queries += len(w.req.prompt) if self.prefix is not None else 0
+                self.metrics.prefix_hits += w.cached
 
     def _start_walk(self, leader: Request, attempts: int) -> None:
         """The leader and its gathered followers become walkers. No row budget: each round is
@@ -218,7 +230,7 @@ class Scheduler:
 
     def _gather(self, newcomers: list, attempts: int) -> int:
         """Coincident prompts join the leader's mixed step while every rule holds."""
-        rows = len(newcomers[0].tokens)  # the leader is never bounded
+        rows = newcomers[0].rest  # the leader is never bounded
         while (self.queue and len(newcomers) < self.cfg.mix_max_prompts and rows < self.cfg.mix_gather_rows
                and len(newcomers) + len(self.roster) < self.slots and attempts < self.slots):
             f = self.queue.popleft()
@@ -226,10 +238,10 @@ class Scheduler:
             if not self._admissible(f):
                 continue
             w = self._walker(f)
-            if rows + len(w.tokens) > self.cfg.mix_gather_rows or not self.book.reserve(w.pages, len(w.tokens)):
+            if rows + w.rest > self.cfg.mix_gather_rows or not self.book.reserve(w.pages, len(w.tokens)):
                 self._requeue(w)
                 break
-            rows += len(w.tokens)
+            rows += w.rest
             newcomers.append(w)
         return attempts
 
@@ -338,6 +350,8 @@ class Scheduler:
             m.prompt_tokens += take
             if not final:
                 continue
+            if self.prefix is not None and not w.resumed:
+                self.prefix.add(w.req.prompt, w.pages)
             if w in self.walk:
                 self.walk.remove(w)
             a = Active(w.req, w.pages, queued_at=w.req.arrival, scheduled_at=now, output=list(w.resumed),

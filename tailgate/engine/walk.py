@@ -25,6 +25,7 @@ class Walker:
     done: int = 0
     resumed: list[int] = field(default_factory=list)
     last_at: float | None = None  # a resumed stream's previous token time (its gap spans the preemption)
+    cached: int = 0  # prompt tokens whose KV came from the prefix cache (done starts there)
     tokens: list[int] = field(init=False)  # what the walk prefills: the prompt, then any resumed output
 
     def __post_init__(self):

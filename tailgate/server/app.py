@@ -9,6 +9,8 @@ validate them (`schema.py`).
 """
 from __future__ import annotations
 
+import contextlib
+
 import hmac
 import json
 import logging
@@ -114,8 +116,20 @@ def create_app(state: ServerState) -> FastAPI:
             return Response(status_code=499)
         return JSONResponse(gen.full())
 
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        # Uvicorn re-raises SIGTERM once it has shut down, so nothing after server.run() runs:
+        # say here what the engine did, for runs whose /metrics nobody scraped (bench ab's logs).
+        if state.engine is not None:
+            m = state.engine.snapshot.metrics
+            logging.getLogger("tailgate").info(
+                "stopping after %d steps: door releases %s, %d held (mean %.1f ms), prefix cache hits %d of %d "
+                "prompt tokens, %d preemptions", m.steps, dict(m.door_releases), m.door_hold.n,
+                1000 * m.door_hold.total / max(1, m.door_hold.n), m.prefix_hits, m.prefix_queries, m.preemptions)
+
     # Every route raises ApiError for what a client did wrong; one handler turns it into the body.
-    app = FastAPI(title="tailgate", version=__version__, docs_url=None, redoc_url=None,
+    app = FastAPI(title="tailgate", version=__version__, docs_url=None, redoc_url=None, lifespan=lifespan,
                   exception_handlers={ApiError: lambda req, exc: _error(exc), HTTPException: lambda req, exc: _error(
                       ApiError(exc.status_code, f"{req.method} {req.url.path}: {exc.detail}")),
                       Exception: lambda req, exc: _error(ApiError(500, f"internal error: {exc!r}"))})

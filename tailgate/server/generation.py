@@ -64,6 +64,7 @@ class Generation:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.choices: list[Choice] = []
         self.prompt_tokens = sum(len(p) for p in g.prompts)
+        self.cached_tokens = 0  # of those, served from the prefix cache (summed over choices, as prompt_tokens)
 
     def start(self) -> None:
         st, g = self.state, self.g
@@ -117,6 +118,7 @@ class Generation:
         if isinstance(ev, Scheduled):
             st.pending.pop(c.req.id, None)
             st.queue_time.observe(ev.at - ev.queued_at)
+            self.cached_tokens += ev.cached_tokens
             return None
         if isinstance(ev, Token):
             (st.ttft if c.last_at is None else st.itl).observe(ev.at - (c.last_at or c.req.arrival))
@@ -156,7 +158,7 @@ class Generation:
     def usage(self) -> dict:
         comp = sum(c.tokens for c in self.choices)
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": comp,
-                "total_tokens": self.prompt_tokens + comp, "prompt_tokens_details": {"cached_tokens": 0}}
+                "total_tokens": self.prompt_tokens + comp, "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
     # ---- response shapes ------------------------------------------------------------------
     def logprobs_block(self, c: Choice, items: list) -> dict | None:

@@ -60,6 +60,9 @@ class TailgateCollector:
             x.counter("vllm:request_success_total", {k: v for k, v in m.finished.items() if k in ("stop", "length")},
                       "Finished requests by reason.", label="finished_reason")
             x.counter("vllm:num_preemptions_total", m.preemptions, "Live rows preempted for KV pages (KV_CACHE_MB).")
+            x.counter("vllm:prefix_cache_queries_total", m.prefix_queries,
+                      "Prompt tokens looked up in the prefix cache (PREFIX_CACHE).")
+            x.counter("vllm:prefix_cache_hits_total", m.prefix_hits, "Prompt tokens served from the prefix cache.")
             x.gauge("tailgate:door_held_requests", snap.held, "Arrivals the coalesce door holds now.")
             x.histogram("tailgate:door_hold_seconds", m.door_hold, "How long the door held each released arrival.")
             x.counter("tailgate:door_releases_total", dict(m.door_releases), "Door openings by reason.", label="reason")
