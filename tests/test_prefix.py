@@ -65,6 +65,20 @@ def test_a_token_changed_in_the_middle_stops_the_match_at_its_page():
     assert cached(run(s, r), r) == 32
 
 
+def test_a_shared_prefix_past_the_window_resumes_inside_an_entry_with_its_sliding_pages():
+    # Window 64 on the sliding layers: a plain request would have released pages 0..3 of its
+    # 136-token prompt during prefill; with the cache on they stay until the entry has them.
+    cfg = ServingConfig(max_context=256, decode_slots=4, mix_chunk_tokens=64, prefix_cache=4)
+    book = KVBook(4 * 16 + 1, 4 * 16 + 1, 64)
+    s = Scheduler(FakeExecutor(), book, cfg, 1000, clock=lambda: 0.0)
+    shared = prompt(96)
+    run(s, Request(shared + prompt(40, 1), 2))
+    r = Request(shared + prompt(40, 2), 2)
+    assert cached(run(s, r), r) == 96
+    s.prefix.clear()
+    assert book.glob.used == 0 and book.local.used == 0
+
+
 def test_the_cache_forgets_its_least_recently_used_prompt_first():
     s, _ = make(k=2)
     a, b, c = prompt(32, 1), prompt(32, 2), prompt(32, 3)

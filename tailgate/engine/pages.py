@@ -125,12 +125,13 @@ class KVBook:
         seq.reserved = pages_for(total_tokens) * PAGE_SIZE
         return True
 
-    def advance(self, seq: SeqPages, tokens: int) -> None:
-        """Record `tokens` more written KV; release sliding pages no future query can see."""
+    def advance(self, seq: SeqPages, tokens: int, release: bool = True) -> None:
+        """Record `tokens` more written KV; release sliding pages no future query can see (unless
+        `release` is False: the prefix cache keeps a prompt's pages until its prefill is done)."""
         seq.frontier += tokens
         if seq.frontier > seq.reserved:
             raise RuntimeError(f"KV frontier {seq.frontier} passed its reservation {seq.reserved}")
-        if not self.local or self.window is None:
+        if not release or not self.local or self.window is None:
             return
         # Page p's last token is 16p+15; a query at q >= frontier sees keys > q - window.
         while (seq.released + 1) * PAGE_SIZE + self.window <= seq.frontier:

@@ -10,9 +10,11 @@ references to the entry's pages (`PagePool` counts references; a page returns to
 when its last holder lets go) and it walks only its suffix. The pages a prompt writes are always
 its own, so shared pages are never written.
 
-Sliding-window layers keep only what the window needs: an entry's sliding pages older than the
-window were released while it ran, so a prefix resumes only if every sliding page its queries can
-see is still held (a query at position q sees keys > q - window).
+Sliding-window layers: with the cache on, a prompt's sliding pages are not released until its
+prefill is done (the pools size for whole prompts in flight), so an entry holds them all and a
+resume anywhere inside it finds what its window needs; the request then releases its own
+references as usual. `lookup` still checks that every sliding page a resume's first query can see
+(keys > q - window) is held, for entries made otherwise.
 
 LRU: an entry used or added becomes the newest; past K entries the oldest goes; under page
 pressure (`KVBook.reserve` failing) entries are evicted oldest first before the scheduler

@@ -345,13 +345,17 @@ class Scheduler:
                 self._drop_walker(w, "error", f"step failed: {out}")
                 continue
             final = w.done + take == len(w.tokens)
-            self.book.advance(w.pages, take)
+            # With a prefix cache a prompt's sliding pages stay until its prefill is done, so the
+            # entry holds every page a later resume inside it may need; then they go as usual.
+            caching = self.prefix is not None and not w.resumed
+            self.book.advance(w.pages, take, release=not caching)
             w.done += take
             m.prompt_tokens += take
             if not final:
                 continue
-            if self.prefix is not None and not w.resumed:
+            if caching:
                 self.prefix.add(w.req.prompt, w.pages)
+                self.book.advance(w.pages, 0)
             if w in self.walk:
                 self.walk.remove(w)
             a = Active(w.req, w.pages, queued_at=w.req.arrival, scheduled_at=now, output=list(w.resumed),
