@@ -47,6 +47,15 @@ class DoorView:
     pending_rows: int = 0  # prompt rows of the prompts the next intake would admit
 
 
+def _open_regardless(door, v: DoorView) -> tuple[bool, str | None] | None:
+    """Every door opens (and forgets its timer) on an empty queue (nothing to release: reason None)
+    and on an empty roster (nothing to protect: "idle"); None otherwise."""
+    if v.pending and v.active:
+        return None
+    door.since = None
+    return True, "idle" if v.pending else None
+
+
 class CoalesceDoor:
     def __init__(self, window_s: float, max_prompts: int):
         self.window = window_s
@@ -56,12 +65,8 @@ class CoalesceDoor:
     def decide(self, v: DoorView, now: float) -> tuple[bool, str | None]:
         """(open, release reason). Reasons: idle, shallow, cohort, window; None when there is
         nothing to release (empty queue) or the door stays closed."""
-        if v.pending == 0:
-            self.since = None
-            return True, None
-        if v.active == 0:
-            self.since = None
-            return True, "idle"
+        if (early := _open_regardless(self, v)) is not None:
+            return early
         if (v.active + v.pending) * 2 < v.slots:  # shallow batch: nothing worth protecting
             self.since = None
             return True, "shallow"
@@ -169,12 +174,8 @@ class PricedDoor:
     def decide(self, v: DoorView, now: float) -> tuple[bool, str | None]:
         """(open, release reason). Reasons: idle, priced (no hold pays now), window (a hold that
         still pays ran out its cap)."""
-        if v.pending == 0:
-            self.since = None
-            return True, None
-        if v.active == 0:
-            self.since = None
-            return True, "idle"
+        if (early := _open_regardless(self, v)) is not None:
+            return early
         net, _ = self.best_hold(v, now)
         if net <= 0:
             self.since = None
