@@ -146,12 +146,15 @@ class PricedDoor:
             return 0.0
         return 1.0 / max(self.gap_s, now - self.last_arrival, 1e-6)
 
+    def _cap(self) -> float:
+        return min(self.cap, self.cap_steps * self.costs.decode_s)
+
     def best_hold(self, v: DoorView, now: float) -> tuple[float, float]:
         """(net saving in seconds, hold seconds) of the best hold; (0, 0) when none pays."""
         if not self.costs.ready or not v.remaining or v.pending_rows <= 0:
             return 0.0, 0.0
         d, row = self.costs.decode_s, self.costs.row_s
-        cap = min(self.cap, self.cap_steps * d)
+        cap = self._cap()
         lam = self.rate(now)
         # A hold delays more than the pending requests: while the slots are busy, a later start
         # pushes back every request behind it (queueing: a delay inside a busy period reaches each
@@ -180,8 +183,7 @@ class PricedDoor:
         if net <= 0:
             self.since = None
             return True, "priced"
-        cap = min(self.cap, self.cap_steps * self.costs.decode_s)  # a hold pays only once costs are known
-        if self.since is not None and now - self.since >= cap:
+        if self.since is not None and now - self.since >= self._cap():  # holding implies costs are known
             self.since = None
             return True, "window"
         if self.since is None:

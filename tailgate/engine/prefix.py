@@ -30,6 +30,7 @@ from .pages import PAGE_SIZE, KVBook, SeqPages
 
 @dataclass(eq=False)
 class Entry:
+    key: int  # its place in the LRU order
     tokens: list[int]  # the prompt tokens its pages hold: a whole number of pages
     global_pages: list[int]
     local_pages: list[int]  # 0 where the sliding pool had released the page; empty without sliding layers
@@ -59,7 +60,7 @@ class PrefixCache:
         dup = next((k for k, e in self.entries.items() if e.tokens == prompt[:n * PAGE_SIZE]), None)
         if dup is not None:  # the same prompt again: keep one entry (the newer pages), fresh in LRU
             self._drop(dup)
-        self.entries[self._next] = Entry(prompt[:n * PAGE_SIZE], held, local)
+        self.entries[self._next] = Entry(self._next, prompt[:n * PAGE_SIZE], held, local)
         self._next += 1
         while len(self.entries) > self.capacity:
             self.evict_one()
@@ -94,8 +95,7 @@ class PrefixCache:
             self.book.local.share(seq.local_pages)
             seq.released = next((i for i, pg in enumerate(seq.local_pages) if pg), n)
         seq.frontier = seq.reserved = cached
-        key = next(k for k, v in self.entries.items() if v is e)
-        self.entries.move_to_end(key)
+        self.entries.move_to_end(e.key)
 
     def evict_one(self) -> bool:
         """Drop the least recently used entry; False when there is none."""
