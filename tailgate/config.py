@@ -114,7 +114,7 @@ KNOBS = (
     Knob("ASYNC_PREFILL", "off", "off | 0 | false | shared",
          "side-lane prefill (grammar parsed; not built yet, so `shared` refuses); refuses with the door"),
     Knob("PREFIX_CACHE", "off", "off | K, 1 <= K <= 1024",
-         "keep up to K finished prompts' KV pages; a prompt resumes at its longest cached prefix (LRU; "
+         "keep up to K prompts' KV pages (shared once their prefill is done); a prompt resumes at its longest cached prefix (LRU; "
          "evicted under page pressure before any live request)"),
     Knob("ADMIT_COALESCE_MS", "off", DOOR_GRAMMAR,
          "admission coalesce door: hold arrivals into a deep live batch up to N ms; auto: hold only while "

@@ -1,4 +1,4 @@
-"""The prefix cache (TAILGATE_PREFIX_CACHE=K): finished prompts' KV pages, kept for the next
+"""The prefix cache (TAILGATE_PREFIX_CACHE=K): prefilled prompts' KV pages, kept for the next
 prompt that starts the same way.
 
 Plain bookkeeping over `KVBook` pages, no tensors: when a prompt's prefill completes, the cache
