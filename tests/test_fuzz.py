@@ -29,7 +29,9 @@ def bounded(body) -> None:
         return
     for key, cap in (("max_tokens", 4), ("max_completion_tokens", 4), ("n", 2), ("min_tokens", 2)):
         v = body.get(key)
-        if isinstance(v, int) and not isinstance(v, bool) and v > cap:
+        # 34528.0 is a valid integer to the server (JSON has one number type), so it is capped too.
+        whole = isinstance(v, int) or (isinstance(v, float) and v.is_integer())
+        if whole and not isinstance(v, bool) and v > cap:
             body[key] = cap
 
 
