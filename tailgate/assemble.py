@@ -6,7 +6,7 @@ import sys
 import time
 from dataclasses import replace
 
-from .config import ServingConfig
+from .config import PREFIX, KnobError, ServingConfig
 from .engine.loop import Engine
 from .engine.pages import KVBook, budget_pool_pages, pool_bytes, pool_pages
 from .engine.scheduler import Scheduler
@@ -30,6 +30,8 @@ def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device:
 
     plan = choose(dtype, kernels, device)  # a choice this machine cannot run refuses before loading
     log(plan.line())
+    if config.async_prefill and plan.device != "cpu":
+        raise KnobError(f"{PREFIX}ASYNC_PREFILL={config.async_prefill!r} is a CPU worker; on {plan.device} use off")
     m = loaded or load_model(model, log=log)
     cfg = config.with_model_limit(m.spec.max_position)
     window = m.spec.sliding_window if m.spec.has_sliding else None
@@ -51,5 +53,8 @@ def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device:
     runner = ModelRunner(m.spec, m.weights, pages, plan=plan)
     book = KVBook(pages["global"], pages.get("local"), window)
     log(f"warm-up step: {runner.warm_up(book):.2f} s")
-    sched = Scheduler(ModelExecutor(runner), book, cfg, m.spec.vocab_size, clock=clock)
+    lane = int(cfg.async_prefill.removeprefix("cpu:")) if cfg.async_prefill else None
+    if lane:
+        log(f"side lane: one prefill at a time on {lane} thread(s) of its own while the live batch decodes")
+    sched = Scheduler(ModelExecutor(runner, lane_threads=lane), book, cfg, m.spec.vocab_size, clock=clock)
     return Engine(sched, clock=clock), m, cfg

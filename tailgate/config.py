@@ -84,13 +84,35 @@ def parse_default_max_tokens(raw: str | None, max_context: int | None) -> int | 
     return _int_in("DEFAULT_MAX_TOKENS", raw, 1, hi, f"context | N, 1 <= N <= MAX_CONTEXT ({hi})")
 
 
-def parse_async_prefill(raw: str | None) -> str | None:
+LANE_GRAMMAR = "off | 0 | false | shared | green:NN (1 <= NN <= 99) | cpu:N (1 <= N < cores)"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (the affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def parse_async_prefill(raw: str | None, cores: int) -> str | None:
+    """The side lane: off, the seed's CUDA lanes (`shared`, `green:NN`) or ours, `cpu:N` (a worker
+    with its own budget of N threads; the engine thread keeps the other cores while it runs).
+    Returns None (off) or the normalised value; everything else refuses."""
     if raw is None or raw.strip().lower() in OFF_WORDS + ("false",):
         return None
     v = raw.strip().lower()
+    kind, _, arg = v.partition(":")
     if v == "shared":
         return v
-    raise _refuse("ASYNC_PREFILL", raw, "off | 0 | false | shared")
+    if kind == "cpu" and arg and cores < 2:
+        raise _refuse("ASYNC_PREFILL", raw, LANE_GRAMMAR, "needs at least 2 cores (this process has 1)")
+    hi = {"green": 99, "cpu": cores - 1}.get(kind)
+    if hi is None or not arg.isdigit():
+        raise _refuse("ASYNC_PREFILL", raw, LANE_GRAMMAR)
+    if not 1 <= int(arg) <= hi:
+        raise _refuse("ASYNC_PREFILL", raw, LANE_GRAMMAR.replace("cores", str(cores)), "out of range")
+    return f"{kind}:{int(arg)}"
 
 
 @dataclass(frozen=True)
@@ -111,8 +133,10 @@ KNOBS = (
          "most prompts one mixed step absorbs; also the door's cohort cap"),
     Knob("MIX_CHUNK_TOKENS", "64 (off when MAX_CONTEXT <= 64)", "off | N, 64 <= N < MAX_CONTEXT (>=128 rounds down to x128)",
          "chunked walk: gathered prompts enter the live batch at most N rows per step, one round per iteration (replaces MIX_GATHER_ROWS)"),
-    Knob("ASYNC_PREFILL", "off", "off | 0 | false | shared",
-         "side-lane prefill (grammar parsed; not built yet, so `shared` refuses); refuses with the door"),
+    Knob("ASYNC_PREFILL", "off", LANE_GRAMMAR,
+         "side-lane prefill: an admission into a live batch prefills on a worker with N threads of its own while "
+         "decode keeps stepping on the rest (one in flight; intake waits); shared/green:NN are the seed's CUDA "
+         "lanes and refuse here; refuses with the door"),
     Knob("PREFIX_CACHE", "off", "off | K, 1 <= K <= 1024",
          "keep up to K prompts' KV pages (shared once their prefill is done); a prompt resumes at its longest cached prefix (LRU; "
          "evicted under page pressure before any live request)"),
@@ -167,7 +191,8 @@ def env_lookup(cli: dict[str, str | None] | None = None, environ=None) -> Callab
     return lookup
 
 
-def resolve(lookup: Callable[[str], str | None]) -> ServingConfig:
+def resolve(lookup: Callable[[str], str | None], cores: int | None = None) -> ServingConfig:
+    """Every knob parsed and cross-checked; `cores` (default: this process's) bounds the lane."""
     raw = {name: lookup(name) for name in KNOB_NAMES}
 
     def present(name):
@@ -189,7 +214,7 @@ def resolve(lookup: Callable[[str], str | None]) -> ServingConfig:
     default_chunk = str(DEFAULT_CHUNK) if (max_context or 4096) > DEFAULT_CHUNK else "off"
     chunk = parse_mix_chunk_tokens(raw["MIX_CHUNK_TOKENS"] if present("MIX_CHUNK_TOKENS") else default_chunk,
                                    max_context or 4096)
-    lane = parse_async_prefill(raw["ASYNC_PREFILL"])
+    lane = parse_async_prefill(raw["ASYNC_PREFILL"], usable_cores() if cores is None else cores)
     cache = parse_off_or_int("PREFIX_CACHE", raw["PREFIX_CACHE"], 1, 1024)
     door = parse_admit_coalesce_ms(raw["ADMIT_COALESCE_MS"])
     kv_mb = parse_kv_cache_mb(raw["KV_CACHE_MB"])
@@ -199,9 +224,11 @@ def resolve(lookup: Callable[[str], str | None]) -> ServingConfig:
         raise KnobError(f"{PREFIX}ADMIT_COALESCE_MS={raw['ADMIT_COALESCE_MS']!r} refuses with "
                         f"{PREFIX}ASYNC_PREFILL={raw['ASYNC_PREFILL']!r}: the lane flies one prefill at a time, "
                         "so the door could only delay it")
-    for name, value in (("ASYNC_PREFILL", lane),):
-        if value is not None:
-            raise KnobError(f"{PREFIX}{name}={raw[name]!r}: this build does not have that feature yet (accepted now: off)")
+    if lane is not None and not lane.startswith("cpu:"):
+        # The seed's lanes are CUDA streams (green: capped to ~NN % of the SMs); tailgate's CUDA
+        # path has no second stream, so they refuse everywhere rather than run as something else.
+        raise KnobError(f"{PREFIX}ASYNC_PREFILL={raw['ASYNC_PREFILL']!r}: the {lane.split(':')[0]} lane is a CUDA "
+                        "stream, which tailgate does not build (accepted here: off | cpu:N, a CPU worker)")
     return ServingConfig(max_context, slots, gather, prompts, chunk, lane, cache, door, kv_mb, max_out)
 
 

@@ -60,10 +60,11 @@ def test_the_door_and_the_lane_refuse_together():
         resolve(table(ADMIT_COALESCE_MS="300", ASYNC_PREFILL="shared"))
 
 
-def test_features_not_built_yet_refuse_instead_of_being_ignored():
-    with pytest.raises(KnobError, match="does not have that feature yet"):
-        resolve(table(ASYNC_PREFILL="shared"))
-    assert resolve(table(PREFIX_CACHE="8")).prefix_cache == 8  # built: accepted
+def test_lanes_tailgate_does_not_build_refuse_instead_of_being_ignored():
+    with pytest.raises(KnobError, match="CUDA stream, which tailgate does not build"):
+        resolve(table(ASYNC_PREFILL="shared"), cores=2)
+    assert resolve(table(ASYNC_PREFILL="cpu:1"), cores=2).async_prefill == "cpu:1"  # built: accepted
+    assert resolve(table(PREFIX_CACHE="8")).prefix_cache == 8
 
 
 def test_the_walk_width_is_settled_in_the_config():

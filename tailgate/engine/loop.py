@@ -41,6 +41,9 @@ class Engine:
             self._cv.notify_all()
         if self._thread:
             self._thread.join(timeout)
+        close = getattr(self.scheduler.executor, "close", None)  # e.g. the side lane's worker
+        if close is not None and not (self._thread and self._thread.is_alive()):
+            close()
 
     def submit(self, req: Request) -> None:
         """Queue a request; once the engine has died, fail it at once instead of letting it hang."""

@@ -40,6 +40,7 @@ class EngineMetrics:
     preemptions: int = 0
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries)
     prefix_hits: int = 0  # of which served from it
+    lane_prefills: int = 0  # prompts prefilled on the side lane
     # Inter-token gaps by the kind of step that ended them: why the tail is what it is.
     itl_by_cause: dict = field(default_factory=dict)  # cause -> Histogram
 

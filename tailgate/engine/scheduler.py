@@ -32,6 +32,13 @@ class Executor(Protocol):
 
     def release(self, request_id: str) -> None: ...
 
+    # With a side lane (ASYNC_PREFILL) only:
+    def launch(self, segments: list[Segment], rows: list[RowSample]):
+        """Start a prefill beside the live batch; returns a flight with `done() -> bool`."""
+
+    def join(self, flight) -> list[Sampled | Exception]:
+        """Wait for a flight; its sampled rows (raises when its forward pass failed)."""
+
 
 @dataclass(eq=False)  # identity: the roster finds and removes this very row (field-wise eq was 20 % of a step)
 class Active:
@@ -61,6 +68,8 @@ class Scheduler:
         self.roster: list[Active] = []
         self.walk: list[Walker] = []  # prompts mid-prefill under the chunked walk, admission order
         self.chunk = config.mix_chunk_tokens
+        self.lane = config.async_prefill is not None
+        self.flight: tuple[Walker, object] | None = None  # the lane's prefill in flight
         self.door = make_door(config.admit_coalesce_ms, config.mix_max_prompts, config.mix_chunk_tokens)
         self.prefix = PrefixCache(config.prefix_cache, book) if config.prefix_cache else None
         if self.prefix is not None:
@@ -80,12 +89,12 @@ class Scheduler:
             self.door.observe_arrival(req.arrival)
 
     def has_work(self) -> bool:
-        return bool(self.queue or self.roster or self.walk)
+        return bool(self.queue or self.roster or self.walk or self.flight)
 
     @property
     def running(self) -> int:
         """Requests holding a slot: the roster plus the walkers (what the door counts as active)."""
-        return len(self.roster) + len(self.walk)
+        return len(self.roster) + len(self.walk) + (self.flight is not None)
 
     @property
     def held(self) -> int:
@@ -97,10 +106,13 @@ class Scheduler:
         first round carried the live rows)."""
         now = self.clock() if now is None else now
         self._retire_cancelled()
+        if self.flight is not None and (self.flight[1].done() or not (self.roster or self.walk)):
+            self._join()  # done, or the only work left: wait for it
         if self.walk:
             self._walk_round()
         else:
-            self.intake_turn(now)
+            if self.flight is None:  # intake stops while the lane has a prefill in flight
+                self.intake_turn(now)
             if self.walk:
                 self._walk_round()
             elif self.roster:
@@ -147,6 +159,9 @@ class Scheduler:
             attempts += 1
             if not self._admissible(leader):
                 continue
+            if self.lane and self.roster:
+                self._launch(leader)
+                return True
             if self.chunk:
                 self._start_walk(leader, attempts)
                 return True
@@ -341,33 +356,78 @@ class Scheduler:
         if self.door is not None:
             self.door.observe_step(now - t0, prompt_rows, len(rows))
         for (w, take), out in zip(chunks, per_seg):
-            if isinstance(out, Exception):  # only this prompt fails; its pages return
-                self._drop_walker(w, "error", f"step failed: {out}")
-                continue
-            final = w.done + take == len(w.tokens)
-            # With a prefix cache a prompt's sliding pages stay until its prefill is done, so the
-            # entry holds every page a later resume inside it may need; then they go as usual.
-            caching = self.prefix is not None and not w.resumed
-            self.book.advance(w.pages, take, release=not caching)
-            w.done += take
-            m.prompt_tokens += take
-            if not final:
-                continue
-            if caching:
-                self.prefix.add(w.req.prompt, w.pages)
-                self.book.advance(w.pages, 0)
-            if w in self.walk:
-                self.walk.remove(w)
-            a = Active(w.req, w.pages, queued_at=w.req.arrival, scheduled_at=now, output=list(w.resumed),
-                       last_at=w.last_at)
-            if self._settle(a, out):
-                self.roster.append(a)
+            self._absorb(w, take, out, now)
         for a, out in zip(rows, per_seg[len(chunks):]):
             if isinstance(out, Exception):
                 self._finish(a, "error", f"step failed: {out}")
                 continue
             self.book.advance(a.pages, 1)
             self._settle(a, out)
+        self._deliver()
+
+    def _absorb(self, w: Walker, take: int, out, now: float) -> None:
+        """A prompt chunk's KV is written: advance the walker; its final chunk's token (`out`)
+        graduates it into the roster. An exception in `out` fails this prompt alone."""
+        if isinstance(out, Exception):  # only this prompt fails; its pages return
+            self._drop_walker(w, "error", f"step failed: {out}")
+            return
+        final = w.done + take == len(w.tokens)
+        # With a prefix cache a prompt's sliding pages stay until its prefill is done, so the
+        # entry holds every page a later resume inside it may need; then they go as usual.
+        caching = self.prefix is not None and not w.resumed
+        self.book.advance(w.pages, take, release=not caching)
+        w.done += take
+        self.metrics.prompt_tokens += take
+        if not final:
+            return
+        if caching:
+            self.prefix.add(w.req.prompt, w.pages)
+            self.book.advance(w.pages, 0)
+        if w in self.walk:
+            self.walk.remove(w)
+        a = Active(w.req, w.pages, queued_at=w.req.arrival, scheduled_at=now, output=list(w.resumed),
+                   last_at=w.last_at)
+        if self._settle(a, out):
+            self.roster.append(a)
+
+    # ---- the side lane --------------------------------------------------------------------
+    def _launch(self, req: Request) -> None:
+        """An admission into a live roster prefills its whole prompt on the lane. Its pages are
+        reserved now, so nothing is reallocated under the lane's writes; the sliding window's
+        release waits for the join (advance runs there)."""
+        self._ready_decode_rows()
+        w = self._walker(req)
+        if not self.book.reserve(w.pages, len(w.tokens)):
+            if self.roster:
+                self._requeue(w)  # someone live will free pages: wait at the head
+            else:
+                self._reject(req, self._never_fits(w))
+            return
+        self._announce([w])
+        toks, start, _ = w.chunk(len(w.tokens) - w.done)
+        try:
+            flight = self.executor.launch([Segment(toks, start, w.pages, sample=True)],
+                                          [self._row_sample(req, w.resumed)])
+        except Exception as e:  # the lane could not start: this request fails, nothing else
+            self._close(req, w.pages, len(w.resumed), "error", f"side lane failed to start: {e}")
+            return
+        self.flight = (w, flight)
+        self.metrics.lane_prefills += 1
+        self.metrics.prefill_rows.observe(len(toks))
+
+    def _join(self) -> None:
+        """Wait for the lane's prefill; then its first token, exactly as a synchronous prefill's."""
+        w, flight = self.flight
+        self.flight = None
+        try:
+            out = self.executor.join(flight)[0]
+        except Exception as e:
+            out = e
+        if w.req.cancelled:  # cancelled while in flight: its pages come back only now
+            self._close(w.req, w.pages, len(w.resumed), w.req.cancel_as, "")
+        else:
+            self._cause = ("lane", len(w.tokens) - w.done, 1)
+            self._absorb(w, len(w.tokens) - w.done, out, self.clock())
         self._deliver()
 
     def _run_alone(self, segs: list[Segment], samples: list) -> list:
@@ -428,6 +488,9 @@ class Scheduler:
 
     def fail_all(self, message: str) -> None:
         """Fatal path: finish every queued and live request with an error and deliver it."""
+        if self.flight is not None:
+            w, self.flight = self.flight[0], None
+            self._close(w.req, w.pages, len(w.resumed), "error", message)
         for a in list(self.roster):
             self._finish(a, "error", message)
         for w in list(self.walk):

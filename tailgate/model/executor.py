@@ -5,21 +5,47 @@ import torch
 
 from ..engine.plan import Segment
 from ..engine.request import RowSample, Sampled
+from .lane import CpuLane, LaneJob
 from .runner import ModelRunner
 from .sampler import apply_penalties, make_generator, sample
 
 
+class Flight:
+    """A prefill on the side lane and the rows to sample when it joins."""
+
+    def __init__(self, job: LaneJob, rows: list[RowSample]):
+        self.job, self.rows = job, rows
+
+    def done(self) -> bool:
+        return self.job.done()
+
+
 class ModelExecutor:
-    def __init__(self, runner: ModelRunner):
+    def __init__(self, runner: ModelRunner, lane_threads: int | None = None):
         self.runner = runner
         self._gens: dict[str, torch.Generator] = {}
+        self.lane = CpuLane(lane_threads, runner.step) if lane_threads else None
 
     @torch.inference_mode()  # the step's logits are inference tensors: edits must happen in the mode too
     def run(self, segments: list[Segment], rows: list[RowSample]) -> list[Sampled | Exception]:
         """One forward pass and one token per sampled row. A row whose sampling raises (its own
         knobs or history) gets its exception in its place; the other rows are unaffected. A failing
         forward pass raises: the scheduler retries its segments one by one."""
-        logits = self.runner.step(segments)
+        return self._sample_isolated(self.runner.step(segments), rows)
+
+    def launch(self, segments: list[Segment], rows: list[RowSample]) -> Flight:
+        """Start a prefill on the side lane; the engine thread goes on stepping."""
+        if self.lane is None:
+            raise RuntimeError("this executor has no side lane")
+        return Flight(self.lane.launch(segments), rows)
+
+    @torch.inference_mode()
+    def join(self, flight: Flight) -> list[Sampled | Exception]:
+        """Wait for a lane prefill (raising its error), then sample its rows here, on the engine
+        thread, as `run` would have."""
+        return self._sample_isolated(flight.job.logits(), flight.rows)
+
+    def _sample_isolated(self, logits: torch.Tensor, rows: list[RowSample]) -> list[Sampled | Exception]:
         ids = {r.request_id for r in rows}
         states = {rid: g.get_state() for rid, g in self._gens.items() if rid in ids}
         try:
@@ -76,3 +102,7 @@ class ModelExecutor:
 
     def release(self, request_id: str) -> None:
         self._gens.pop(request_id, None)
+
+    def close(self) -> None:
+        if self.lane is not None:
+            self.lane.close()

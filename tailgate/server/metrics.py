@@ -63,6 +63,8 @@ class TailgateCollector:
             x.counter("vllm:prefix_cache_queries_total", m.prefix_queries,
                       "Prompt tokens looked up in the prefix cache (PREFIX_CACHE).")
             x.counter("vllm:prefix_cache_hits_total", m.prefix_hits, "Prompt tokens served from the prefix cache.")
+            x.counter("tailgate:lane_prefills_total", m.lane_prefills,
+                      "Prompts prefilled on the side lane (ASYNC_PREFILL=cpu:N).")
             x.gauge("tailgate:door_held_requests", snap.held, "Arrivals the coalesce door holds now.")
             x.histogram("tailgate:door_hold_seconds", m.door_hold, "How long the door held each released arrival.")
             x.counter("tailgate:door_releases_total", dict(m.door_releases), "Door openings by reason.", label="reason")
@@ -70,7 +72,7 @@ class TailgateCollector:
             x.histogram("tailgate:step_decode_rows", m.decode_rows, "Decode rows per step that carried any.")
             x.histogram("tailgate:inter_token_latency_by_cause_seconds", dict(m.itl_by_cause),
                         "Engine-side gaps between a stream's tokens, by the kind of step that ended the gap "
-                        "(decode, mixed, walk, prefill, recompute).", label="cause")
+                        "(decode, mixed, walk, prefill, recompute, lane).", label="cause")
         x.histogram("vllm:time_to_first_token_seconds", st.ttft, "Time to first token.")
         x.histogram("vllm:inter_token_latency_seconds", st.itl, "Gaps between tokens.")
         x.histogram("vllm:e2e_request_latency_seconds", st.e2e, "Arrival to finish.")

@@ -16,7 +16,7 @@ import sys
 import time
 
 from ..bench.serve import Result, add_workload_args, compute_metrics, gamma_offsets, print_table
-from ..config import ServingConfig, cli_lookup, resolve
+from ..config import PREFIX, KnobError, ServingConfig, cli_lookup, resolve
 from ..engine.pages import KVBook, pool_pages
 from ..engine.request import Finished, Rejected, Request, Sampled, Scheduled, Token
 from ..engine.scheduler import Scheduler
@@ -147,6 +147,9 @@ def metrics(results: list[Result], percentiles=(50, 90, 99)) -> dict:
 
 def run(args) -> dict:
     cfg = resolve(cli_lookup(args))
+    if cfg.async_prefill:
+        raise KnobError(f"{PREFIX}ASYNC_PREFILL={cfg.async_prefill!r}: the simulator has no lane cost model yet "
+                        "(accepted in `tailgate sim`: off)")
     cost = resolve_cost(args.cost)
     cfg = cfg.with_model_limit(args.model_max_context)
     jobs = workload(args.num_prompts, args.random_input_len, args.random_output_len, args.random_range_ratio,
