@@ -193,6 +193,15 @@ def test_the_auto_kv_budget_is_half_the_free_ram_when_slots_times_context_do_not
     assert any(f"{sliding_mb + 200} MiB budget with preemption" in line for line in lines)
 
 
+def test_the_ram_the_budget_sees_counts_reclaimable_cache(tmp_path):
+    from tailgate.assemble import available_ram
+
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal:       24730624 kB\nMemFree:          378880 kB\nMemAvailable:   23634944 kB\n")
+    assert available_ram(str(info)) == 23634944 * 1024  # not MemFree: the page cache is reclaimable
+    assert available_ram(str(tmp_path / "absent")) > 0  # no /proc/meminfo: free pages
+
+
 def test_a_sink_that_raises_cancels_only_its_own_request(gemma):
     with Harness(gemma, DECODE_SLOTS="4") as h:
         good = h.submit(ids(30, 1), max_tokens=16)

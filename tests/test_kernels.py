@@ -13,7 +13,7 @@ from tailgate.model.kernels import KernelError, Linear, choose, quantize_int4
 from tailgate.model.runner import ModelRunner
 
 EPYC = parse_cpuinfo("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse sse2 avx f16c fma avx2 bmi2\n")
-XEON = parse_cpuinfo("model name\t: Intel(R) Xeon(R) Platinum 8481C\nflags\t\t: avx avx2 fma avx512f avx512bw "
+XEON = parse_cpuinfo("model name\t: Intel(R) Xeon(R) Platinum 8481C\nflags\t\t: avx avx2 fma f16c avx512f avx512bw "
                      "avx512vl avx512dq avx512_bf16 amx_bf16 amx_tile amx_int8\n")
 OLD = parse_cpuinfo("model name\t: Some CPU\nflags\t\t: sse sse2\n")
 
@@ -50,9 +50,32 @@ def test_without_a_compiler_auto_falls_back_to_int8_and_says_why_but_a_forced_q8
         choose("auto", "q8", cpu=OLD, mkldnn=True, cuda=False, native_build=BUILT)
 
 
-def test_an_amx_cpu_keeps_prepacked_bf16_dense():
-    p = choose(cpu=XEON, mkldnn=True, cuda=False)
-    assert (p.dtype, p.dense, p.quant) == (torch.bfloat16, "onednn", None)
+def test_an_amx_cpu_runs_fp32_activations_over_bf16_weights_and_q8_for_small_steps():
+    p = choose(cpu=XEON, mkldnn=True, cuda=False, native_build=BUILT)
+    assert (p.dtype, p.dense_dtype, p.dense, p.quant, p.attention, p.kv) == \
+        (torch.float32, torch.bfloat16, "onednn", "q8", "native", torch.float16)
+    assert 1 <= min(p.quant_rows) and max(p.quant_rows) < 64 and "bfloat16 weights" in p.line()
+    assert p.as_dict()["dense_dtype"] == "bfloat16"
+
+
+def test_an_amx_cpu_without_our_kernels_keeps_the_all_bf16_plan_and_says_why():
+    p = choose(cpu=XEON, mkldnn=True, cuda=False, native_build=NO_CC)
+    assert (p.dtype, p.dense_dtype, p.dense, p.quant, p.attention) == (torch.bfloat16, None, "onednn", None, "torch")
+    assert "cc not found" in p.line()
+    # an explicit bf16 (the exactness and peer comparisons) stays all-bf16 and dense
+    p = choose("bf16", cpu=XEON, mkldnn=True, cuda=False, native_build=BUILT)
+    assert (p.dtype, p.dense_dtype, p.quant) == (torch.bfloat16, None, None)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+                    reason="oneDNN has no bf16 path on this CPU")
+def test_bf16_weights_under_fp32_activations_compute_the_product_within_bf16_precision():
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(256, 320, generator=g) * 0.05
+    lin = Linear(w, dataclasses.replace(_plan(None), dense_dtype=torch.bfloat16), "layers")
+    x = torch.randn(24, 320, generator=g)
+    y, want = lin(x), F.linear(x, w)
+    assert y.dtype == torch.float32 and (y - want).norm() / want.norm() < 1e-2
 
 
 def test_an_explicit_dtype_keeps_the_weights_dense_for_the_exactness_gates():

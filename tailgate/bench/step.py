@@ -95,8 +95,9 @@ def run_plan(m, plan: KernelPlan, decode_batches, prefill_rows, context: int, re
     runner = ModelRunner(spec, m.weights, pages, plan=plan)
     book = KVBook(pages["global"], pages.get("local"), spec.sliding_window)
     dev = runner.device
-    peak = matmul_peak(runner.dtype, device=dev)
-    print(f"matmul peak ({runner.dtype}, 1024x2048x2048): {peak / 1e9:.0f} GFLOP/s")
+    dense = runner.plan.dense_dtype or runner.dtype  # the dtype the big matmuls run in
+    peak = matmul_peak(dense, device=dev)
+    print(f"matmul peak ({dense}, 1024x2048x2048): {peak / 1e9:.0f} GFLOP/s")
     rows_out = []
     window = spec.sliding_window or 10 ** 9
     n_sl = sum(spec.layer_sliding)

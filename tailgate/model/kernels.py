@@ -7,7 +7,12 @@ rows of each call, so a decode step of 4 rows and a 256-row prefill use differen
 
 Why these kernels (torch 2.13, 2 threads, Gemma 3 270M shapes; see docs/kernels.md for tables):
 - AMX / AVX-512 BF16 Xeon: prepacked oneDNN bf16 is the fastest dense path (25-40 % over
-  F.linear, which reorders the weight on every call).
+  F.linear, which reorders the weight on every call) but flat below ~16 rows (18.5 ms for the 18
+  layers at 1 row as at 16: weight streaming and per-call setup), where q8 is 2x faster (8.8 ms at
+  1 row). And a bf16 *step* pays ~2x its matmuls in torch's bf16 elementwise ops and SDPA (decode
+  16: 81 ms against 43). So `auto` there runs fp32 activations through our fused ops and native
+  attention (fp16 KV), q8 for the small calls and prepacked bf16 weights (activations cast per
+  call) for the rest: `dense_dtype` bf16 under a runtime dtype of fp32.
 - AVX2-only CPU (AMD EPYC Zen 3): bf16 is emulated (a 16-row layer pass 4x slower than fp32) and
   MKL's fp32 sgemm is 1.4-2.6x slower than oneDNN's prepacked fp32, so the dense path is oneDNN fp32.
   Our q8 kernel (`csrc/q8.c`: int8 weights x int8 activations in 32-wide blocks, weights packed in
@@ -50,12 +55,17 @@ QUANT_ROWS = {
     ("avx2", "q8"): (EVERY, 64),
     ("avx2", "int8"): (16, 6),
     ("avx2", "int4"): (16, 8),
+    # Intel Xeon (AMX), torch 2.13, 2 threads, `tailgate bench kernels`, ms at M = 1/4/16/64:
+    # layers q8 8.8/11.8/31.3/91.9 against oneDNN bf16 18.5/18.5/18.9/25.2; head q8
+    # 11.3/14.9/46.4/161 against bf16 22.9/22.2/24.8/26.6: crossovers near 8 and 6 rows.
+    ("amx", "q8"): (8, 6),
+    ("avx512_bf16", "q8"): (8, 6),
 }
 # A CPU class without a measured cut uses these (the same shapes of memory-bound crossover).
 DEFAULT_QUANT_ROWS = {"q8": (EVERY, 64), "int8": (16, 6), "int4": (16, 8)}
 # `auto` on each CPU class: the quantized kernel it adds for small steps (None: dense only), and
 # what takes its place when q8 cannot be built here.
-AUTO_QUANT = {"avx2": "q8", "avx512": "q8"}
+AUTO_QUANT = {"avx2": "q8", "avx512": "q8", "avx512_bf16": "q8", "amx": "q8"}
 Q8_FALLBACK = "int8"
 
 
@@ -79,6 +89,9 @@ class KernelPlan:
     # The KV pools' dtype when it is not the runtime dtype: fp16 on the q8 plan (decode attention
     # is bound by reading the pools; half the bytes, arithmetic still fp32; llama.cpp's default).
     kv_dtype: torch.dtype | None = None
+    # The dense weights' dtype when it is not the runtime dtype: bf16 under fp32 activations on
+    # AMX / AVX-512 BF16 (each dense call casts its input to bf16 and its output back).
+    dense_dtype: torch.dtype | None = None
 
     @property
     def kv(self) -> torch.dtype:
@@ -86,6 +99,8 @@ class KernelPlan:
 
     def line(self) -> str:
         dt = str(self.dtype).removeprefix("torch.")
+        if self.dense_dtype is not None:
+            dt += f" activations, {str(self.dense_dtype).removeprefix('torch.')} weights"
         s = f"kernels: {dt} {'oneDNN prepacked' if self.dense == 'onednn' else 'F.linear'}"
         if self.quant:
             what = "int8 x int8" if self.quant == "q8" else "weight-only"
@@ -102,7 +117,8 @@ class KernelPlan:
         return {"device": self.device, "dtype": str(self.dtype).removeprefix("torch."), "dense": self.dense,
                 "quant": self.quant, "quant_rows": {"layers": self.quant_rows[0], "head": self.quant_rows[1]},
                 "cpu": self.cpu, "isa": self.isa, "note": self.note,
-                "attention": self.attention, "kv_dtype": str(self.kv).removeprefix("torch.")}
+                "attention": self.attention, "kv_dtype": str(self.kv).removeprefix("torch."),
+                "dense_dtype": str(self.dense_dtype or self.dtype).removeprefix("torch.")}
 
 
 def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto", device="auto",
@@ -126,6 +142,8 @@ def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto
         dt = torch.bfloat16 if want == "auto" else (want if isinstance(want, torch.dtype) else _DTYPES[want])
         return KernelPlan(str(dev), dt, "torch", cpu=torch.cuda.get_device_name(dev) if cuda else str(dev), isa=dev.type)
     cpu = cpu or this_cpu()
+    # auto on a native-bf16 CPU: fp32 activations over bf16 weights when our kernels build (below).
+    mixed = want == "auto" and kind == "auto" and cpu.native_bf16 and cpu.onednn_bf16 and mkldnn
     if want == "auto":
         dt = torch.bfloat16 if cpu.native_bf16 else torch.float32
     else:
@@ -153,16 +171,22 @@ def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto
             raise KernelError(f"--kernels q8 refused: {why} (try --kernels auto)")
         if why:
             quant, note = Q8_FALLBACK, f"{why}; using {Q8_FALLBACK}"
+    if mixed and quant == "q8" and why is None:
+        dt, attention, dense_dt = torch.float32, "native", torch.bfloat16
+    else:  # without our kernels a bf16 CPU keeps the all-bf16 plan: torch's bf16 ops beat fp32 ones
+        dense_dt = None
+        if mixed:
+            quant, note = None, why or note
     rows = QUANT_ROWS.get((cpu.isa, quant), DEFAULT_QUANT_ROWS.get(quant, (0, 0))) if quant else (0, 0)
     kv = torch.float16 if quant == "q8" and attention == "native" else None
-    return KernelPlan("cpu", dt, dense, quant, rows, cpu.model, cpu.isa, note, attention, kv)
+    return KernelPlan("cpu", dt, dense, quant, rows, cpu.model, cpu.isa, note, attention, kv, dense_dt)
 
 
 def runnable_plans(device="cpu") -> list[KernelPlan]:
     """Every plan this machine can run, for the benchmarks: dense fp32 through oneDNN and F.linear,
     dense bf16 where oneDNN takes it, and int8 / int4 small steps over the fp32 dense path."""
     out = []
-    for dtype, kernels in (("fp32", "onednn"), ("fp32", "torch"), ("bf16", "onednn"), ("fp32", "q8"),
+    for dtype, kernels in (("auto", "auto"), ("fp32", "onednn"), ("fp32", "torch"), ("bf16", "onednn"), ("fp32", "q8"),
                            ("fp32", "int8"), ("fp32", "int4")):
         try:
             p = choose(dtype, kernels, device)
@@ -198,7 +222,7 @@ def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tenso
 class Linear:
     """One weight matrix [out, in] with the kernels its plan chose; `x @ w.T` by row count."""
 
-    __slots__ = ("w", "packed", "quant", "q", "qs", "max_q_rows", "out_features")
+    __slots__ = ("w", "packed", "quant", "q", "qs", "max_q_rows", "out_features", "dense_dtype")
 
     def __init__(self, w: torch.Tensor, plan: KernelPlan, group: str):
         self.out_features = w.shape[0]
@@ -211,9 +235,12 @@ class Linear:
             else:
                 self.q, self.qs = (quantize_int8 if plan.quant == "int8" else quantize_int4)(w)
         self.packed = plan.dense == "onednn"
+        self.dense_dtype = plan.dense_dtype
         if self.max_q_rows >= EVERY:
             self.w = None  # never called densely: do not hold (or prepack) a second copy
         else:
+            if self.dense_dtype is not None:
+                w = w.to(self.dense_dtype)
             self.w = torch.ops.mkldnn._reorder_linear_weight(w, 16) if self.packed else w
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -226,6 +253,12 @@ class Linear:
             else:
                 y = torch._weight_int4pack_mm_for_cpu(xb, self.q, INT4_GROUP, self.qs)
             return y.to(x.dtype)
+        if self.dense_dtype is not None:
+            y = self._dense(x.to(self.dense_dtype))
+            return y.to(x.dtype)
+        return self._dense(x)
+
+    def _dense(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.w, None, "none", [], "")
         return F.linear(x, self.w)
