@@ -125,8 +125,9 @@ def create_app(state: ServerState) -> FastAPI:
             m = state.engine.snapshot.metrics
             logging.getLogger("tailgate").info(
                 "stopping after %d steps: door releases %s, %d held (mean %.1f ms), prefix cache hits %d of %d "
-                "prompt tokens, %d preemptions", m.steps, dict(m.door_releases), m.door_hold.n,
-                1000 * m.door_hold.total / max(1, m.door_hold.n), m.prefix_hits, m.prefix_queries, m.preemptions)
+                "prompt tokens, %d preemptions, %d lane prefills", m.steps, dict(m.door_releases), m.door_hold.n,
+                1000 * m.door_hold.total / max(1, m.door_hold.n), m.prefix_hits, m.prefix_queries, m.preemptions,
+                m.lane_prefills)
 
     # Every route raises ApiError for what a client did wrong; one handler turns it into the body.
     app = FastAPI(title="tailgate", version=__version__, docs_url=None, redoc_url=None, lifespan=lifespan,
