@@ -191,8 +191,10 @@ def env_lookup(cli: dict[str, str | None] | None = None, environ=None) -> Callab
     return lookup
 
 
-def resolve(lookup: Callable[[str], str | None], cores: int | None = None) -> ServingConfig:
-    """Every knob parsed and cross-checked; `cores` (default: this process's) bounds the lane."""
+def resolve(lookup: Callable[[str], str | None], cores: int | None = None,
+            lanes: tuple[str, ...] = ("cpu",)) -> ServingConfig:
+    """Every knob parsed and cross-checked; `cores` (default: this process's) bounds the lane;
+    `lanes` are the lane kinds the caller can run (the simulator also prices `green:NN`)."""
     raw = {name: lookup(name) for name in KNOB_NAMES}
 
     def present(name):
@@ -224,11 +226,11 @@ def resolve(lookup: Callable[[str], str | None], cores: int | None = None) -> Se
         raise KnobError(f"{PREFIX}ADMIT_COALESCE_MS={raw['ADMIT_COALESCE_MS']!r} refuses with "
                         f"{PREFIX}ASYNC_PREFILL={raw['ASYNC_PREFILL']!r}: the lane flies one prefill at a time, "
                         "so the door could only delay it")
-    if lane is not None and not lane.startswith("cpu:"):
+    if lane is not None and lane.split(":")[0] not in lanes:
         # The seed's lanes are CUDA streams (green: capped to ~NN % of the SMs); tailgate's CUDA
         # path has no second stream, so they refuse everywhere rather than run as something else.
         raise KnobError(f"{PREFIX}ASYNC_PREFILL={raw['ASYNC_PREFILL']!r}: the {lane.split(':')[0]} lane is a CUDA "
-                        "stream, which tailgate does not build (accepted here: off | cpu:N, a CPU worker)")
+                        "stream, which tailgate does not build (accepted here: off | " + " | ".join(f"{k}:N" for k in lanes) + ")")
     return ServingConfig(max_context, slots, gather, prompts, chunk, lane, cache, door, kv_mb, max_out)
 
 

@@ -39,6 +39,28 @@ def test_virtual_time_gives_the_hand_computed_event_times():
     assert (s["iterations"], s["steps"]) == (2, 4) and all(r.success for r in res)
 
 
+def test_a_lane_prefill_shares_the_machine_in_hand_computed_virtual_time():
+    # green:50, the lane owns half the machine. A (10, 5) at 0, B (20, 2) at 15 ms, walk off.
+    # A: prefill 20 ms -> A1 at 20, decode 12 -> A2 at 32. At 32 B goes to the lane: 30 ms of
+    # work at half speed, done at 92. A's decode steps run at half speed meanwhile: A3 at 56, A4
+    # at 80; A5's 12 ms straddles the lane's end (6 ms of work by 92, 6 at full speed) -> 98.
+    # At 98 the lane is done: B1 at the join, 98; B2 12 ms later, 110.
+    c = resolve(lambda n: {"DECODE_SLOTS": "4", "MIX_CHUNK_TOKENS": "off", "ASYNC_PREFILL": "green:50"}.get(n),
+                lanes=("cpu", "green")).with_model_limit(32768)
+    res, s = sim.simulate(c, SCRIPTED, [(10, 5), (20, 2)], offsets=[0.0, 0.015])
+    assert [round(t, 9) for t in res[0].chunk_times] == [0.020, 0.032, 0.056, 0.080, 0.098]
+    assert [round(t, 9) for t in res[1].chunk_times] == [0.098, 0.110]
+    assert round(s["scheduled_at"][1], 9) == 0.032 and all(r.success for r in res)
+    assert sim.lane_share("cpu:1", cores=2) == 0.5 and sim.lane_share(None) == 0.0
+
+
+def test_the_simulator_refuses_a_lane_it_cannot_price_and_a_lane_with_the_door(capsys):
+    with pytest.raises(tailgate.config.KnobError, match="CUDA stream"):
+        resolve(lambda n: {"ASYNC_PREFILL": "shared"}.get(n), lanes=("cpu", "green"))
+    with pytest.raises(tailgate.config.KnobError, match="the door could only delay it"):
+        resolve(lambda n: {"ASYNC_PREFILL": "green:50", "ADMIT_COALESCE_MS": "300"}.get(n), lanes=("cpu", "green"))
+
+
 def test_the_door_releases_one_burst_under_the_simulator():
     # The engine gate (tests/test_engine_gates.py), on virtual time: slots 4, a live stream, two
     # arrivals held, the third completes the cohort and all three are admitted in one step.

@@ -16,7 +16,7 @@ import sys
 import time
 
 from ..bench.serve import Result, add_workload_args, compute_metrics, gamma_offsets, print_table
-from ..config import PREFIX, KnobError, ServingConfig, cli_lookup, resolve
+from ..config import ServingConfig, cli_lookup, resolve, usable_cores
 from ..engine.pages import KVBook, pool_pages
 from ..engine.request import Finished, Rejected, Request, Sampled, Scheduled, Token
 from ..engine.scheduler import Scheduler
@@ -34,34 +34,84 @@ class VirtualClock:
         return self.t
 
 
+class SimFlight:
+    """A lane prefill in virtual time: done once the clock reaches `until`."""
+
+    def __init__(self, clock: VirtualClock, until: float, rows: int):
+        self.clock, self.until, self.rows = clock, until, rows
+
+    def done(self) -> bool:
+        return self.clock.t >= self.until
+
+
 class SimExecutor:
     """The scheduler's executor: each step costs `cost.step_seconds(segments)` of virtual time,
     times (1 + jitter * a seeded standard normal) when `jitter` is set (real steps vary; without
-    it a closed loop of equal requests is one deterministic trajectory whatever the seed)."""
+    it a closed loop of equal requests is one deterministic trajectory whatever the seed).
 
-    def __init__(self, cost: CostModel, clock: VirtualClock, jitter: float = 0.0, seed: int = 0):
+    The lane model (`lane_share` s, the fraction of the machine the lane owns: N/cores for
+    `cpu:N`, NN/100 for `green:NN`): a lane prefill takes its step cost / s, and while it flies a
+    step of the engine's runs at (1 - s) of the machine's speed, back to full speed the moment the
+    lane is done. Linear in the share: an assumption (a decode step bound by memory bandwidth loses
+    less than its share of the cores or SMs), not a fit."""
+
+    def __init__(self, cost: CostModel, clock: VirtualClock, jitter: float = 0.0, seed: int = 0,
+                 lane_share: float = 0.0):
         self.cost, self.clock, self.jitter = cost, clock, jitter
         self.rng = random.Random(seed)
         self.steps = 0
+        self.lane_share = lane_share
+        self._lane_until: float | None = None
 
-    def run(self, segments, rows):
+    def _cost(self, segments) -> float:
         dt = self.cost.step_seconds(segments)
         if self.jitter:
             dt *= max(0.5, 1 + self.jitter * self.rng.gauss(0, 1))
-        self.clock.t += dt
+        return dt
+
+    def run(self, segments, rows):
+        work, t = self._cost(segments), self.clock.t
+        if self._lane_until is not None and t < self._lane_until:  # sharing the machine with the lane
+            slow = 1 - self.lane_share
+            if work > (self._lane_until - t) * slow:
+                work -= (self._lane_until - t) * slow
+                t = self._lane_until  # the rest at full speed
+            else:
+                work /= slow
+        self.clock.t = t + work
         self.steps += 1
         return [Sampled(TOKEN) for _ in rows]
+
+    def launch(self, segments, rows):
+        self._lane_until = self.clock.t + self._cost(segments) / self.lane_share
+        self.steps += 1
+        return SimFlight(self.clock, self._lane_until, len(rows))
+
+    def join(self, flight: SimFlight):
+        self.clock.t = max(self.clock.t, flight.until)  # the engine waits for an unfinished lane
+        self._lane_until = None
+        return [Sampled(TOKEN) for _ in range(flight.rows)]
 
     def release(self, request_id: str) -> None:
         pass
 
 
-def build(cfg: ServingConfig, cost: CostModel, clock: VirtualClock, jitter: float = 0.0, seed: int = 0) -> Scheduler:
+def lane_share(lane: str | None, cores: int | None = None) -> float:
+    """The fraction of the machine a lane owns: N/cores for `cpu:N`, NN/100 for `green:NN`."""
+    if lane is None:
+        return 0.0
+    kind, _, n = lane.partition(":")
+    return int(n) / (usable_cores() if cores is None else cores) if kind == "cpu" else int(n) / 100
+
+
+def build(cfg: ServingConfig, cost: CostModel, clock: VirtualClock, jitter: float = 0.0, seed: int = 0,
+          cores: int | None = None) -> Scheduler:
     """The real scheduler with a page book of every slot's full context (as `assemble.build_engine`
     sizes it without a KV budget; `KV_CACHE_MB` budgets and preemption are not simulated)."""
     pages = pool_pages(cfg.max_context, cfg.decode_slots, cost.window, transient_prompts=cfg.mix_max_prompts)
     book = KVBook(pages["global"], pages.get("local"), cost.window)
-    return Scheduler(SimExecutor(cost, clock, jitter, seed), book, cfg, VOCAB, clock=clock)
+    ex = SimExecutor(cost, clock, jitter, seed, lane_share(cfg.async_prefill, cores))
+    return Scheduler(ex, book, cfg, VOCAB, clock=clock)
 
 
 def workload(n: int, input_len: int, output_len: int, range_ratio: float, seed: int) -> list[tuple[int, int]]:
@@ -146,10 +196,7 @@ def metrics(results: list[Result], percentiles=(50, 90, 99)) -> dict:
 
 
 def run(args) -> dict:
-    cfg = resolve(cli_lookup(args))
-    if cfg.async_prefill:
-        raise KnobError(f"{PREFIX}ASYNC_PREFILL={cfg.async_prefill!r}: the simulator has no lane cost model yet "
-                        "(accepted in `tailgate sim`: off)")
+    cfg = resolve(cli_lookup(args), lanes=("cpu", "green"))  # the seed's SM-capped lane is priced too
     cost = resolve_cost(args.cost)
     cfg = cfg.with_model_limit(args.model_max_context)
     jobs = workload(args.num_prompts, args.random_input_len, args.random_output_len, args.random_range_ratio,
