@@ -36,6 +36,16 @@ def gate_the_lane(h: Harness, fail: bool = False) -> threading.Event:
     return opened
 
 
+def a_live_stream_and_a_held_flight(h: Harness, salt: int, fail: bool = False, live_tokens: int = 200):
+    """A live stream, then an arrival that goes to the (held) lane: (lane opener, live, flying)."""
+    opened = gate_the_lane(h, fail)
+    live = h.submit(ids(20, salt), max_tokens=live_tokens)
+    assert h.wait(lambda: len(h.tokens(live)) >= 1)
+    flying = h.submit(ids(100, salt + 1), max_tokens=4)
+    assert h.wait(lambda: h.sched.flight is not None and h.scheduled_step(flying) is not None)
+    return opened, live, flying
+
+
 def tokens_of(h, r, since_step: int) -> int:
     return sum(1 for evs in h.steps[since_step:] for e in evs if isinstance(e, Token) and e.request_id == r.id)
 
@@ -63,11 +73,7 @@ def test_an_arrival_into_an_idle_engine_takes_the_synchronous_path(gemma):
 
 def test_intake_stops_while_the_lane_runs_and_decode_keeps_stepping(gemma):
     with lane_harness(gemma) as h:
-        opened = gate_the_lane(h)
-        live = h.submit(ids(20, 14), max_tokens=200)
-        assert h.wait(lambda: len(h.tokens(live)) >= 1)
-        flying = h.submit(ids(100, 15), max_tokens=4)
-        assert h.wait(lambda: h.scheduled_step(flying) is not None)
+        opened, live, flying = a_live_stream_and_a_held_flight(h, 14)
         after = h.submit(ids(30, 16), max_tokens=4)
         start = h.scheduled_step(flying)
         assert h.wait(lambda: tokens_of(h, live, start) >= 3)  # decode keeps stepping...
@@ -85,11 +91,7 @@ def engine_cancel_and_wait(h, r):
 
 def test_a_cancel_in_flight_exits_cleanly_through_the_join(gemma):
     with lane_harness(gemma) as h:
-        opened = gate_the_lane(h)
-        live = h.submit(ids(20, 17), max_tokens=200)
-        assert h.wait(lambda: len(h.tokens(live)) >= 1)
-        flying = h.submit(ids(100, 18), max_tokens=4)
-        assert h.wait(lambda: h.sched.flight is not None)
+        opened, live, flying = a_live_stream_and_a_held_flight(h, 17)
         h.engine.abort(flying)
         start = len(h.steps)
         assert h.wait(lambda: tokens_of(h, live, start) >= 2)
@@ -103,11 +105,7 @@ def test_a_cancel_in_flight_exits_cleanly_through_the_join(gemma):
 
 def test_a_failed_lane_prefill_fails_only_its_request(gemma):
     with lane_harness(gemma) as h:
-        opened = gate_the_lane(h, fail=True)
-        live = h.submit(ids(20, 19), max_tokens=30)
-        assert h.wait(lambda: len(h.tokens(live)) >= 1)
-        doomed = h.submit(ids(50, 20), max_tokens=4)
-        assert h.wait(lambda: h.sched.flight is not None)
+        opened, live, doomed = a_live_stream_and_a_held_flight(h, 19, fail=True, live_tokens=30)
         opened.set()
         assert h.wait(lambda: h.done(doomed) and h.done(live))
         assert h.of(doomed, Finished)[0].reason == "error" and "injected lane failure" in h.of(doomed, Finished)[0].message
