@@ -45,7 +45,10 @@ class EngineMetrics:
     itl_by_cause: dict = field(default_factory=dict)  # cause -> Histogram
 
     def observe_gap(self, cause: str, gap: float) -> None:
-        self.itl_by_cause.setdefault(cause, Histogram()).observe(gap)
+        h = self.itl_by_cause.get(cause)  # not setdefault: that builds a Histogram per token
+        if h is None:
+            h = self.itl_by_cause[cause] = Histogram()
+        h.observe(gap)
 
 
 @dataclass(frozen=True)

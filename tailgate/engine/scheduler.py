@@ -362,7 +362,7 @@ class Scheduler:
                 self._finish(a, "error", f"step failed: {out}")
                 continue
             self.book.advance(a.pages, 1)
-            self._settle(a, out)
+            self._settle(a, out, now)
         self._deliver()
 
     def _absorb(self, w: Walker, take: int, out, now: float) -> None:
@@ -387,7 +387,7 @@ class Scheduler:
             self.walk.remove(w)
         a = Active(w.req, w.pages, queued_at=w.req.arrival, scheduled_at=now, output=list(w.resumed),
                    last_at=w.last_at)
-        if self._settle(a, out):
+        if self._settle(a, out, now):
             self.roster.append(a)
 
     # ---- the side lane --------------------------------------------------------------------
@@ -452,15 +452,15 @@ class Scheduler:
         penal = p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
         return RowSample(req.id, p, suppress, req.logprobs, req.prompt if penal else None, output if penal else None)
 
-    def _settle(self, a: Active, out: Sampled) -> bool:
-        """Apply one sampled token; returns whether the request is still live."""
+    def _settle(self, a: Active, out: Sampled, now: float) -> bool:
+        """Apply one sampled token, produced by the step that ended at `now` (every row of a step
+        is stamped with the same time); returns whether the request is still live."""
         req, t = a.req, out.token
         if (t in req.eos_ids and not req.ignore_eos) or t in req.stop_token_ids:
             self._finish(a, "stop")  # the stop token itself is not emitted
             return False
         a.output.append(t)
         self.metrics.generation_tokens += 1
-        now = self.clock()
         kind, rows, prompts = self._cause
         gap = None if a.last_at is None else now - a.last_at
         if gap is not None:
