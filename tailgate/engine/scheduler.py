@@ -159,10 +159,7 @@ class Scheduler:
             attempts += 1
             if not self._admissible(leader):
                 continue
-            if self.lane and self.roster:
-                self._launch(leader)
-                return True
-            if self.chunk:
+            if self.chunk and not (self.lane and self.roster):  # a live admission takes the lane
                 self._start_walk(leader, attempts)
                 return True
             live = bool(self.roster)
@@ -176,6 +173,9 @@ class Scheduler:
                     break
                 self._reject(leader, self._never_fits(lead))
                 continue
+            if self.lane and live:
+                self._launch(lead)
+                return True
             newcomers = [lead]
             if live:
                 attempts = self._gather(newcomers, attempts)
@@ -391,18 +391,11 @@ class Scheduler:
             self.roster.append(a)
 
     # ---- the side lane --------------------------------------------------------------------
-    def _launch(self, req: Request) -> None:
+    def _launch(self, w: Walker) -> None:
         """An admission into a live roster prefills its whole prompt on the lane. Its pages are
-        reserved now, so nothing is reallocated under the lane's writes; the sliding window's
-        release waits for the join (advance runs there)."""
-        self._ready_decode_rows()
-        w = self._walker(req)
-        if not self.book.reserve(w.pages, len(w.tokens)):
-            if self.roster:
-                self._requeue(w)  # someone live will free pages: wait at the head
-            else:
-                self._reject(req, self._never_fits(w))
-            return
+        already reserved (by the intake turn), so nothing is reallocated under the lane's writes;
+        the sliding window's release waits for the join (advance runs there)."""
+        req = w.req
         self._announce([w])
         toks, start, _ = w.chunk(len(w.tokens) - w.done)
         try:
