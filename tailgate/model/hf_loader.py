@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from .gemma4_spec import read_gemma4_spec
 from .spec import ModelSpec, gemma3_layer_sliding
 
 _PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
@@ -19,6 +20,18 @@ _COMMON = {
 _GEMMA = {"post_attention_layernorm": "post_attn_norm", "pre_feedforward_layernorm": "ffn_norm",
           "post_feedforward_layernorm": "post_ffn_norm"}
 _LLAMA = {"post_attention_layernorm": "ffn_norm"}
+# Gemma 4 adds a mixture-of-experts block beside the MLP, per-layer inputs and a layer scalar.
+_GEMMA4 = {
+    **_GEMMA, "post_feedforward_layernorm_1": "post_ffn_norm_1", "post_feedforward_layernorm_2": "post_ffn_norm_2",
+    "pre_feedforward_layernorm_2": "ffn_norm_2", "router.proj": "router", "router.scale": "router_scale",
+    "router.per_expert_scale": "expert_scale", "experts.gate_up_proj": "experts_gate_up",
+    "experts.down_proj": "experts_down", "per_layer_input_gate": "ple_gate", "per_layer_projection": "ple_out",
+    "post_per_layer_input_norm": "post_ple_norm", "layer_scalar": "layer_scalar",
+}
+_GEMMA4_TOP = {"embed_tokens_per_layer": "ple_embed", "per_layer_model_projection": "ple_proj",
+               "per_layer_projection_norm": "ple_norm"}
+_TOWERS = ("vision_tower", "audio_tower", "embed_vision", "embed_audio", "multi_modal_projector")
+_ARCH_TABLE = {"gemma3": {**_COMMON, **_GEMMA}, "gemma4": {**_COMMON, **_GEMMA4}, "llama": {**_COMMON, **_LLAMA}}
 
 
 def _rope_theta(cfg: dict, kind: str, default: float) -> float:
@@ -34,11 +47,16 @@ def _rope_theta(cfg: dict, kind: str, default: float) -> float:
 def read_spec(directory: Path) -> ModelSpec:
     cfg = json.loads((directory / "config.json").read_text())
     mtype = cfg.get("model_type", "")
-    if mtype == "gemma3" and "text_config" in cfg:
-        cfg = {**cfg["text_config"], "tie_word_embeddings": cfg.get("tie_word_embeddings", True)}
-        mtype = "gemma3_text"
+    if mtype in ("gemma3", "gemma4") and "text_config" in cfg:
+        # A multimodal checkpoint: its text model alone is served; the towers' tensors are skipped.
+        tie = cfg["text_config"].get("tie_word_embeddings", cfg.get("tie_word_embeddings", True))
+        cfg = {**cfg["text_config"], "tie_word_embeddings": tie}
+        mtype += "_text"
+    if mtype == "gemma4_text":
+        return read_gemma4_spec(cfg)
     if mtype not in ("gemma3_text", "llama"):
-        raise ValueError(f"unsupported model_type {mtype!r} in {directory / 'config.json'}: tailgate serves gemma3 and llama")
+        raise ValueError(f"unsupported model_type {mtype!r} in {directory / 'config.json'}: "
+                         "tailgate serves gemma3, gemma4 and llama")
     hidden, n_heads = cfg["hidden_size"], cfg["num_attention_heads"]
     common = dict(
         vocab_size=cfg["vocab_size"], hidden=hidden, n_layers=cfg["num_hidden_layers"], n_heads=n_heads,
@@ -69,7 +87,7 @@ def read_spec(directory: Path) -> ModelSpec:
     raise ValueError(f"unsupported model_type {mtype!r} in {directory / 'config.json'}: tailgate serves gemma3 and llama")
 
 
-def internal_name(name: str, arch: str) -> str | None:
+def internal_name(name: str, spec: ModelSpec) -> str | None:
     base = name.removesuffix(".weight")
     for p in _PREFIXES:
         if base.startswith(p):
@@ -81,12 +99,16 @@ def internal_name(name: str, arch: str) -> str | None:
         return "final_norm"
     if base == "lm_head":
         return "lm_head"
+    if spec.arch == "gemma4" and base in _GEMMA4_TOP:
+        return _GEMMA4_TOP[base]
     if base.startswith("layers."):
         _, idx, rest = base.split(".", 2)
-        table = {**_COMMON, **(_GEMMA if arch == "gemma3" else _LLAMA)}
+        if spec.kv_source[int(idx)] != int(idx) and rest.startswith(("self_attn.k_", "self_attn.v_")):
+            return None  # a KV-sharing layer's own K/V weights are unused (HF ignores them too)
+        table = _ARCH_TABLE[spec.arch]
         if rest in table:
             return f"layers.{idx}.{table[rest]}"
-    if base.startswith(("vision_tower", "multi_modal_projector", "model.vision_tower")) or "rotary_emb" in base:
+    if base.startswith(_TOWERS) or base.startswith("model.vision_tower") or "rotary_emb" in base:
         return None  # multimodal parts and buffers we do not serve
     raise ValueError(f"unknown tensor {name!r} in HF checkpoint")
 
@@ -98,11 +120,12 @@ def read_tensors(directory: Path, spec: ModelSpec) -> dict[str, torch.Tensor]:
     out = {}
     for f in files:
         for name, t in load_file(str(f)).items():
-            key = internal_name(name, spec.arch)
+            key = internal_name(name, spec)
             if key is None:
                 continue
             t = t.float()
-            # HF stores Gemma norm weights as w in x * (1 + w); we keep the multiplier, as GGUF does.
+            # HF stores Gemma 3 norm weights as w in x * (1 + w); we keep the multiplier, as GGUF
+            # does. Gemma 4's norms already store the multiplier.
             if spec.arch == "gemma3" and key.endswith("norm"):
                 t = t + 1.0
             out[key] = t
@@ -136,8 +159,10 @@ def read_tokenizer_meta(directory: Path, spec: ModelSpec) -> dict:
         eos_ids = e if isinstance(e, list) else ([e] if e is not None else [])
     if not eos_ids and tid(tc.get("eos_token")) is not None:
         eos_ids = [tid(tc.get("eos_token"))]
-    if spec.arch == "gemma3" and tid("<end_of_turn>") is not None and tid("<end_of_turn>") not in eos_ids:
-        eos_ids.append(tid("<end_of_turn>"))
+    gemma = spec.arch in ("gemma3", "gemma4")
+    for end in ("<end_of_turn>", "<turn|>") if gemma else ():  # Gemma 3's and Gemma 4's turn ends
+        if tid(end) is not None and tid(end) not in eos_ids:
+            eos_ids.append(tid(end))
     template = tc.get("chat_template")
     jinja = directory / "chat_template.jinja"
     if template is None and jinja.exists():
@@ -145,7 +170,7 @@ def read_tokenizer_meta(directory: Path, spec: ModelSpec) -> dict:
     return {
         "bos_id": tid(tc.get("bos_token")),
         "eos_ids": [int(e) for e in eos_ids],
-        "add_bos": bool(tc.get("add_bos_token", spec.arch == "gemma3")),
+        "add_bos": bool(tc.get("add_bos_token", gemma)),
         "chat_template": template,
         "family": spec.arch,
     }

@@ -9,8 +9,12 @@ from .spec import ModelSpec
 
 def token_bytes(spec: ModelSpec, dtype) -> dict[str, int]:
     """K+V bytes one token takes in each pool, across that family's layers (sizes a KV budget)."""
-    per_layer = 2 * spec.n_kv_heads * spec.head_dim * torch.tensor([], dtype=dtype).element_size()
-    return {"global": per_layer * len(spec.family_layers(False)), "local": per_layer * len(spec.family_layers(True))}
+    size = torch.tensor([], dtype=dtype).element_size()
+    out = {}
+    for fam, sliding in (("global", False), ("local", True)):
+        hkv, d = spec.family_shape(sliding)
+        out[fam] = 2 * hkv * d * size * len(spec.family_layers(sliding))
+    return out
 
 
 class KVCache:
@@ -22,11 +26,13 @@ class KVCache:
             layers = spec.family_layers(sliding)
             if not layers:
                 continue
-            shape = (len(layers), pages[fam] * PAGE_SIZE, spec.n_kv_heads, spec.head_dim)
+            shape = (len(layers), pages[fam] * PAGE_SIZE, *spec.family_shape(sliding))
             self.k[fam] = torch.zeros(shape, dtype=dtype, device=device)
             self.v[fam] = torch.zeros(shape, dtype=dtype, device=device)
             for j, layer in enumerate(layers):
                 self.where[layer] = (fam, j)
+        for i, src in enumerate(spec.kv_source):  # a KV-sharing layer reads its source's pool
+            self.where[i] = self.where[src]
 
     def layer(self, i: int) -> tuple[str, torch.Tensor, torch.Tensor]:
         fam, j = self.where[i]

@@ -24,9 +24,16 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * w).to(x.dtype)
 
 
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype, scale: float = 1.0):
-    """cos/sin [T, 1, head_dim] for rotate-half RoPE, computed in fp32 then cast, like HF."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim))
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype, scale: float = 1.0,
+                fraction: float = 1.0):
+    """cos/sin [T, 1, head_dim] for rotate-half RoPE, computed in fp32 then cast, like HF.
+
+    `fraction` < 1 is Gemma 4's "proportional" RoPE: only the first fraction * head_dim / 2
+    angles turn (frequencies still spaced over the whole head); the rest get frequency 0
+    (cos 1, sin 0), so the same rotate-half kernels apply."""
+    angles = int(fraction * head_dim // 2)
+    exps = torch.arange(0, 2 * angles, 2, dtype=torch.int64, device=positions.device).float() / head_dim
+    inv = torch.cat([1.0 / (theta ** exps), torch.zeros(head_dim // 2 - angles, device=positions.device)])
     freqs = (positions.float() / scale)[:, None] * inv[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
@@ -39,9 +46,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def paged_attention(q, k_new, v_new, k_pool, v_pool, view: FamilyView, decode_rows, scale: float,
-                    native: bool = False):
+                    native: bool = False, write: bool = True):
     """Write this step's K/V into the pool, then attend each row over its own pages; with
-    `native`, the decode rows read the pool in place through csrc/attn.c.
+    `native`, the decode rows read the pool in place through csrc/attn.c. `write=False` is a
+    KV-sharing layer: the pool and k_new/v_new are its source layer's, already written.
 
     q: [T, Hq, D]; k_new/v_new: [T, Hkv, D]; pools: [slots, Hkv, D]. Returns [T, Hq, D].
     Pools may be narrower than q (fp16 KV on the q8 plan): every read of K/V, the fresh prompt's
@@ -54,8 +62,9 @@ def paged_attention(q, k_new, v_new, k_pool, v_pool, view: FamilyView, decode_ro
     narrow = k_pool.dtype != q.dtype
     if narrow:
         k_new, v_new = k_new.to(k_pool.dtype), v_new.to(v_pool.dtype)
-    k_pool.index_copy_(0, view.write_slots, k_new)
-    v_pool.index_copy_(0, view.write_slots, v_new)
+    if write:
+        k_pool.index_copy_(0, view.write_slots, k_new)
+        v_pool.index_copy_(0, view.write_slots, v_new)
     out = torch.empty_like(q)
     for r0, r1, slots, mask in view.prefill:
         if slots is None:  # fresh prompt: attend over its own new rows, causally

@@ -4,38 +4,47 @@ from __future__ import annotations
 import torch
 
 from ..engine.plan import Segment
-from . import gemma3, llama
+from . import gemma3, gemma4, llama
 from .context import build_context
 from .kv_cache import KVCache
 from .kernels import KernelPlan, Linear, choose
 from .spec import ModelSpec
 
-_FORWARD = {"gemma3": gemma3.forward, "llama": llama.forward}
+_FORWARD = {"gemma3": gemma3.forward, "gemma4": gemma4.forward, "llama": llama.forward}
 
 
 def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, plan: KernelPlan) -> dict:
     """Fuse q/k/v and gate/up into one matmul each, keep matrices [out, in] for F.linear, cast.
 
-    Norm weights stay fp32: the norms run in fp32 (as HF's do) and cast back afterwards.
-    Every matrix becomes a `kernels.Linear` holding the kernels the plan chose (prepacked
-    oneDNN, F.linear, and for small steps a weight-only int8/int4 copy).
+    Vectors (norm weights, scales) stay fp32: the norms run in fp32 (as HF's do) and cast back
+    afterwards. Every layer matrix and the head becomes a `kernels.Linear` holding the kernels
+    the plan chose (prepacked oneDNN, F.linear, and for small steps a weight-only int8 copy);
+    other matrices (Gemma 4's per-layer inputs, router, experts) are plain tensors.
+    A KV-sharing Gemma 4 layer has no K/V weights and a k = v layer no V: the fused qkv holds
+    what the layer has, and the model file knows where each part starts.
     """
     dtype, device = plan.dtype, torch.device(plan.device)
     w = {}
     cast = lambda t: t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
+    fused = set()
     for i in range(spec.n_layers):
         p = f"layers.{i}."
-        w[p + "qkv"] = cast(torch.cat([raw[p + "q"], raw[p + "k"], raw[p + "v"]], 0))
-        w[p + "o"] = cast(raw[p + "o"])
+        parts = [p + n for n in ("q", "k", "v") if p + n in raw]
+        w[p + "qkv"] = cast(torch.cat([raw[n] for n in parts], 0))
         w[p + "gate_up"] = cast(torch.cat([raw[p + "gate"], raw[p + "up"]], 0))
-        w[p + "down"] = cast(raw[p + "down"])
-        for n in ("attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm"):
-            if p + n in raw:
-                w[p + n] = raw[p + n].to(device=device, dtype=torch.float32)
-    w["embed"] = cast(raw["embed"])
+        fused.update(parts + [p + "gate", p + "up"])
+    for k, t in raw.items():
+        if k in fused or k == "lm_head":
+            continue
+        w[k] = t.to(device=device, dtype=torch.float32) if t.dim() <= 1 else cast(t)
     w["head"] = cast(raw["lm_head"]) if "lm_head" in raw else w["embed"]
-    w["final_norm"] = raw["final_norm"].to(device=device, dtype=torch.float32)
+    if spec.arch == "gemma4":  # unit weights for Gemma 4's scale-free norms (values, router input)
+        for d in set(spec.layer_head_dim):
+            w[f"unit.{d}"] = torch.ones(d, device=device)
+        w["unit.hidden"] = torch.ones(spec.hidden, device=device)
     for k in [k for k in w if k.endswith(("qkv", ".o", "gate_up", "down")) or k == "head"]:
+        if k.endswith(("experts_gate_up", "experts_down")):
+            continue
         w[k] = Linear(w[k], plan, "head" if k == "head" else "layers")
     return w
 

@@ -29,7 +29,7 @@ class Tokenizer:
         self.bos_id = meta.get("bos_id")
         self.eos_ids = list(meta.get("eos_ids") or [])
         self.add_bos = bool(meta.get("add_bos")) and self.bos_id is not None
-        template = meta.get("chat_template") or (GEMMA_TEMPLATE if meta.get("family") == "gemma3" else CHATML_TEMPLATE)
+        template = meta.get("chat_template") or (GEMMA_TEMPLATE if meta.get("family") in ("gemma3", "gemma4") else CHATML_TEMPLATE)
         env = ImmutableSandboxedEnvironment(trim_blocks=False, lstrip_blocks=False)
         env.globals["raise_exception"] = _raise
         self._template = env.from_string(template)

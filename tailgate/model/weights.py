@@ -80,13 +80,11 @@ class LoadedModel:
 def _spec_to_json(spec: ModelSpec) -> dict:
     d = asdict(spec)
     d.pop("extra", None)
-    d["layer_sliding"] = list(d["layer_sliding"])
     return d
 
 
 def _spec_from_json(d: dict) -> ModelSpec:
-    d = dict(d)
-    d["layer_sliding"] = tuple(d["layer_sliding"])
+    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
     return ModelSpec(**d)
 
 
