@@ -92,6 +92,23 @@ def cmd_serve(args) -> int:
     return serve(args, cli_lookup(args))
 
 
+def cmd_check(args) -> int:
+    from .model.check import check_against_hf, report
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    try:
+        res = check_against_hf(args.against_hf, greedy_tokens=args.greedy_tokens, kernels=args.kernels,
+                               log=lambda m: print(f"[{m}]", file=sys.stderr))
+    except ValueError as e:  # an unsupported config: named, before any weights load
+        print(f"tailgate: {e}", file=sys.stderr)
+        return 2
+    print(report(res))
+    return 0 if res.ok else 1
+
+
 def cmd_bench_engine(args) -> int:
     import json
 
@@ -130,6 +147,13 @@ def main(argv=None) -> int:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.set_defaults(fn=cmd_generate)
+    ck = sub.add_parser("check", help="our logits vs HF transformers' for a checkpoint directory (fp32)")
+    ck.add_argument("--against-hf", required=True, metavar="DIR", help="HF checkpoint directory (config.json, "
+                    "*.safetensors, tokenizer.json)")
+    ck.add_argument("--greedy-tokens", type=int, default=16)
+    ck.add_argument("--kernels", default="auto", help="our fp32 kernels: auto (what serve --dtype fp32 runs) | torch")
+    ck.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ck.set_defaults(fn=cmd_check)
     bench = sub.add_parser("bench", help="benchmarks that print figures").add_subparsers(dest="bench", required=True)
     b = bench.add_parser("step", help="step latency: decode batches and prefill segments vs matmul peak")
     _add_model_args(b)

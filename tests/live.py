@@ -19,10 +19,11 @@ ENV = {"TAILGATE_DECODE_SLOTS": "2", "TAILGATE_MAX_CONTEXT": "512", "TAILGATE_DE
 ARGS = ["--dtype", "auto", "--max-queued-requests", "3", "--log-level", "warning"]
 
 
-def start_server(timeout: float = 120, **env):
-    """(process, base URL, the /health codes seen while it loaded); `env`: more TAILGATE_ knobs."""
+def start_server(timeout: float = 120, args=(), **env):
+    """(process, base URL, the /health codes seen while it loaded); `args`: more command-line
+    arguments (e.g. another --model); `env`: more TAILGATE_ knobs."""
     port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "tailgate.cli", "serve", "--port", str(port), *ARGS],
+    p = subprocess.Popen([sys.executable, "-m", "tailgate.cli", "serve", "--port", str(port), *ARGS, *args],
                          env={**os.environ, **ENV, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          text=True)
     base = f"http://127.0.0.1:{port}"

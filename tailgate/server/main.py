@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 import threading
 
 from ..config import resolve
@@ -38,7 +39,15 @@ def serve(args, lookup) -> int:
     from ..model.kernels import choose
 
     plan = choose(args.dtype, args.kernels, args.device)  # KernelError -> exit 2, nothing loaded
-    resolve_model_path(args.model)  # a missing model file fails now, not after the server is up
+    path = resolve_model_path(args.model)  # a missing model file fails now, not after the server is up
+    if path.is_dir():  # so does a checkpoint config we cannot run (read_spec names the switch)
+        from ..model.hf_loader import read_spec
+
+        try:
+            read_spec(path)
+        except ValueError as e:
+            print(f"tailgate: {e}", file=sys.stderr)
+            return 2
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     state = ServerState(served_name=args.served_model_name or served_name(args.model),
