@@ -29,6 +29,13 @@ def test_top_k_top_p_and_min_p_keep_exactly_the_expected_tokens():
     assert kept(SamplingParams(temperature=1.0, min_p=0.3)) == [True, True, True, False]
 
 
+def test_a_top_p_that_rounds_to_zero_keeps_the_top_token():
+    logits = torch.log(torch.tensor([[0.1, 0.6, 0.3]]))  # 5e-324 is a valid top_p and 0.0 in fp32
+    assert torch.isfinite(filter_logits(logits, [SamplingParams(temperature=1.0, top_p=5e-324)]))[0].tolist() == \
+        [False, True, False]
+    assert sample(logits, [SamplingParams(temperature=1.0, top_p=5e-324)], [make_generator(0)]) == [1]
+
+
 def test_sampling_follows_the_distribution():
     probs = torch.tensor([0.6, 0.3, 0.1])
     logits = probs.log()[None, :]

@@ -42,8 +42,10 @@ def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
         drop = ranks >= ks[:, None]
         probs = sorted_x.softmax(-1)
         top_p = torch.tensor([p.top_p for p in params], dtype=probs.dtype, device=x.device)
-        # Keep the smallest prefix whose mass reaches top_p (the first token is always kept).
+        # Keep the smallest prefix whose mass reaches top_p. The first token is always kept, even
+        # when top_p rounds to 0 in the logits' dtype (5e-324 passes `gt=0` and is 0 in fp32).
         drop |= (probs.cumsum(-1) - probs) >= top_p[:, None]
+        drop[:, 0] = False
         sorted_x = sorted_x.masked_fill(drop, float("-inf"))
         x = torch.empty_like(x).scatter_(-1, idx, sorted_x)
     if any(p.min_p > 0 for p in params):
