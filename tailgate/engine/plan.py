@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from .pages import SeqPages
 
 
-@dataclass
+@dataclass(slots=True)  # one per row per step
 class Segment:
     """Tokens of one sequence to run in this step, starting at absolute position `start`.
 

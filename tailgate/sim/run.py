@@ -23,6 +23,7 @@ from ..engine.scheduler import Scheduler
 from .cost import CostModel, resolve_cost
 
 TOKEN = 7  # every row samples this (never an EOS: requests end at max_tokens, as with ignore_eos)
+SAMPLED = Sampled(TOKEN)  # shared by every row: the scheduler only reads it
 VOCAB = 1 << 16
 
 
@@ -80,7 +81,7 @@ class SimExecutor:
                 work /= slow
         self.clock.t = t + work
         self.steps += 1
-        return [Sampled(TOKEN) for _ in rows]
+        return [SAMPLED] * len(rows)
 
     def launch(self, segments, rows):
         self._lane_until = self.clock.t + self._cost(segments) / self.lane_share
@@ -90,7 +91,7 @@ class SimExecutor:
     def join(self, flight: SimFlight):
         self.clock.t = max(self.clock.t, flight.until)  # the engine waits for an unfinished lane
         self._lane_until = None
-        return [Sampled(TOKEN) for _ in range(flight.rows)]
+        return [SAMPLED] * flight.rows
 
     def release(self, request_id: str) -> None:
         pass
@@ -152,11 +153,11 @@ def simulate(cfg: ServingConfig, cost: CostModel, jobs: list[tuple[int, int]], r
 
     def sink_for(i: int):
         def sink(ev):
-            if isinstance(ev, Scheduled):
-                scheduled[i] = ev.at
-            elif isinstance(ev, Token):
+            if isinstance(ev, Token):  # the common case first
                 results[i].chunk_times.append(ev.at)
                 results[i].output_tokens += 1
+            elif isinstance(ev, Scheduled):
+                scheduled[i] = ev.at
             elif isinstance(ev, (Finished, Rejected)):
                 results[i].success = isinstance(ev, Finished) and ev.reason == "length"
                 results[i].finish_reasons.append(ev.reason)
