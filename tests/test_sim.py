@@ -125,3 +125,22 @@ def test_a_fit_recovers_a_known_cost_model():
 def test_every_preset_names_its_source():
     for name in ("gemma4-12b-sm89", "moe-26b-a4b-like", "local"):
         assert load_preset(name).source
+
+
+def test_a_kv_budget_preempts_under_the_simulator_and_every_request_still_finishes_whole():
+    # 1 KiB a token, no sliding pool: 1 MiB holds 64 usable pages of 16 tokens; eight 200 + 120-token
+    # requests need 20 pages each, so live rows cannot all grow and the latest arrivals go back.
+    cost = CostModel(floor=0.010, prompt_row=0.001, decode_row=0.002, kv_token_bytes={"global": 1024, "local": 0})
+    jobs = [(200, 120)] * 8
+    res, s = sim.simulate(cfg(DECODE_SLOTS="8", MAX_CONTEXT="512", KV_CACHE_MB="1"), cost, jobs, concurrency=8)
+    assert s["preemptions"] > 0 and s["kv_pages"]["global"] == 64
+    assert all(r.success and r.output_tokens == 120 for r in res)
+    _, free = sim.simulate(cfg(DECODE_SLOTS="8", MAX_CONTEXT="512"), cost, jobs, concurrency=8)
+    assert free["preemptions"] == 0
+
+
+def test_a_kv_budget_needs_the_cost_models_kv_sizes(capsys):
+    assert main(["sim", "--cost", "gemma4-12b-sm89", "--num-prompts", "4", "--kv-cache-mb", "300"]) == 2
+    assert "KV_CACHE_MB=300" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="kv_token_bytes"):
+        sim.build(cfg(KV_CACHE_MB="64"), SCRIPTED, sim.VirtualClock())

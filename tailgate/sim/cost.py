@@ -28,6 +28,9 @@ class CostModel:
     sampled_row: float = 0.0  # seconds per sampled row (the LM head)
     attn_per_1k: float = 0.0  # seconds per 1000 query-key pairs
     window: int | None = None  # the model's sliding window (None: every layer global)
+    # K+V bytes one token takes in each pool ({"global": ..., "local": ...}, as
+    # `model.kv_cache.token_bytes`): what `KV_CACHE_MB` budgets are sized with. None: no budget.
+    kv_token_bytes: dict | None = None
     source: str = ""
 
     def features(self, segments) -> tuple[float, float, float, float]:

@@ -17,7 +17,7 @@ import time
 
 from ..bench.serve import Result, add_workload_args, compute_metrics, gamma_offsets, print_table
 from ..config import ServingConfig, cli_lookup, resolve, usable_cores
-from ..engine.pages import KVBook, pool_pages
+from ..engine.pages import KVBook, budget_pool_pages, pool_pages
 from ..engine.request import Finished, Rejected, Request, Sampled, Scheduled, Token
 from ..engine.scheduler import Scheduler
 from .cost import CostModel, resolve_cost
@@ -107,9 +107,18 @@ def lane_share(lane: str | None, cores: int | None = None) -> float:
 
 def build(cfg: ServingConfig, cost: CostModel, clock: VirtualClock, jitter: float = 0.0, seed: int = 0,
           cores: int | None = None) -> Scheduler:
-    """The real scheduler with a page book of every slot's full context (as `assemble.build_engine`
-    sizes it without a KV budget; `KV_CACHE_MB` budgets and preemption are not simulated)."""
+    """The real scheduler with the page book `assemble.build_engine` would give it: every slot's
+    full context, or with `KV_CACHE_MB=N` the pools that N MiB hold at the cost model's K+V bytes
+    per token (live rows are then preempted as on the real engine). `auto` settles a budget
+    against this machine's free RAM on the real engine; a simulated GPU has none to read, so here
+    it means every slot's full context."""
     pages = pool_pages(cfg.max_context, cfg.decode_slots, cost.window, transient_prompts=cfg.mix_max_prompts)
+    if isinstance(cfg.kv_cache_mb, int):
+        if not cost.kv_token_bytes:
+            raise ValueError(f"KV_CACHE_MB={cfg.kv_cache_mb} needs the cost model's kv_token_bytes "
+                             "(K+V bytes per token per pool); this one has none")
+        pages = budget_pool_pages(cfg.kv_cache_mb << 20, cost.kv_token_bytes, cfg.max_context, cfg.decode_slots,
+                                  cost.window, transient_prompts=cfg.mix_max_prompts)
     book = KVBook(pages["global"], pages.get("local"), cost.window)
     ex = SimExecutor(cost, clock, jitter, seed, lane_share(cfg.async_prefill, cores))
     return Scheduler(ex, book, cfg, VOCAB, clock=clock)
@@ -185,6 +194,8 @@ def simulate(cfg: ServingConfig, cost: CostModel, jobs: list[tuple[int, int]], r
     return results, {"iterations": m.steps, "steps": sched.executor.steps, "door_releases": dict(m.door_releases),
                      "door_holds": m.door_hold.n,
                      "door_mean_hold_ms": 1000 * m.door_hold.total / max(1, m.door_hold.n),
+                     "preemptions": m.preemptions, "kv_pages": {"global": sched.book.glob.capacity,
+                                                                "local": sched.book.local.capacity if sched.book.local else 0},
                      "virtual_s": clock.t, "scheduled_at": scheduled}
 
 
@@ -230,12 +241,17 @@ def calibrate(args) -> int:
     rows += step_run(args.calibrate_model, loaded=m, compare=False, reps=3, decode_batches=(4, 16), prefill_rows=(),
                      context=480, mixed=())
     cpu = this_cpu()
+    from ..model.kernels import choose
+    from ..model.kv_cache import token_bytes
+
     model, errors = fit(rows, m.spec.sliding_window, "")
     worst = max(abs(e["error_pct"]) for e in errors)
     source = (f"`tailgate sim calibrate`: least squares over `tailgate bench step` ({args.calibrate_model}, chosen "
               f"kernels) on {cpu.model} ({cpu.isa}), torch {torch.__version__}, {time.strftime('%Y-%m-%d')}; "
               f"worst fit error {worst:.0f} % over {len(rows)} steps")
-    model = CostModel(**{**vars(model), "source": source})
+    kv = token_bytes(m.spec, choose("auto", "auto", "cpu").kv)
+    model = CostModel(**{**vars(model), "source": source + "; kv_token_bytes: this model's KV at the plan's dtype",
+                         "kv_token_bytes": kv})
     for e in errors:
         print(f"{e['kind']:9s} {e['n']:5d}  measured {e['ms']:8.1f} ms  fit {e['fit_ms']:8.1f} ms  {e['error_pct']:+6.1f} %")
     save_preset("local", model)
@@ -253,7 +269,7 @@ def main(args) -> int:
         return 2
     print_table(out, tuple(float(p) for p in args.metric_percentiles.split(",")))
     print(f"{out['steps']} model steps in {out['iterations']} iterations, door releases {out['door_releases']}, holds {out['door_holds']} "
-          f"(mean {out['door_mean_hold_ms']:.1f} ms); simulated {out['virtual_s']:.1f} s in {out['sim_wall_s']} s")
+          f"(mean {out['door_mean_hold_ms']:.1f} ms), preemptions {out['preemptions']}; simulated {out['virtual_s']:.1f} s in {out['sim_wall_s']} s")
     if args.save_result:
         with open(args.save_result, "w") as f:
             json.dump({k: v for k, v in out.items() if k != "sim_wall_s"}, f, indent=1, sort_keys=True)
