@@ -229,7 +229,8 @@ def test_bench_kernels_times_every_kernel_this_cpu_can_run(capsys):
 
 @needs_native
 @pytest.mark.parametrize("pool", [torch.float32, torch.float16])  # fp16: the q8 plan's KV
-@pytest.mark.parametrize("hq,hkv,d", [(4, 1, 256), (9, 3, 64)])  # Gemma 3 270M, SmolLM2-135M
+# Gemma 3 270M, SmolLM2-135M, and head blocks of 4 + 2 with a d % 16 == 8 tail, 1 query head per kv head
+@pytest.mark.parametrize("hq,hkv,d", [(4, 1, 256), (9, 3, 64), (6, 1, 40), (2, 2, 16)])
 def test_native_decode_attention_matches_sdpa_over_the_same_pages(hq, hkv, d, pool):
     from tailgate.model.context import FamilyView
     from tailgate.model.layers import paged_attention
