@@ -55,9 +55,11 @@ def _randomise(model: torch.nn.Module, seed: int) -> None:
                 t.copy_(torch.randn(t.shape, generator=g) * (0.5 / t.shape[-1] ** 0.5))
 
 
-def build(directory: Path, tokenizer_json: Path, seed: int = 0, multimodal: bool = False, **config) -> Path:
+def build(directory: Path, tokenizer_json: Path, seed: int = 0, multimodal: bool = False, dtype=torch.float32,
+          **config) -> Path:
     """Save a random-weight Gemma 4 text model (or, with `multimodal`, a full Gemma 4 model with
-    tiny vision and audio towers) with a tokenizer and template; return the directory."""
+    tiny vision and audio towers) with a tokenizer and template, its weights stored in `dtype`
+    (bf16: as Google publishes them); return the directory."""
     from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration, Gemma4TextConfig
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -75,7 +77,7 @@ def build(directory: Path, tokenizer_json: Path, seed: int = 0, multimodal: bool
     else:
         model = Gemma4ForCausalLM(text)
     _randomise(model, seed)
-    model.save_pretrained(directory)
+    model.to(dtype).save_pretrained(directory)
     (directory / "tokenizer.json").write_bytes(Path(tokenizer_json).read_bytes())
     (directory / "tokenizer_config.json").write_text(json.dumps({
         "bos_token": "<bos>", "eos_token": "<eos>", "add_bos_token": True, "chat_template": TEMPLATE}))

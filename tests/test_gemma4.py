@@ -32,7 +32,8 @@ def tiny(loaded, tmp_path_factory):
     def get(name):
         if name not in built:
             cfg = gemma4_tiny.DENSE if name == "dense" else gemma4_tiny.EVERYTHING
-            built[name] = gemma4_tiny.build(root / name, tok, multimodal=name == "multimodal", **cfg)
+            built[name] = gemma4_tiny.build(root / name, tok, multimodal=name == "multimodal",
+                                            dtype=torch.bfloat16 if name == "bf16" else torch.float32, **cfg)
         return built[name]
 
     return get
@@ -44,13 +45,23 @@ def everything(tiny):
 
 
 @pytest.mark.parametrize("name,kernels", [("everything", "auto"), ("everything", "torch"), ("dense", "auto"),
-                                          ("multimodal", "auto")])
+                                          ("multimodal", "auto"), ("bf16", "auto")])
 def test_gemma4_logits_and_greedy_tokens_match_hf_past_the_sliding_window(tiny, name, kernels):
     res = check_against_hf(tiny(name), kernels=kernels, log=lambda m: None)
     print(report(res))
     assert max(s.length for s in res.sequences) > 12 + 48  # the long one crosses the 12-token window
     assert all(s.ok for s in res.sequences), report(res)
     assert len(res.greedy_hf) >= 8 and res.greedy_ours == res.greedy_hf
+
+
+def test_bf16_weights_load_as_stored_and_the_per_layer_table_stays_narrow(tiny):
+    from tailgate.engine.pages import pool_pages
+    from tailgate.model.runner import ModelRunner
+
+    m = load_model(str(tiny("bf16")), log=lambda m: None)
+    assert m.weights["layers.0.q"].dtype == torch.bfloat16 and m.weights["layers.0.attn_norm"].dtype == torch.float32
+    r = ModelRunner(m.spec, m.weights, pool_pages(64, 1, m.spec.sliding_window), dtype="fp32", device="cpu")
+    assert r.w["ple_embed"].dtype == torch.bfloat16 and r.w["embed"].dtype == torch.float32
 
 
 def test_the_spec_reads_per_layer_shapes_and_kv_sharing_as_hf_does(tiny):

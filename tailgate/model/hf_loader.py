@@ -123,7 +123,8 @@ def read_tensors(directory: Path, spec: ModelSpec) -> dict[str, torch.Tensor]:
             key = internal_name(name, spec)
             if key is None:
                 continue
-            t = t.float()
+            if t.dim() <= 1 or not t.is_floating_point():
+                t = t.float()  # vectors (norms, scales) in fp32; matrices stay as stored (bf16 halves the load)
             # HF stores Gemma 3 norm weights as w in x * (1 + w); we keep the multiplier, as GGUF
             # does. Gemma 4's norms already store the multiplier.
             if spec.arch == "gemma3" and key.endswith("norm"):

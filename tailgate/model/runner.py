@@ -36,6 +36,11 @@ def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, plan: KernelP
     for k, t in raw.items():
         if k in fused or k == "lm_head":
             continue
+        if k == "ple_embed" and t.element_size() < torch.empty(0, dtype=dtype).element_size():
+            # Gemma 4's per-layer embedding table is only gathered from (2.35 B rows x 1 value on
+            # E2B): kept as stored, its rows widen at the gather (the same values as widening it all).
+            w[k] = t.to(device=device).contiguous()
+            continue
         w[k] = t.to(device=device, dtype=torch.float32) if t.dim() <= 1 else cast(t)
     w["head"] = cast(raw["lm_head"]) if "lm_head" in raw else w["embed"]
     if spec.arch == "gemma4":  # unit weights for Gemma 4's scale-free norms (values, router input)
