@@ -254,6 +254,9 @@ def test_native_decode_attention_matches_sdpa_over_the_same_pages(hq, hkv, d, po
                           FamilyView(write_slots=torch.arange(2, 3), decode_slots=slots[2:3], decode_mask=mask[2:3],
                                      decode_lens=torch.tensor(lens[2:3])), (0, 1), d ** -0.5, native=True)
     assert torch.equal(one[0], outs[1][2])  # a row's result does not depend on its batch
+    q[1, 0, 0] = float("nan")  # a NaN score stays NaN in its row (the sampler reports it), as SDPA's does
+    bad = paged_attention(q, new_k, new_v, k_pool.clone(), v_pool.clone(), view, (0, len(lens)), d ** -0.5, native=True)
+    assert torch.isnan(bad[1, 0]).all() and torch.isfinite(bad[0]).all()
 
 
 @needs_native

@@ -14,7 +14,7 @@ import torch
 from ..model.kernels import EVERY, KernelPlan, runnable_plans
 from ..model.layers import linear
 from ..model.runner import prepare_weights
-from .step import _time
+from .step import _time, layer_inputs
 
 def plans(device: str = "cpu") -> list[tuple[str, KernelPlan]]:
     out = []
@@ -41,11 +41,11 @@ def run(model: str = "gemma3-270m", rows=(1, 4, 16, 64, 256), head_rows_max: int
         w = prepare_weights(m.weights, spec, plan)
         for n in rows:
             x = torch.randn(n, spec.hidden, dtype=plan.dtype)
-            a = torch.randn(n, spec.n_heads * spec.head_dim, dtype=plan.dtype)
-            f = torch.randn(n, spec.ffn, dtype=plan.dtype)
+            ins = [(torch.randn(n, a, dtype=plan.dtype), torch.randn(n, f, dtype=plan.dtype))
+                   for a, f in layer_inputs(spec, w)]
 
             def layers():
-                for i in range(spec.n_layers):
+                for i, (a, f) in enumerate(ins):
                     p = f"layers.{i}."
                     linear(x, w[p + "qkv"]), linear(a, w[p + "o"]), linear(x, w[p + "gate_up"]), linear(f, w[p + "down"])
 

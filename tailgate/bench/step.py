@@ -34,9 +34,18 @@ def matmul_peak(dtype, m=1024, k=2048, n=2048, reps=20, device="cpu") -> float:
 
 
 def layer_matmul_params(spec: ModelSpec) -> int:
-    d, h = spec.head_dim, spec.hidden
-    per_layer = h * (spec.n_heads + 2 * spec.n_kv_heads) * d + spec.n_heads * d * h + 3 * h * spec.ffn
-    return spec.n_layers * per_layer
+    """Per-layer head shapes as the spec gives them (Gemma 4's global layers are wider); the MLP
+    at spec.ffn (a Gemma 4 double-wide MLP and MoE experts are not counted)."""
+    h = spec.hidden
+    return sum(h * (spec.n_heads + 2 * kv) * d + spec.n_heads * d * h + 3 * h * spec.ffn
+               for d, kv in zip(spec.layer_head_dim, spec.layer_kv_heads))
+
+
+def layer_inputs(spec: ModelSpec, w: dict) -> list[tuple[int, int]]:
+    """Per layer, the input widths of the attention output and MLP down projections (they differ
+    per layer on Gemma 4: wider global heads, a double-wide MLP on KV-sharing layers)."""
+    return [(spec.n_heads * spec.layer_head_dim[i], w[f"layers.{i}.gate_up"].out_features // 2)
+            for i in range(spec.n_layers)]
 
 
 def step_flops(spec: ModelSpec, rows: int, sampled: int, attn_pairs: int) -> float:
@@ -90,8 +99,11 @@ def run_plan(m, plan: KernelPlan, decode_batches, prefill_rows, context: int, re
              mixed=((64, 4), (64, 16))) -> list[dict]:
     spec = m.spec
     max_b = max(decode_batches)
+    # A decode row reserves its whole context at once; where that is past the sliding window (a
+    # small Gemma 4 test model), the sliding pool needs room for every row's full context.
+    short_window = spec.has_sliding and spec.sliding_window < context + 2
     pages = pool_pages(max(max(prefill_rows, default=0), context + 2), max_b + 1, spec.sliding_window,
-                       transient_prompts=2)
+                       transient_prompts=max_b + 2 if short_window else 2)
     runner = ModelRunner(spec, m.weights, pages, plan=plan)
     book = KVBook(pages["global"], pages.get("local"), spec.sliding_window)
     dev = runner.device
@@ -158,10 +170,10 @@ def matmuls_only(runner: ModelRunner, rows: int, sampled: int) -> None:
     from ..model.layers import linear
 
     spec, w = runner.spec, runner.w
-    x = torch.randn(rows, spec.hidden, dtype=runner.dtype, device=runner.device)
-    a = torch.randn(rows, spec.n_heads * spec.head_dim, dtype=runner.dtype, device=runner.device)
-    m = torch.randn(rows, spec.ffn, dtype=runner.dtype, device=runner.device)
-    for i in range(spec.n_layers):
+    rnd = lambda n: torch.randn(rows, n, dtype=runner.dtype, device=runner.device)  # noqa: E731
+    x = rnd(spec.hidden)
+    for i, ins in enumerate(layer_inputs(spec, w)):
         p = f"layers.{i}."
+        a, m = rnd(ins[0]), rnd(ins[1])
         linear(x, w[p + "qkv"]), linear(a, w[p + "o"]), linear(x, w[p + "gate_up"]), linear(m, w[p + "down"])
     linear(x[:sampled], w["head"])

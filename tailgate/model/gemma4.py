@@ -28,17 +28,19 @@ def _ple_inputs(w: dict, spec: ModelSpec, ctx: StepContext, h: torch.Tensor, op)
 
 def _experts(w: dict, p: str, spec: ModelSpec, h: torch.Tensor, op) -> torch.Tensor:
     """The MoE half of the feed-forward: route the post-attention residual h to its top-k experts."""
-    r = op.rms_norm(h, w["unit.hidden"], spec.eps) * w[p + "router_scale"] * spec.hidden ** -0.5
+    dt = h.dtype  # HF routes in the model's dtype; the scale vectors are stored fp32
+    r = op.rms_norm(h, w["unit.hidden"], spec.eps) * w[p + "router_scale"].to(dt) * spec.hidden ** -0.5
     probs = torch.softmax(linear(r, w[p + "router"]).float(), dim=-1)
     top_w, top_i = probs.topk(spec.moe_top_k, dim=-1)
     top_w = (top_w / top_w.sum(-1, keepdim=True)) * w[p + "expert_scale"][top_i]
     x = op.rms_norm(h, w[p + "ffn_norm_2"], spec.eps)
     out = torch.zeros_like(x)
-    gate_up, down = w[p + "experts_gate_up"], w[p + "experts_down"]
+    gate_up, down = w[p + "experts_gate_up"], w[p + "experts_down"]  # in the plan's dense dtype
     for e in top_i.unique().tolist():
         rows, slot = (top_i == e).nonzero(as_tuple=True)
-        y = F.linear(op.geglu(F.linear(x[rows], gate_up[e])), down[e])
-        out.index_add_(0, rows, (y * top_w[rows, slot, None]).to(out.dtype))
+        gu = F.linear(x[rows].to(gate_up.dtype), gate_up[e]).to(dt)
+        y = F.linear(op.geglu(gu).to(down.dtype), down[e]).to(dt)
+        out.index_add_(0, rows, (y * top_w[rows, slot, None]).to(dt))
     return out
 
 
@@ -51,7 +53,8 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
     dg, dl = spec.family_shape(False)[1], spec.family_shape(True)[1]
     ropes = {
         "global": rope_tables(ctx.positions, dg, spec.rope_theta, dtype, spec.rope_scaling_factor, spec.rope_fraction),
-        "local": rope_tables(ctx.positions, dl, spec.rope_local_theta, dtype, 1.0, spec.rope_local_fraction),
+        "local": rope_tables(ctx.positions, dl, spec.rope_local_theta, dtype, spec.rope_local_scaling,
+                             spec.rope_local_fraction),
     }
     pli = _ple_inputs(w, spec, ctx, h, op) if spec.ple_dim else None
     T, hq = h.shape[0], spec.n_heads

@@ -2,7 +2,8 @@
 
 The defaults mirror `transformers.models.gemma4.Gemma4TextConfig` (pinned 5.24): a config.json
 that omits a field means what it means to HF. Every switch we cannot run refuses here, by name,
-before any weights load.
+before any weights load. Not handled: multimodal placeholder ids (HF embeds them as padding; a
+text prompt does not produce them).
 """
 from __future__ import annotations
 
@@ -22,11 +23,15 @@ def _refuse(what: str) -> ValueError:
     return ValueError(f"Gemma 4 config: {what} is not supported by tailgate")
 
 
-def _rope(params: dict, kind: str) -> tuple[float, float, float]:
-    """(theta, rotary fraction, position scale) for one layer type."""
-    p = (params or _DEFAULT_ROPE).get(kind) or _DEFAULT_ROPE[kind]
-    rtype = p.get("rope_type", "default")
-    theta = float(p.get("rope_theta", _DEFAULT_ROPE[kind]["rope_theta"]))
+def _rope(params: dict | None, kind: str) -> tuple[float, float, float]:
+    """(theta, rotary fraction, position scale) for one layer type. No `rope_parameters` at all
+    means HF's defaults; a given one must name both fields per layer type (HF fails without them:
+    refusing beats serving another theta)."""
+    p = (params or _DEFAULT_ROPE).get(kind)
+    if not isinstance(p, dict) or "rope_type" not in p or "rope_theta" not in p:
+        raise _refuse(f"rope_parameters without rope_type and rope_theta for {kind}")
+    rtype = p["rope_type"]
+    theta = float(p["rope_theta"])
     if rtype == "default":  # HF's default RoPE for Gemma 4 ignores partial_rotary_factor
         return theta, 1.0, 1.0
     if rtype == "proportional":  # the first fraction of the angles rotate; the rest stay put
@@ -50,8 +55,8 @@ def _per_layer(cfg: dict, types: list[str]) -> tuple[list[int], list[int]]:
     n = len(types)
     head_dim = cfg.get("head_dim", 256)
     kv = cfg.get("num_key_value_heads", 4)
-    overrides = cfg.get("per_layer_config")
-    if overrides is None:  # the older form: global layers get global_head_dim (HF default 512)
+    overrides = cfg.get("per_layer_config") or {}
+    if "per_layer_config" not in cfg:  # the older form: global layers get global_head_dim (HF default 512)
         o = {"head_dim": cfg.get("global_head_dim", 512)}
         if cfg.get("attention_k_eq_v", False) and cfg.get("num_global_key_value_heads") is not None:
             o["num_key_value_heads"] = cfg["num_global_key_value_heads"]
@@ -111,14 +116,12 @@ def read_gemma4_spec(cfg: dict) -> ModelSpec:
                              "and moe_intermediate_size")
     g_theta, g_frac, g_scale = _rope(cfg.get("rope_parameters"), "full_attention")
     l_theta, l_frac, l_scale = _rope(cfg.get("rope_parameters"), "sliding_attention")
-    if l_scale != 1.0:
-        raise _refuse("a RoPE factor on sliding layers")
     sliding = tuple(t == "sliding_attention" for t in types)
     spec = ModelSpec(
         arch="gemma4", vocab_size=vocab, hidden=cfg.get("hidden_size", 2304), n_layers=n,
         n_heads=cfg.get("num_attention_heads", 8), n_kv_heads=heads[0], head_dim=dims[0],
         ffn=cfg.get("intermediate_size", 9216), eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=g_theta, rope_local_theta=l_theta, rope_scaling_factor=g_scale,
+        rope_theta=g_theta, rope_local_theta=l_theta, rope_scaling_factor=g_scale, rope_local_scaling=l_scale,
         rope_fraction=g_frac, rope_local_fraction=l_frac,
         max_position=cfg.get("max_position_embeddings", 131_072),
         sliding_window=cfg.get("sliding_window", 512), layer_sliding=sliding,

@@ -49,7 +49,9 @@ def read_spec(directory: Path) -> ModelSpec:
     mtype = cfg.get("model_type", "")
     if mtype in ("gemma3", "gemma4") and "text_config" in cfg:
         # A multimodal checkpoint: its text model alone is served; the towers' tensors are skipped.
-        tie = cfg["text_config"].get("tie_word_embeddings", cfg.get("tie_word_embeddings", True))
+        # HF ties the head from the top-level config of a composite model (the text config's flag
+        # only where the top level has none).
+        tie = cfg.get("tie_word_embeddings", cfg["text_config"].get("tie_word_embeddings", True))
         cfg = {**cfg["text_config"], "tie_word_embeddings": tie}
         mtype += "_text"
     if mtype == "gemma4_text":

@@ -41,6 +41,9 @@ def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, plan: KernelP
             # E2B): kept as stored, its rows widen at the gather (the same values as widening it all).
             w[k] = t.to(device=device).contiguous()
             continue
+        if k.endswith(("experts_gate_up", "experts_down")):  # MoE experts: most of a 26B-A4B's weights
+            w[k] = t.to(device=device, dtype=plan.dense_dtype or dtype).contiguous()
+            continue
         w[k] = t.to(device=device, dtype=torch.float32) if t.dim() <= 1 else cast(t)
     w["head"] = cast(raw["lm_head"]) if "lm_head" in raw else w["embed"]
     if spec.arch == "gemma4":  # unit weights for Gemma 4's scale-free norms (values, router input)

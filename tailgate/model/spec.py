@@ -38,6 +38,7 @@ class ModelSpec:
     kv_source: tuple[int, ...] = ()
     rope_fraction: float = 1.0  # global layers
     rope_local_fraction: float = 1.0
+    rope_local_scaling: float = 1.0  # a RoPE factor on sliding layers (Gemma 4's proportional RoPE)
     k_eq_v: bool = False  # global layers take V from the K projection
     ple_dim: int = 0  # hidden_size_per_layer_input; 0 = no per-layer inputs
     moe_experts: int = 0

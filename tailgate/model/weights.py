@@ -72,7 +72,7 @@ def _file_hash(path: Path) -> str:
 @dataclass
 class LoadedModel:
     spec: ModelSpec
-    weights: dict[str, torch.Tensor]  # float32, internal names
+    weights: dict[str, torch.Tensor]  # internal names; GGUF: float32, HF: as stored (vectors float32)
     tokenizer: Tokenizer
     source: Path
 

@@ -30,12 +30,15 @@ static inline __attribute__((always_inline)) __m256 load8(const void* pool, int6
 }
 
 /* e^x for 8 floats: Cephes' expf (x = n ln2 + r, |r| <= ln2/2, a degree-5 polynomial for e^r,
- * times 2^n through the exponent bits); within ~2 ulp of expf. Inputs below -87.3 give 0. The
+ * times 2^n through the exponent bits); within ~2 ulp of expf. Inputs below -87.3 give 0, NaN
+ * stays NaN. The
  * scalar expf per score was ~40 % of the kernel (16 rows x 257 keys x 4 heads, Xeon, cached KV). */
 static inline __m256 exp8(__m256 x) {
   const __m256 lo = _mm256_set1_ps(-87.3f);
   const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.3f));
+  /* max/min return their second operand when one is NaN: x second, so a NaN score stays NaN
+   * (as expf keeps it, and as the sampler then reports) whatever its position in the row */
+  x = _mm256_min_ps(_mm256_set1_ps(88.3f), _mm256_max_ps(lo, x));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
