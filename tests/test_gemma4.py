@@ -195,3 +195,13 @@ def test_a_gemma4_directory_serves_over_http_with_its_chat_template(tiny, everyt
     finally:
         p.terminate()
         p.wait(30)
+
+
+def test_a_gemma4_directory_without_a_chat_template_refuses_chat_not_guesses(tiny):
+    from tailgate.model.tokenizer import Tokenizer
+
+    d = tiny("everything")
+    tok = Tokenizer(str(d / "tokenizer.json"), {"family": "gemma4", "bos_id": 2, "add_bos": True})
+    with pytest.raises(ValueError, match="no chat template"):
+        tok.render_chat([{"role": "user", "content": "hi"}])
+    assert tok.encode("hi")[0] == 2  # completions still work

@@ -29,10 +29,14 @@ class Tokenizer:
         self.bos_id = meta.get("bos_id")
         self.eos_ids = list(meta.get("eos_ids") or [])
         self.add_bos = bool(meta.get("add_bos")) and self.bos_id is not None
-        template = meta.get("chat_template") or (GEMMA_TEMPLATE if meta.get("family") in ("gemma3", "gemma4") else CHATML_TEMPLATE)
+        # Without a template of its own: Gemma 3's turn format, or ChatML for Llama; Gemma 4's format
+        # differs from both, so a Gemma 4 directory without a template serves no chat.
+        family = meta.get("family")
+        template = meta.get("chat_template") or \
+            (GEMMA_TEMPLATE if family == "gemma3" else None if family == "gemma4" else CHATML_TEMPLATE)
         env = ImmutableSandboxedEnvironment(trim_blocks=False, lstrip_blocks=False)
         env.globals["raise_exception"] = _raise
-        self._template = env.from_string(template)
+        self._template = env.from_string(template) if template is not None else None
         self.bos_token = self._tok.id_to_token(self.bos_id) if self.bos_id is not None else ""
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
 
@@ -50,6 +54,9 @@ class Tokenizer:
         return self._tok.id_to_token(i)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if self._template is None:
+            raise ValueError("this model's directory has no chat template (tokenizer_config.json "
+                             "chat_template or chat_template.jinja); use /v1/completions")
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                          bos_token=self.bos_token, eos_token="")
