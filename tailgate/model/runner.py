@@ -37,8 +37,8 @@ def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, plan: KernelP
         if k in fused or k == "lm_head":
             continue
         if k == "ple_embed" and t.element_size() < torch.empty(0, dtype=dtype).element_size():
-            # Gemma 4's per-layer embedding table is only gathered from (2.35 B rows x 1 value on
-            # E2B): kept as stored, its rows widen at the gather (the same values as widening it all).
+            # Gemma 4's per-layer embedding table is only gathered from (2.35 B values on E2B):
+            # kept as stored, its rows widen at the gather (the same values as widening it all).
             w[k] = t.to(device=device).contiguous()
             continue
         if k.endswith(("experts_gate_up", "experts_down")):  # MoE experts: most of a 26B-A4B's weights
