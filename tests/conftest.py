@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tailgate.engine.pages import KVBook, pool_pages
+from tailgate.model.check import LONG_TEXT  # noqa: F401  (the tests import it from here)
 from tailgate.model.runner import ModelRunner
 from tailgate.model.weights import load_model, resolve_model_path
 
@@ -87,9 +88,3 @@ def hf_model():
     return get
 
 
-LONG_TEXT = (
-    "The river town woke slowly. Fishermen dragged their boats across the wet stones while the baker "
-    "counted loaves by the door, and the schoolteacher rang a bell that nobody seemed to hear. "
-    "By noon the market had filled with cloth merchants, spice sellers and a man who sold nothing but "
-    "keys, hundreds of them, each tagged with the name of a door he swore still existed somewhere. "
-)

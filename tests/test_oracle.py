@@ -5,18 +5,8 @@ import pytest
 import torch
 
 from tailgate.model import serial
+from tailgate.model.check import MEAN_TOL, P99_TOL, PROMPTS, compare  # the tolerances `tailgate check` uses
 from conftest import LONG_TEXT, MODELS
-
-# Measured floor (fp32, same dequantized weights, 2-core CPU): mean |Δ logprob| ≈ 1e-6 and
-# p99 ≈ 1e-5 for both models; the tolerances are ~20x that to absorb BLAS blocking differences.
-MEAN_TOL = 1e-4
-P99_TOL = 5e-4
-
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):\n    ",
-    "Once upon a time, in a small village by the sea,",
-]
 
 
 def sequences(tok):
@@ -32,14 +22,10 @@ def test_teacher_forced_logprobs_match_hf(name, rig, hf_model):
         ours = torch.log_softmax(serial.teacher_forced_logits(r.runner, r.book, ids), -1)
         with torch.inference_mode():
             ref = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)
-        diff = (ours - ref).abs()
-        per_pos = diff.mean(-1)
-        mean, p99 = diff.mean().item(), torch.quantile(per_pos, 0.99).item()
-        top = ref.argmax(-1)
-        regret = (ref.gather(-1, top[:, None]) - ref.gather(-1, ours.argmax(-1)[:, None])).max().item()
-        print(f"{name} len={len(ids)} mean|Δ|={mean:.2e} p99={p99:.2e} max={diff.max().item():.2e} regret={regret:.3f}")
-        assert mean < MEAN_TOL and p99 < P99_TOL
-        assert regret <= 0.2
+        c = compare(ours, ref)
+        print(f"{name} len={len(ids)} mean|Δ|={c.mean:.2e} p99={c.p99:.2e} max={c.max:.2e} regret={c.regret:.3f}")
+        assert c.mean < MEAN_TOL and c.p99 < P99_TOL
+        assert c.regret <= 0.2
     r.assert_no_leak()
 
 

@@ -17,8 +17,12 @@ MEAN_TOL = 1e-4
 P99_TOL = 5e-4
 REGRET_TOL = 0.2  # logprob the reference gives up where our top token differs from its own
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, in a small village by the sea,"]
-STORY = ("The river town woke slowly. Fishermen dragged their boats across the wet stones while the baker "
-         "counted loaves by the door, and the schoolteacher rang a bell that nobody seemed to hear. ")
+LONG_TEXT = (  # repeated into the text that crosses a sliding window (the tests' long sequences too)
+    "The river town woke slowly. Fishermen dragged their boats across the wet stones while the baker "
+    "counted loaves by the door, and the schoolteacher rang a bell that nobody seemed to hear. "
+    "By noon the market had filled with cloth merchants, spice sellers and a man who sold nothing but "
+    "keys, hundreds of them, each tagged with the name of a door he swore still existed somewhere. "
+)
 
 
 @dataclass
@@ -59,8 +63,17 @@ def sequences(tok, window: int | None) -> list[list[int]]:
     the model has none)."""
     seqs = [tok.encode(p) for p in PROMPTS]
     want = (window or 448) + 64
-    long_ids = tok.encode(STORY * (want // 20 + 2))[:want]
+    long_ids = tok.encode(LONG_TEXT * (want // 40 + 2))[:want]
     return seqs + [long_ids]
+
+
+def compare(ours: torch.Tensor, ref: torch.Tensor) -> SeqResult:
+    """Teacher-forced logprobs [positions, vocab], ours against the reference's."""
+    diff = (ours - ref).abs()
+    top = ref.argmax(-1)
+    regret = (ref.gather(-1, top[:, None]) - ref.gather(-1, ours.argmax(-1)[:, None])).max().item()
+    return SeqResult(ours.shape[0], diff.mean().item(), torch.quantile(diff.mean(-1), 0.99).item(),
+                     diff.max().item(), regret)
 
 
 def check_against_hf(directory: str | Path, greedy_tokens: int = 16, kernels: str = "auto", log=print) -> CheckResult:
@@ -97,12 +110,8 @@ def check_against_hf(directory: str | Path, greedy_tokens: int = 16, kernels: st
     book = KVBook(pages["global"], pages.get("local"), m.spec.sliding_window)
     res = CheckResult(greedy_hf=greedy_hf)
     for ids, ref in zip(seqs, refs):
-        ours = torch.log_softmax(serial.teacher_forced_logits(runner, book, ids).float(), -1)
-        diff = (ours - ref).abs()
-        top = ref.argmax(-1)
-        regret = (ref.gather(-1, top[:, None]) - ref.gather(-1, ours.argmax(-1)[:, None])).max().item()
-        res.sequences.append(SeqResult(len(ids), diff.mean().item(), torch.quantile(diff.mean(-1), 0.99).item(),
-                                       diff.max().item(), regret))
+        res.sequences.append(compare(torch.log_softmax(serial.teacher_forced_logits(runner, book, ids).float(), -1),
+                                     ref))
     res.greedy_ours = serial.generate(runner, book, seqs[0], greedy_tokens)[:len(greedy_hf)]
     return res
 

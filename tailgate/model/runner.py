@@ -50,9 +50,7 @@ def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, plan: KernelP
         for d in set(spec.layer_head_dim):
             w[f"unit.{d}"] = torch.ones(d, device=device)
         w["unit.hidden"] = torch.ones(spec.hidden, device=device)
-    for k in [k for k in w if k.endswith(("qkv", ".o", "gate_up", "down")) or k == "head"]:
-        if k.endswith(("experts_gate_up", "experts_down")):
-            continue
+    for k in [k for k in w if k.rpartition(".")[2] in ("qkv", "o", "gate_up", "down") or k == "head"]:
         w[k] = Linear(w[k], plan, "head" if k == "head" else "layers")
     return w
 
