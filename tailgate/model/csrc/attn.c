@@ -77,15 +77,35 @@ static inline void softmax(float* p, int64_t n) {
   for (; t < n; ++t) p[t] *= 1.0f / sum;
 }
 
+#define PREFETCH_KEYS 8 /* 4 KB ahead at d = 256 in fp16; 4 was slower, 16 no better */
+
+/* Ask for two key rows of `bytes` each, a cache line at a time. */
+static inline __attribute__((always_inline)) void prefetch_row(const char* a, const char* b, int64_t bytes) {
+  for (int64_t c = 0; c < bytes; c += 64) {
+    _mm_prefetch(a + c, _MM_HINT_T0);
+    _mm_prefetch(b + c, _MM_HINT_T0);
+  }
+}
+
 /* Scores of JB query heads (rows qr + j*d) against every key of one kv head, two keys at a
  * time: K is loaded and converted once for the JB heads, and the 2 x JB accumulators are
  * independent FMA chains (one chain per dot product was latency-bound: ~4x slower). */
-static inline __attribute__((always_inline)) void scores(const float* qr, const void* kpool, int half,
+static inline __attribute__((always_inline)) void scores(const float* qr, const void* kpool, const void* vpool, int half,
                                                           const int64_t* sl, int64_t n, int64_t hkv, int64_t h,
                                                           int64_t d, float scale, float* p, int64_t w, const int JB) {
   int64_t t = 0;
+  const int64_t esz = half ? 2 : 4;
   for (; t + 1 < n; t += 2) {
     const int64_t k0 = (sl[t] * hkv + h) * d, k1 = (sl[t + 1] * hkv + h) * d;
+    /* The pool is read page by page in the rows' own slot order, so the hardware prefetcher
+     * loses the stream at every page edge: fetch K a few keys ahead, and this key's V now so the
+     * value pass finds it in cache (both streams in flight at once instead of one after the
+     * other). 18 layers x 16 rows x 257 fp16 keys, Intel Xeon (AMX), 2 threads, caches flushed
+     * between steps, alternating runs: 10.7-13.3 -> 6.4-9.4 ms. */
+    if (t + PREFETCH_KEYS + 1 < n)
+      prefetch_row((const char*)kpool + (sl[t + PREFETCH_KEYS] * hkv + h) * d * esz,
+                   (const char*)kpool + (sl[t + PREFETCH_KEYS + 1] * hkv + h) * d * esz, d * esz);
+    prefetch_row((const char*)vpool + k0 * esz, (const char*)vpool + k1 * esz, d * esz);
 
     __m256 a0[4], a1[4];
     for (int j = 0; j < JB; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
@@ -188,10 +208,10 @@ static inline __attribute__((always_inline)) int attend(const float* q, const vo
         const float* qj = qr + j0 * d;
         float* pj = p + j0 * w;
         switch (g - j0 >= 4 ? 4 : (int)(g - j0)) {
-          case 4: scores(qj, kpool, half, sl, n, hkv, h, d, scale, pj, w, 4); break;
-          case 3: scores(qj, kpool, half, sl, n, hkv, h, d, scale, pj, w, 3); break;
-          case 2: scores(qj, kpool, half, sl, n, hkv, h, d, scale, pj, w, 2); break;
-          default: scores(qj, kpool, half, sl, n, hkv, h, d, scale, pj, w, 1); break;
+          case 4: scores(qj, kpool, vpool, half, sl, n, hkv, h, d, scale, pj, w, 4); break;
+          case 3: scores(qj, kpool, vpool, half, sl, n, hkv, h, d, scale, pj, w, 3); break;
+          case 2: scores(qj, kpool, vpool, half, sl, n, hkv, h, d, scale, pj, w, 2); break;
+          default: scores(qj, kpool, vpool, half, sl, n, hkv, h, d, scale, pj, w, 1); break;
         }
       }
       for (int64_t j = 0; j < g; ++j) softmax(p + j * w, n);
