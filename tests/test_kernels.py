@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from tailgate.model import native
-from tailgate.model.cpu import parse_cpuinfo
+from tailgate.model.cpu import parse_cpuinfo, this_cpu
 from tailgate.model.kernels import KernelError, Linear, choose, quantize_int4
 from tailgate.model.runner import ModelRunner
 
@@ -135,6 +135,34 @@ def test_every_kernel_computes_the_same_product_within_its_precision(kind, tol):
         want = F.linear(x, w)
         err = (lin(x) - want).norm() / want.norm()
         assert err < tol, (kind, rows, err.item())
+
+
+def test_the_q8_panels_follow_the_cpus_vnni():
+    assert EPYC.q8_variant == "avx2" and choose(cpu=EPYC, mkldnn=True, cuda=False, native_build=BUILT).q8_variant == "avx2"
+    p = choose(cpu=XEON, mkldnn=True, cuda=False, native_build=BUILT)
+    assert (p.q8_variant, p.as_dict()["q8_variant"]) == ("avx2", "avx2") and "(avx2)" in p.line()  # no VNNI flag
+    vnni = parse_cpuinfo(f"model name\t: {XEON.model}\nflags\t\t: {' '.join(XEON.flags)} avx512_vnni avx_vnni\n")
+    p = choose(cpu=vnni, mkldnn=True, cuda=False, native_build=BUILT)
+    assert p.q8_variant == "avx512_vnni" and "q8 int8 x int8 (avx512_vnni)" in p.line()
+    assert p.quant_rows == (32, 16)  # the wide panels' own crossover on AMX
+    alder = parse_cpuinfo("model name\t: Intel(R) Core(TM) i7-12700\nflags\t\t: avx avx2 fma f16c avx_vnni\n")
+    assert choose(cpu=alder, mkldnn=True, cuda=False, native_build=BUILT).q8_variant == "avx_vnni"
+    assert choose("fp32", "onednn", cpu=vnni, mkldnn=True, cuda=False, native_build=BUILT).as_dict()["q8_variant"] is None
+
+
+@needs_native
+@pytest.mark.parametrize("variant", [v for v in native.Q8_VARIANTS if v != "avx2"])
+def test_every_vnni_q8_panel_gives_the_avx2_panels_bits(variant):
+    have = {"avx_vnni": {"avx_vnni"}, "avx512_vnni": {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"}}
+    if not have[variant] <= this_cpu().flags:
+        pytest.skip(f"this CPU ({this_cpu().model}) has no {variant}")
+    g = torch.Generator().manual_seed(5)
+    for n, k in ((96, 576), (64, 2048)):
+        w = torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g)  # scales differ per output
+        base, other = native.q8_quantize(w, "avx2"), native.q8_quantize(w, variant)
+        for rows in (1, 3, 4, 5, 8, 9, 17, 70):  # every remainder of the 4- and 8-row sweeps, and past 64
+            x = torch.randn(rows, k, generator=g) * 4
+            assert torch.equal(native.q8_linear(x, *other), native.q8_linear(x, *base)), (variant, n, k, rows)
 
 
 @needs_native

@@ -26,6 +26,17 @@ class CpuInfo:
         return {"avx512bw", "avx512vl", "avx512dq"} <= self.flags or "avx_ne_convert" in self.flags
 
     @property
+    def q8_variant(self) -> str:
+        """The q8 matmul's int8 dot products (csrc/q8.c; the same int32 sums in every variant):
+        AVX-512 VNNI's 64-byte vpdpbusd where the CPU has it, else AVX-VNNI's 32-byte one, else
+        AVX2's four-instruction sequence."""
+        if {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"} <= self.flags:
+            return "avx512_vnni"
+        if "avx_vnni" in self.flags:
+            return "avx_vnni"
+        return "avx2"
+
+    @property
     def isa(self) -> str:
         """The widest class that matters for our kernels, for logs and `/version`."""
         if "amx_bf16" in self.flags:

@@ -39,7 +39,8 @@ _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.flo
            "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
 INT4_GROUP = 32  # the file's own Q4_K/Q5_0 group size
 
-# Steps of at most this many rows use the quantized kernel, per weight group (layers, head);
+# Steps of at most this many rows use the quantized kernel, per weight group (layers, head), by
+# (CPU class, kernel) or, where the q8 panels' variant moves the crossover, (class, kernel, variant);
 # EVERY means every call (the dense copy of those weights is then not kept at all).
 # Measured on AMD EPYC (Zen 3, AVX2), torch 2.13, 2 threads, `tailgate bench kernels` on the real
 # weights (it prints the crossover on any machine), ms at M = 1/4/16/64/256:
@@ -56,10 +57,15 @@ QUANT_ROWS = {
     ("avx2", "int8"): (16, 6),
     ("avx2", "int4"): (16, 8),
     # Intel Xeon (AMX), torch 2.13, 2 threads, `tailgate bench kernels`, ms at M = 1/4/16/64:
-    # layers q8 8.8/11.8/31.3/91.9 against oneDNN bf16 18.5/18.5/18.9/25.2; head q8
+    # layers q8 (AVX2 panels) 8.8/11.8/31.3/91.9 against oneDNN bf16 18.5/18.5/18.9/25.2; head q8
     # 11.3/14.9/46.4/161 against bf16 22.9/22.2/24.8/26.6: crossovers near 8 and 6 rows.
     ("amx", "q8"): (8, 6),
     ("avx512_bf16", "q8"): (8, 6),
+    # The same Xeon with the AVX-512 VNNI panels (q8_variant "avx512_vnni"), best of 3 alternating
+    # rounds, ms at M = 8/16/32/48: layers 11.8/13.5/18.0/23.6 against bf16 25.6/16.9/20.4/18.5;
+    # head 15.2/17.7/32.5/44.5 against 27.8/17.5/35.1/36.9: crossovers near 32 and 16 rows (the
+    # head's at 16 a tie, taken for q8's batch invariance).
+    ("amx", "q8", "avx512_vnni"): (32, 16),
 }
 # A CPU class without a measured cut uses these (the same shapes of memory-bound crossover).
 DEFAULT_QUANT_ROWS = {"q8": (EVERY, 64), "int8": (16, 6), "int4": (16, 8)}
@@ -92,6 +98,8 @@ class KernelPlan:
     # The dense weights' dtype when it is not the runtime dtype: bf16 under fp32 activations on
     # AMX / AVX-512 BF16 (each dense call casts its input to bf16 and its output back).
     dense_dtype: torch.dtype | None = None
+    # The q8 kernel's int8 dot products: "avx2" (vpmaddubsw), "avx_vnni" or "avx512_vnni".
+    q8_variant: str = "avx2"
 
     @property
     def kv(self) -> torch.dtype:
@@ -103,7 +111,7 @@ class KernelPlan:
             dt += f" activations, {str(self.dense_dtype).removeprefix('torch.')} weights"
         s = f"kernels: {dt} {'oneDNN prepacked' if self.dense == 'onednn' else 'F.linear'}"
         if self.quant:
-            what = "int8 x int8" if self.quant == "q8" else "weight-only"
+            what = f"int8 x int8 ({self.q8_variant})" if self.quant == "q8" else "weight-only"
             cuts = ["every call" if n >= EVERY else f"calls of <= {n} rows" for n in self.quant_rows]
             s += f" + {self.quant} {what} for {cuts[0]} (layers) / {cuts[1]} (head)"
         if self.attention == "native":
@@ -118,7 +126,8 @@ class KernelPlan:
                 "quant": self.quant, "quant_rows": {"layers": self.quant_rows[0], "head": self.quant_rows[1]},
                 "cpu": self.cpu, "isa": self.isa, "note": self.note,
                 "attention": self.attention, "kv_dtype": str(self.kv).removeprefix("torch."),
-                "dense_dtype": str(self.dense_dtype or self.dtype).removeprefix("torch.")}
+                "dense_dtype": str(self.dense_dtype or self.dtype).removeprefix("torch."),
+                "q8_variant": self.q8_variant if self.quant == "q8" else None}
 
 
 def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto", device="auto",
@@ -177,9 +186,11 @@ def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto
         dense_dt = None
         if mixed:
             quant, note = None, why or note
-    rows = QUANT_ROWS.get((cpu.isa, quant), DEFAULT_QUANT_ROWS.get(quant, (0, 0))) if quant else (0, 0)
+    variant = cpu.q8_variant if quant == "q8" else "avx2"
+    rows = QUANT_ROWS.get((cpu.isa, quant, variant)) or QUANT_ROWS.get((cpu.isa, quant)) or \
+        DEFAULT_QUANT_ROWS.get(quant, (0, 0)) if quant else (0, 0)
     kv = torch.float16 if quant == "q8" and attention == "native" else None
-    return KernelPlan("cpu", dt, dense, quant, rows, cpu.model, cpu.isa, note, attention, kv, dense_dt)
+    return KernelPlan("cpu", dt, dense, quant, rows, cpu.model, cpu.isa, note, attention, kv, dense_dt, variant)
 
 
 def runnable_plans(device="cpu") -> list[KernelPlan]:
@@ -231,7 +242,7 @@ class Linear:
         if plan.quant and cut > 0 and w.shape[1] % INT4_GROUP == 0 and w.shape[0] % 16 == 0:
             self.quant, self.max_q_rows = plan.quant, cut
             if plan.quant == "q8":
-                self.q, self.qs = native.q8_quantize(w), None
+                self.q, self.qs = native.q8_quantize(w, plan.q8_variant), None
             else:
                 self.q, self.qs = (quantize_int8 if plan.quant == "int8" else quantize_int4)(w)
         self.packed = plan.dense == "onednn"

@@ -66,7 +66,8 @@ def _build(cc: str) -> Path:
 def _declare(lib: ctypes.CDLL) -> None:
     P, I, F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     lib.q8_quantize.argtypes, lib.q8_quantize.restype = [P, I, I, P, P], None
-    lib.q8_linear.argtypes, lib.q8_linear.restype = [P, I, I, P, P, I, P], ctypes.c_int
+    lib.q8_linear.argtypes, lib.q8_linear.restype = [P, I, I, P, P, I, P, ctypes.c_int], ctypes.c_int
+    lib.q8_offset.argtypes, lib.q8_offset.restype = [P, I], None
     lib.decode_attention.argtypes = [P, P, P, P, P, I, I, I, I, I, F, P]
     lib.decode_attention.restype = ctypes.c_int
     lib.decode_attention_f16.argtypes = lib.decode_attention.argtypes
@@ -101,9 +102,14 @@ def _lib() -> ctypes.CDLL:
     return lib
 
 
-def q8_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """W [N, K] -> (int8 q, fp32 scales): GGUF's Q8_0 blocks, packed in panels of 8 outputs
-    (csrc/q8.c); the tensors have the sizes of [N, K] and [N, K/32] but only q8_linear reads them."""
+# q8 panel variants: the int8 dot products through AVX2 (vpmaddubsw) or one VNNI instruction.
+Q8_VARIANTS = {"avx2": 0, "avx_vnni": 1, "avx512_vnni": 2}
+
+
+def q8_quantize(w: torch.Tensor, variant: str = "avx2") -> tuple[torch.Tensor, torch.Tensor, int]:
+    """W [N, K] -> (int8 q, fp32 scales, variant code): GGUF's Q8_0 blocks, packed in panels of 8
+    outputs (csrc/q8.c), offset to unsigned bytes for the VNNI variants; the tensors have the
+    sizes of [N, K] and [N, K/32] but only q8_linear reads them."""
     lib = _lib()
     w = w.float().contiguous()
     n, k = w.shape
@@ -112,15 +118,25 @@ def q8_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty(n, k, dtype=torch.int8)
     d = torch.empty(n, k // GROUP, dtype=torch.float32)
     lib.q8_quantize(w.data_ptr(), n, k, q.data_ptr(), d.data_ptr())
-    return q, d
+    code = Q8_VARIANTS[variant]
+    if code:
+        lib.q8_offset(q.data_ptr(), q.numel())
+    if variant == "avx512_vnni":  # panels of 16 outputs: two 8-output panels interleaved per 4 inputs
+        if n % (2 * PANEL):
+            raise ValueError(f"q8 ({variant}) needs N % {2 * PANEL} == 0, got N={n}")
+        nb = k // GROUP
+        q = q.view(n // 16, 2, nb, 8, 32).permute(0, 2, 3, 1, 4).contiguous().view(n, k)
+        d = d.view(n // 16, 2, nb, 8).permute(0, 2, 1, 3).contiguous().view(n, nb)
+    return q, d, code
 
 
-def q8_linear(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """x [M, K] fp32 @ W^T -> [M, N] fp32 (x quantized per row, in blocks of 32)."""
+def q8_linear(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, variant: int = 0) -> torch.Tensor:
+    """x [M, K] fp32 @ W^T -> [M, N] fp32 (x quantized per row, in blocks of 32); `variant` is the
+    code q8_quantize returned with these weights."""
     x = x.contiguous()
     m, k = x.shape
     y = torch.empty(m, q.shape[0], dtype=torch.float32)
-    if _LIB.q8_linear(x.data_ptr(), m, k, q.data_ptr(), d.data_ptr(), q.shape[0], y.data_ptr()):
+    if _LIB.q8_linear(x.data_ptr(), m, k, q.data_ptr(), d.data_ptr(), q.shape[0], y.data_ptr(), variant):
         raise MemoryError("q8: no scratch memory for the quantized activations")
     return y
 
