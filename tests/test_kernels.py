@@ -54,7 +54,7 @@ def test_an_amx_cpu_runs_fp32_activations_over_bf16_weights_and_q8_for_small_ste
     p = choose(cpu=XEON, mkldnn=True, cuda=False, native_build=BUILT)
     assert (p.dtype, p.dense_dtype, p.dense, p.quant, p.attention, p.kv) == \
         (torch.float32, torch.bfloat16, "onednn", "q8", "native", torch.float16)
-    assert 1 <= min(p.quant_rows) and max(p.quant_rows) < 64 and "bfloat16 weights" in p.line()
+    assert 1 <= min(p.quant_rows) and max(p.quant_rows) <= 64 and "bfloat16 weights" in p.line()
     assert p.as_dict()["dense_dtype"] == "bfloat16"
 
 
@@ -137,14 +137,17 @@ def test_every_kernel_computes_the_same_product_within_its_precision(kind, tol):
         assert err < tol, (kind, rows, err.item())
 
 
-def test_the_q8_panels_follow_the_cpus_vnni():
+def test_the_q8_panels_follow_the_cpus_int8_instructions():
     assert EPYC.q8_variant == "avx2" and choose(cpu=EPYC, mkldnn=True, cuda=False, native_build=BUILT).q8_variant == "avx2"
     p = choose(cpu=XEON, mkldnn=True, cuda=False, native_build=BUILT)
-    assert (p.q8_variant, p.as_dict()["q8_variant"]) == ("avx2", "avx2") and "(avx2)" in p.line()  # no VNNI flag
+    assert (p.q8_variant, p.as_dict()["q8_variant"], p.quant_rows) == ("amx", "amx", (64, 32))
+    assert "q8 int8 x int8 (amx)" in p.line()
+    # the OS may refuse the tiles: the plan steps down to the widest VNNI and says so
+    p = choose(cpu=XEON, mkldnn=True, cuda=False, native_build=BUILT, amx_grant=lambda: False)
+    assert p.q8_variant == "avx2" and "did not grant AMX tiles: q8 on avx2" in p.line()
     vnni = parse_cpuinfo(f"model name\t: {XEON.model}\nflags\t\t: {' '.join(XEON.flags)} avx512_vnni avx_vnni\n")
-    p = choose(cpu=vnni, mkldnn=True, cuda=False, native_build=BUILT)
-    assert p.q8_variant == "avx512_vnni" and "q8 int8 x int8 (avx512_vnni)" in p.line()
-    assert p.quant_rows == (32, 16)  # the wide panels' own crossover on AMX
+    p = choose(cpu=vnni, mkldnn=True, cuda=False, native_build=BUILT, amx_grant=lambda: False)
+    assert p.q8_variant == "avx512_vnni" and p.quant_rows == (32, 16)  # the wide panels' own crossover on AMX
     alder = parse_cpuinfo("model name\t: Intel(R) Core(TM) i7-12700\nflags\t\t: avx avx2 fma f16c avx_vnni\n")
     assert choose(cpu=alder, mkldnn=True, cuda=False, native_build=BUILT).q8_variant == "avx_vnni"
     assert choose("fp32", "onednn", cpu=vnni, mkldnn=True, cuda=False, native_build=BUILT).as_dict()["q8_variant"] is None
@@ -152,15 +155,16 @@ def test_the_q8_panels_follow_the_cpus_vnni():
 
 @needs_native
 @pytest.mark.parametrize("variant", [v for v in native.Q8_VARIANTS if v != "avx2"])
-def test_every_vnni_q8_panel_gives_the_avx2_panels_bits(variant):
-    have = {"avx_vnni": {"avx_vnni"}, "avx512_vnni": {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"}}
-    if not have[variant] <= this_cpu().flags:
-        pytest.skip(f"this CPU ({this_cpu().model}) has no {variant}")
+def test_every_other_q8_panel_gives_the_avx2_panels_bits(variant):
+    have = {"avx_vnni": {"avx_vnni"}, "avx512_vnni": {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"},
+            "amx": {"avx512f", "avx512bw", "avx512dq", "avx512vl", "amx_tile", "amx_int8"}}
+    if not have[variant] <= this_cpu().flags or (variant == "amx" and not native.amx_ready()):
+        pytest.skip(f"this CPU ({this_cpu().model}) or its OS offers no {variant}")
     g = torch.Generator().manual_seed(5)
-    for n, k in ((96, 576), (64, 2048)):
+    for n, k in ((96, 576), (64, 2048), (32, 608)):  # 608: an odd number of blocks (AMX pairs them)
         w = torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g)  # scales differ per output
         base, other = native.q8_quantize(w, "avx2"), native.q8_quantize(w, variant)
-        for rows in (1, 3, 4, 5, 8, 9, 17, 70):  # every remainder of the 4- and 8-row sweeps, and past 64
+        for rows in (1, 3, 4, 5, 8, 9, 16, 17, 70):  # every remainder of the 4-, 8- and 16-row sweeps, past 64
             x = torch.randn(rows, k, generator=g) * 4
             assert torch.equal(native.q8_linear(x, *other), native.q8_linear(x, *base)), (variant, n, k, rows)
 

@@ -66,6 +66,10 @@ QUANT_ROWS = {
     # head 15.2/17.7/32.5/44.5 against 27.8/17.5/35.1/36.9: crossovers near 32 and 16 rows (the
     # head's at 16 a tie, taken for q8's batch invariance).
     ("amx", "q8", "avx512_vnni"): (32, 16),
+    # The AMX tile panels, same script, ms at M = 8/16/32/64/96: layers 7.4/11.6/16.0/31.2/29.5
+    # against bf16 14.7/24.7/36.0/34.2/32.0; head 9.2/14.9/21.3/59.7/73.1 against bf16
+    # 14.8/27.1/51.8/61.9/100.8 (and 46.4 vs 44.7 at 48): crossovers near 64-96 and 48.
+    ("amx", "q8", "amx"): (64, 32),
 }
 # A CPU class without a measured cut uses these (the same shapes of memory-bound crossover).
 DEFAULT_QUANT_ROWS = {"q8": (EVERY, 64), "int8": (16, 6), "int4": (16, 8)}
@@ -132,10 +136,11 @@ class KernelPlan:
 
 def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto", device="auto",
            cpu: CpuInfo | None = None, mkldnn: bool | None = None, cuda: bool | None = None,
-           native_build=None) -> KernelPlan:
-    """The plan for this machine. `cpu`, `mkldnn`, `cuda` and `native_build` (-> (lib, why)) default
-    to the real machine; tests pass fakes. Refuses (KernelError) a value outside the grammar or a
-    kernel the CPU cannot run."""
+           native_build=None, amx_grant=None) -> KernelPlan:
+    """The plan for this machine. `cpu`, `mkldnn`, `cuda`, `native_build` (-> (lib, why)) and
+    `amx_grant` (-> whether the OS lets this process use AMX tiles) default to the real machine;
+    tests pass fakes (a faked library grants AMX unless told otherwise). Refuses (KernelError) a
+    value outside the grammar or a kernel the CPU cannot run."""
     cuda = torch.cuda.is_available() if cuda is None else cuda
     mkldnn = torch.backends.mkldnn.is_available() if mkldnn is None else mkldnn
     dev = torch.device("cuda" if cuda else "cpu") if device in (None, "", "auto") else torch.device(device)
@@ -187,6 +192,9 @@ def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto
         if mixed:
             quant, note = None, why or note
     variant = cpu.q8_variant if quant == "q8" else "avx2"
+    if variant == "amx" and not (amx_grant or (native.amx_ready if native_build is None else lambda: True))():
+        variant = "avx512_vnni" if "avx512_vnni" in cpu.flags else "avx2"
+        note = "; ".join(x for x in (note, f"the OS did not grant AMX tiles: q8 on {variant}") if x)
     rows = QUANT_ROWS.get((cpu.isa, quant, variant)) or QUANT_ROWS.get((cpu.isa, quant)) or \
         DEFAULT_QUANT_ROWS.get(quant, (0, 0)) if quant else (0, 0)
     kv = torch.float16 if quant == "q8" and attention == "native" else None

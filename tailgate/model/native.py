@@ -68,6 +68,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.q8_quantize.argtypes, lib.q8_quantize.restype = [P, I, I, P, P], None
     lib.q8_linear.argtypes, lib.q8_linear.restype = [P, I, I, P, P, I, P, ctypes.c_int], ctypes.c_int
     lib.q8_offset.argtypes, lib.q8_offset.restype = [P, I], None
+    lib.q8_amx_init.argtypes, lib.q8_amx_init.restype = [], ctypes.c_int
     lib.decode_attention.argtypes = [P, P, P, P, P, I, I, I, I, I, F, P]
     lib.decode_attention.restype = ctypes.c_int
     lib.decode_attention_f16.argtypes = lib.decode_attention.argtypes
@@ -103,7 +104,7 @@ def _lib() -> ctypes.CDLL:
 
 
 # q8 panel variants: the int8 dot products through AVX2 (vpmaddubsw) or one VNNI instruction.
-Q8_VARIANTS = {"avx2": 0, "avx_vnni": 1, "avx512_vnni": 2}
+Q8_VARIANTS = {"avx2": 0, "avx_vnni": 1, "avx512_vnni": 2, "amx": 3}
 
 
 def q8_quantize(w: torch.Tensor, variant: str = "avx2") -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -119,15 +120,21 @@ def q8_quantize(w: torch.Tensor, variant: str = "avx2") -> tuple[torch.Tensor, t
     d = torch.empty(n, k // GROUP, dtype=torch.float32)
     lib.q8_quantize(w.data_ptr(), n, k, q.data_ptr(), d.data_ptr())
     code = Q8_VARIANTS[variant]
-    if code:
+    if code in (1, 2):
         lib.q8_offset(q.data_ptr(), q.numel())
-    if variant == "avx512_vnni":  # panels of 16 outputs: two 8-output panels interleaved per 4 inputs
+    if variant in ("avx512_vnni", "amx"):  # panels of 16 outputs: two 8-output panels interleaved per 4 inputs
         if n % (2 * PANEL):
             raise ValueError(f"q8 ({variant}) needs N % {2 * PANEL} == 0, got N={n}")
         nb = k // GROUP
         q = q.view(n // 16, 2, nb, 8, 32).permute(0, 2, 3, 1, 4).contiguous().view(n, k)
         d = d.view(n // 16, 2, nb, 8).permute(0, 2, 1, 3).contiguous().view(n, nb)
     return q, d, code
+
+
+def amx_ready() -> bool:
+    """Whether this process may use AMX tiles (Linux grants them on request, once per process)."""
+    lib, _ = load()
+    return lib is not None and lib.q8_amx_init() == 0
 
 
 def q8_linear(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, variant: int = 0) -> torch.Tensor:

@@ -25,12 +25,15 @@
  * compiler in about a second; a torch C++ extension took ~60 s to compile. Threads: OpenMP, which
  * resolves to the libgomp torch has already loaded, so one thread pool serves both.
  */
+#define _GNU_SOURCE /* syscall() for the AMX permission */
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #define QK 32 /* inputs per block */
 #define NC 8  /* outputs per panel */
@@ -195,18 +198,128 @@ static void panel_wide(int r, const uint8_t* w, const float* wd, const int8_t* a
 }
 #pragma GCC pop_options
 
+/* AMX (Sapphire Rapids and later Xeons): one tile instruction multiplies 16 rows x 32 inputs of
+ * activations by one block of a 16-output panel (its 8 x 64 bytes are exactly the B tile's layout),
+ * signed by signed (tdpbssd), so the weights stay as quantized; the 16 x 16 exact int32 block sums
+ * go through memory to the same per-block scale step as the other panels, in block order: bit for
+ * bit their result. What remains per block is that scale step (16 rows x 16 outputs), not the
+ * products. Linux hands out the tile state only on request (q8_amx_init); each thread loads the
+ * tile configuration at the start of every call, since oneDNN's own AMX kernels run on the same
+ * threads with theirs (and load their own before use, so the tiles are not released after). */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+int q8_amx_init(void) { return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 0 : -1; }
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512dq,avx512vl,amx-tile,amx-int8")
+typedef struct {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} tile_config;
+
+/* tmm0-3: C (rows x 16 int32), tmm4-5: A (rows x 32 bytes), tmm6-7: B (8 x 64 bytes). */
+static void amx_configure(int rows) {
+  tile_config c;
+  memset(&c, 0, sizeof c);
+  c.palette = 1;
+  for (int t = 0; t < 4; ++t) c.rows[t] = (uint8_t)rows, c.colsb[t] = 64;
+  for (int t = 4; t < 6; ++t) c.rows[t] = (uint8_t)rows, c.colsb[t] = QK;
+  for (int t = 6; t < 8; ++t) c.rows[t] = QK / 4, c.colsb[t] = 64;
+  /* GCC 12's _tile_loadconfig tells the compiler it reads only the first 8 bytes of the
+   * configuration, so without this barrier the stores above are dropped (and ldtilecfg faults). */
+  __asm__ volatile("" ::: "memory");
+  _tile_loadconfig(&c);
+}
+
+/* Scale step of one block for R rows: acc[i] += float(sums[i]) * (dw * ad[i]). */
+static inline __attribute__((always_inline)) void amx_scale(const int R, __m512* acc, const int32_t* sums,
+                                                            const float* wd, const float* ad, int64_t nb, int64_t b) {
+  const __m512 dw = _mm512_loadu_ps(wd + NW * b);
+  for (int i = 0; i < R; ++i)
+    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void*)(sums + 16 * i))),
+                             _mm512_mul_ps(dw, _mm512_set1_ps(ad[i * nb + b])), acc[i]);
+}
+
+/* Issue the products of blocks b and b + 1 into tiles C0/C1 or C2/C3 (literal tile numbers: the
+ * intrinsics paste them into the instruction). */
+#define AMX_PAIR(CA, CB, b)                                           \
+  do {                                                            \
+    _tile_zero(CA);                                               \
+    _tile_zero(CB);                                               \
+    _tile_loadd(4, a + (b) * QK, k);                              \
+    _tile_loadd(6, w + (b) * NW * QK, 64);                        \
+    _tile_dpbssd(CA, 4, 6);                                       \
+    _tile_loadd(5, a + ((b) + 1) * QK, k);                        \
+    _tile_loadd(7, w + ((b) + 1) * NW * QK, 64);                  \
+    _tile_dpbssd(CB, 5, 7);                                   \
+  } while (0)
+
+/* 16 activation rows (a: stride k; rows past R are zeros) against one 16-output panel; R rows
+ * kept. Software-pipelined: the next pair of blocks is in the tiles while this pair's sums,
+ * stored to memory, go through the scale step (storing and reading back at once stalled). */
+static inline __attribute__((always_inline)) void amx_rows(const int R, const int8_t* w, const float* wd,
+                                                           const int8_t* a, const float* ad, int64_t k, float* out,
+                                                           int64_t ldo, int32_t* sums) {
+  const int64_t nb = k / QK, pairs = nb / 2;
+  __m512 acc[16];
+  for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+  if (pairs > 0) AMX_PAIR(0, 1, 0);
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int64_t b = 2 * p;
+    if (p % 2 == 0) {
+      _tile_stored(0, sums, 64);
+      _tile_stored(1, sums + 256, 64);
+      if (p + 1 < pairs) AMX_PAIR(2, 3, b + 2);
+    } else {
+      _tile_stored(2, sums, 64);
+      _tile_stored(3, sums + 256, 64);
+      if (p + 1 < pairs) AMX_PAIR(0, 1, b + 2);
+    }
+    amx_scale(R, acc, sums, wd, ad, nb, b);
+    amx_scale(R, acc, sums + 256, wd, ad, nb, b + 1);
+  }
+  if (nb % 2) {
+    const int64_t b = nb - 1;
+    _tile_zero(0);
+    _tile_loadd(4, a + b * QK, k);
+    _tile_loadd(6, w + b * NW * QK, 64);
+    _tile_dpbssd(0, 4, 6);
+    _tile_stored(0, sums, 64);
+    amx_scale(R, acc, sums, wd, ad, nb, b);
+  }
+  for (int i = 0; i < R; ++i) _mm512_storeu_ps(out + i * ldo, acc[i]);
+}
+#undef AMX_PAIR
+
+static void panel_amx(int r, const int8_t* w, const float* wd, const int8_t* a, const float* ad, int64_t k, float* out,
+                      int64_t ldo, int32_t* sums) {
+  switch (r) {
+#define R(n) \
+  case n: amx_rows(n, w, wd, a, ad, k, out, ldo, sums); break;
+    R(1) R(2) R(3) R(4) R(5) R(6) R(7) R(8) R(9) R(10) R(11) R(12) R(13) R(14) R(15)
+    default: amx_rows(16, w, wd, a, ad, k, out, ldo, sums);
+#undef R
+  }
+}
+
+/* A call of fewer than 16 rows runs tiles of that many rows (at 1 row, 16 made the head 2x slower). */
+static void amx_begin(int64_t m) { amx_configure(m < 16 ? (int)m : 16); }
+#pragma GCC pop_options
+
 /* Panels for the VNNI kernels: weights offset to unsigned bytes (w + 128), in place. */
 void q8_offset(int8_t* q, int64_t bytes) {
   for (int64_t i = 0; i < bytes; ++i) q[i] = (int8_t)((uint8_t)q[i] ^ 0x80);
 }
 
-/* y [m, n] = x [m, k] @ W^T. `vnni`: 0 the AVX2 panels, 1 AVX-VNNI, 2 AVX-512 VNNI (the last two
- * with weights from q8_offset, the last in panels of 16 from q8_widen). Returns 0, or -1 when scratch memory cannot be had. */
+/* y [m, n] = x [m, k] @ W^T. `vnni`: 0 the AVX2 panels, 1 AVX-VNNI, 2 AVX-512 VNNI (these two with
+ * weights offset by q8_offset), 3 AMX (2 and 3 in panels of 16 outputs, interleaved at load). Returns 0, or -1 when scratch memory cannot be had. */
 int q8_linear(const float* x, int64_t m, int64_t k, const int8_t* q, const float* d, int64_t n, float* y,
               int vnni) {
   const int64_t nb = k / QK;
-  int8_t* xq = malloc((size_t)(m * k));
-  float* xd = malloc((size_t)(m * nb) * sizeof(float));
+  const int64_t mp = vnni == 3 ? (m + 15) / 16 * 16 : m; /* AMX reads whole 16-row tiles: zero rows pad */
+  int8_t* xq = calloc((size_t)(mp * k), 1);
+  float* xd = calloc((size_t)(mp * nb), sizeof(float));
   int32_t* xs = malloc((size_t)(m * nb) * sizeof(int32_t));
   if (!xq || !xd || !xs) {
     free(xq);
@@ -216,16 +329,18 @@ int q8_linear(const float* x, int64_t m, int64_t k, const int8_t* q, const float
   }
 #pragma omp parallel
   {
+    int32_t* sums = vnni == 3 ? aligned_alloc(64, 2 * 256 * sizeof(int32_t)) : NULL;
+    if (vnni == 3) amx_begin(m);
 #pragma omp for schedule(static)
     for (int64_t row = 0; row < m; ++row) {
       quantize_row(x + row * k, k, xq + row * k, xd + row * nb);
-      for (int64_t b = 0; vnni && b < nb; ++b) {
+      for (int64_t b = 0; (vnni == 1 || vnni == 2) && b < nb; ++b) {
         int32_t sum = 0;
         for (int j = 0; j < QK; ++j) sum += xq[row * k + b * QK + j];
         xs[row * nb + b] = sum;
       }
     }
-    const int nc = vnni == 2 ? NW : NC; /* outputs per panel */
+    const int nc = vnni >= 2 ? NW : NC; /* outputs per panel */
     const int64_t groups = n / nc;
     /* Chunks of panels: at most 128 KB of weights, and at least 4 chunks per thread for balance. */
     int64_t cg = (128 * 1024) / (nc * k);
@@ -238,11 +353,16 @@ int q8_linear(const float* x, int64_t m, int64_t k, const int8_t* q, const float
 #pragma omp for schedule(static)
       for (int64_t c0 = 0; c0 < groups; c0 += cg) {
         const int64_t c1 = c0 + cg < groups ? c0 + cg : groups;
-        const int step = vnni == 2 ? 8 : 4; /* rows sharing each weight load */
+        const int step = vnni == 3 ? 16 : vnni == 2 ? 8 : 4; /* rows sharing each weight load */
         for (int64_t row = r0; row < r1; row += step)
           for (int64_t g = c0; g < c1; ++g) {
             const int r = r1 - row < step ? (int)(r1 - row) : step;
             const uint8_t* wg = (const uint8_t*)q + g * nc * k;
+            if (vnni == 3) {
+              panel_amx(r, (const int8_t*)wg, d + g * NW * nb, xq + row * k, xd + row * nb, k, y + row * n + g * NW,
+                        n, sums);
+              continue;
+            }
             if (vnni == 2) {
               panel_wide(r, wg, d + g * NW * nb, xq + row * k, xs + row * nb, xd + row * nb, k, y + row * n + g * NW,
                          n);
@@ -264,6 +384,7 @@ int q8_linear(const float* x, int64_t m, int64_t k, const int8_t* q, const float
           }
       }
     }
+    free(sums);
   }
   free(xq);
   free(xd);
