@@ -316,6 +316,7 @@ void q8_offset(int8_t* q, int64_t bytes) {
  * weights offset by q8_offset), 3 AMX (2 and 3 in panels of 16 outputs, interleaved at load). Returns 0, or -1 when scratch memory cannot be had. */
 int q8_linear(const float* x, int64_t m, int64_t k, const int8_t* q, const float* d, int64_t n, float* y,
               int vnni) {
+  if (m == 0) return 0; /* a step that samples no row (its head call is empty): a 0-row tile faults */
   const int64_t nb = k / QK;
   const int64_t mp = vnni == 3 ? (m + 15) / 16 * 16 : m; /* AMX reads whole 16-row tiles: zero rows pad */
   int8_t* xq = calloc((size_t)(mp * k), 1);
