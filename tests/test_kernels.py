@@ -22,6 +22,7 @@ def test_cpuinfo_is_read_into_the_model_name_and_an_isa_class():
     assert (EPYC.model, EPYC.isa, EPYC.native_bf16, EPYC.onednn_bf16) == ("AMD EPYC 7B13", "avx2", False, False)
     assert (XEON.isa, XEON.native_bf16, XEON.onednn_bf16) == ("amx", True, True)
     assert OLD.isa == "baseline"
+    assert (native.attention_lanes(EPYC), native.attention_lanes(XEON)) == (8, 16)  # decode attention's width
 
 
 # Our C kernels need a C compiler on x86-64; where there is none the plan falls back (tested
@@ -263,9 +264,14 @@ def test_bench_kernels_times_every_kernel_this_cpu_can_run(capsys):
 @pytest.mark.parametrize("pool", [torch.float32, torch.float16])  # fp16: the q8 plan's KV
 # Gemma 3 270M, SmolLM2-135M, and head blocks of 4 + 2 with a d % 16 == 8 tail, 1 query head per kv head
 @pytest.mark.parametrize("hq,hkv,d", [(4, 1, 256), (9, 3, 64), (6, 1, 40), (2, 2, 16)])
-def test_native_decode_attention_matches_sdpa_over_the_same_pages(hq, hkv, d, pool):
+@pytest.mark.parametrize("lanes", [8, 16])  # the AVX2 and the AVX-512 build of the same kernel
+def test_native_decode_attention_matches_sdpa_over_the_same_pages(hq, hkv, d, pool, lanes, monkeypatch):
     from tailgate.model.context import FamilyView
     from tailgate.model.layers import paged_attention
+
+    if lanes == 16 and native.attention_lanes() < 16:
+        pytest.skip(f"this CPU ({this_cpu().model}) has no AVX-512")
+    monkeypatch.setattr(native, "attention_lanes", lambda cpu=None: lanes)
 
     g = torch.Generator().manual_seed(4)
     slots_n, lens = 400, [1, 37, 200, 129]

@@ -69,10 +69,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.q8_linear.argtypes, lib.q8_linear.restype = [P, I, I, P, P, I, P, ctypes.c_int], ctypes.c_int
     lib.q8_offset.argtypes, lib.q8_offset.restype = [P, I], None
     lib.q8_amx_init.argtypes, lib.q8_amx_init.restype = [], ctypes.c_int
-    lib.decode_attention.argtypes = [P, P, P, P, P, I, I, I, I, I, F, P]
-    lib.decode_attention.restype = ctypes.c_int
-    lib.decode_attention_f16.argtypes = lib.decode_attention.argtypes
-    lib.decode_attention_f16.restype = ctypes.c_int
+    for lanes in (8, 16):
+        for name in (f"decode_attention_{lanes}", f"decode_attention_f16_{lanes}"):
+            getattr(lib, name).argtypes = [P, P, P, P, P, I, I, I, I, I, F, P]
+            getattr(lib, name).restype = ctypes.c_int
     lib.rms_norm.argtypes, lib.rms_norm.restype = [P, I, I, P, F, P], None
     lib.add_rms_norm.argtypes, lib.add_rms_norm.restype = [P, P, I, I, P, P, F, P], None
     lib.norm_rope.argtypes, lib.norm_rope.restype = [P, I, I, I, I, P, F, P, P, P], None
@@ -148,16 +148,29 @@ def q8_linear(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, variant: int = 
     return y
 
 
+def attention_lanes(cpu=None) -> int:
+    """The decode attention's vector width for this CPU: 16 floats with AVX-512 (F/BW/DQ/VL), else 8."""
+    from .cpu import this_cpu
+
+    return 16 if {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= (cpu or this_cpu()).flags else 8
+
+
 def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
-                     lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [B, Hq, D] fp32; pools [slots, Hkv, D] fp32 or fp16; row i attends over slots[i, :lens[i]]."""
+                     lens: torch.Tensor, scale: float, lanes: int | None = None) -> torch.Tensor:
+    """q [B, Hq, D] fp32; pools [slots, Hkv, D] fp32 or fp16; row i attends over slots[i, :lens[i]].
+    `lanes` (8 | 16) picks the kernel's vector width; by default this CPU's widest that divides D."""
     q = q.contiguous()
     b, hq, d = q.shape
     hkv = k_pool.shape[1]
     out = torch.empty_like(q)
     if k_pool.dtype not in (torch.float32, torch.float16) or v_pool.dtype != k_pool.dtype:
         raise ValueError(f"decode attention reads fp32 or fp16 pools, not {k_pool.dtype}/{v_pool.dtype}")
-    fn = _LIB.decode_attention_f16 if k_pool.dtype == torch.float16 else _LIB.decode_attention
+    if lanes is None:
+        lanes = attention_lanes()
+        lanes = lanes if d % lanes == 0 else 8
+    if d % lanes:
+        raise ValueError(f"decode attention at {lanes} lanes needs head_dim % {lanes} == 0, got {d}")
+    fn = getattr(_LIB, f"decode_attention{'_f16' if k_pool.dtype == torch.float16 else ''}_{lanes}")
     if fn(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), slots.data_ptr(), lens.data_ptr(),
                              b, slots.shape[1], hq, hkv, d, scale, out.data_ptr()):
         raise MemoryError("decode attention: no scratch memory for the scores")
