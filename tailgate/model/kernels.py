@@ -68,7 +68,8 @@ QUANT_ROWS = {
     ("amx", "q8", "avx512_vnni"): (32, 16),
     # The AMX tile panels, same script, ms at M = 8/16/32/64/96: layers 7.4/11.6/16.0/31.2/29.5
     # against bf16 14.7/24.7/36.0/34.2/32.0; head 9.2/14.9/21.3/59.7/73.1 against bf16
-    # 14.8/27.1/51.8/61.9/100.8 (and 46.4 vs 44.7 at 48): crossovers near 64-96 and 48.
+    # 14.8/27.1/51.8/61.9/100.8 (and 46.4 vs 44.7 at 48): crossovers near 64-96 and 48, cut where
+    # q8 still clearly wins.
     ("amx", "q8", "amx"): (64, 32),
 }
 # A CPU class without a measured cut uses these (the same shapes of memory-bound crossover).
@@ -102,7 +103,8 @@ class KernelPlan:
     # The dense weights' dtype when it is not the runtime dtype: bf16 under fp32 activations on
     # AMX / AVX-512 BF16 (each dense call casts its input to bf16 and its output back).
     dense_dtype: torch.dtype | None = None
-    # The q8 kernel's int8 dot products: "avx2" (vpmaddubsw), "avx_vnni" or "avx512_vnni".
+    # The q8 kernel's int8 dot products: "avx2" (vpmaddubsw), "avx_vnni", "avx512_vnni" or "amx"
+    # (tiles); `CpuInfo.q8_variant`.
     q8_variant: str = "avx2"
 
     @property
@@ -193,7 +195,7 @@ def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto
             quant, note = None, why or note
     variant = cpu.q8_variant if quant == "q8" else "avx2"
     if variant == "amx" and not (amx_grant or (native.amx_ready if native_build is None else lambda: True))():
-        variant = "avx512_vnni" if "avx512_vnni" in cpu.flags else "avx2"
+        variant = CpuInfo(cpu.model, cpu.flags - {"amx_tile", "amx_int8"}).q8_variant
         note = "; ".join(x for x in (note, f"the OS did not grant AMX tiles: q8 on {variant}") if x)
     rows = QUANT_ROWS.get((cpu.isa, quant, variant)) or QUANT_ROWS.get((cpu.isa, quant)) or \
         DEFAULT_QUANT_ROWS.get(quant, (0, 0)) if quant else (0, 0)

@@ -103,14 +103,14 @@ def _lib() -> ctypes.CDLL:
     return lib
 
 
-# q8 panel variants: the int8 dot products through AVX2 (vpmaddubsw) or one VNNI instruction.
+# q8 panel variants: the int8 dot products through AVX2 (vpmaddubsw), one VNNI instruction, or AMX tiles.
 Q8_VARIANTS = {"avx2": 0, "avx_vnni": 1, "avx512_vnni": 2, "amx": 3}
 
 
 def q8_quantize(w: torch.Tensor, variant: str = "avx2") -> tuple[torch.Tensor, torch.Tensor, int]:
     """W [N, K] -> (int8 q, fp32 scales, variant code): GGUF's Q8_0 blocks, packed in panels of 8
-    outputs (csrc/q8.c), offset to unsigned bytes for the VNNI variants; the tensors have the
-    sizes of [N, K] and [N, K/32] but only q8_linear reads them."""
+    outputs (csrc/q8.c; of 16 for AVX-512 VNNI and AMX), offset to unsigned bytes for the VNNI
+    variants; the tensors have the sizes of [N, K] and [N, K/32] but only q8_linear reads them."""
     lib = _lib()
     w = w.float().contiguous()
     n, k = w.shape

@@ -45,31 +45,6 @@ static inline __attribute__((always_inline)) __m256 load8(const void* pool, int6
               : _mm256_loadu_ps((const float*)pool + i);
 }
 
-/* e^x for 8 floats: Cephes' expf (x = n ln2 + r, |r| <= ln2/2, a degree-5 polynomial for e^r,
- * times 2^n through the exponent bits); within ~2 ulp of expf. Inputs below -87.3 give 0, NaN
- * stays NaN. The
- * scalar expf per score was ~40 % of the kernel (16 rows x 257 keys x 4 heads, Xeon, cached KV). */
-static inline __m256 exp8(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.3f);
-  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  /* max/min return their second operand when one is NaN: x second, so a NaN score stays NaN
-   * (as expf keeps it, and as the sampler then reports) whatever its position in the row */
-  x = _mm256_min_ps(_mm256_set1_ps(88.3f), _mm256_max_ps(lo, x));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
-}
-
 static inline float hmax8(__m256 v) {
   float t[8], m = -INFINITY;
   _mm256_storeu_ps(t, v);
@@ -93,7 +68,11 @@ static inline float hmax8(__m256 v) {
 #define vloadkv(pool, i, half) load8(pool, i, half)
 #define vhsum(v) hsum8(v)
 #define vhmax(v) hmax8(v)
-#define vexp(x) exp8(x)
+#define vmin(a, b) _mm256_min_ps(a, b)
+#define vfnma(a, b, c) _mm256_fnmadd_ps(a, b, c)
+#define vround(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define vpow2(n) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
+#define vzero_below(x, lo, v) _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), v)
 #include "attn_body.h"
 #undef VEC
 #undef LANES
@@ -111,7 +90,11 @@ static inline float hmax8(__m256 v) {
 #undef vloadkv
 #undef vhsum
 #undef vhmax
-#undef vexp
+#undef vmin
+#undef vfnma
+#undef vround
+#undef vpow2
+#undef vzero_below
 
 /* ---- 16 floats: AVX-512 (F, BW, DQ, VL); chosen in Python from the CPU's flags ---- */
 #pragma GCC push_options
@@ -120,26 +103,6 @@ static inline float hmax8(__m256 v) {
 static inline __attribute__((always_inline)) __m512 load16(const void* pool, int64_t i, int half) {
   return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)pool + i)))
               : _mm512_loadu_ps((const float*)pool + i);
-}
-
-/* exp8's polynomial on 16 lanes; the underflow lanes are zeroed through a mask. */
-static inline __m512 exp16(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.3f);
-  const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-  x = _mm512_min_ps(_mm512_set1_ps(88.3f), _mm512_max_ps(lo, x)); /* x second: NaN stays NaN */
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mov_ps((__mmask16)~under, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
 }
 
 #define VEC __m512
@@ -158,6 +121,10 @@ static inline __m512 exp16(__m512 x) {
 #define vloadkv(pool, i, half) load16(pool, i, half)
 #define vhsum(v) _mm512_reduce_add_ps(v)
 #define vhmax(v) _mm512_reduce_max_ps(v)
-#define vexp(x) exp16(x)
+#define vmin(a, b) _mm512_min_ps(a, b)
+#define vfnma(a, b, c) _mm512_fnmadd_ps(a, b, c)
+#define vround(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define vpow2(n) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
+#define vzero_below(x, lo, v) _mm512_maskz_mov_ps((__mmask16)~_mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), v)
 #include "attn_body.h"
 #pragma GCC pop_options

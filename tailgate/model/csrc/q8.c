@@ -1,4 +1,4 @@
-/* q8: y[M,N] = x[M,K] @ W[N,K]^T on AVX2 CPUs, with int8 weights and int8 activations.
+/* q8: y[M,N] = x[M,K] @ W[N,K]^T with int8 weights and int8 activations (AVX2; VNNI and AMX below).
  *
  * Both sides are GGUF's Q8_0 quantization: int8 values in blocks of 32 inputs, one fp32 scale
  * (amax / 127) per block. The weights are quantized once at load; each activation row at call
@@ -151,7 +151,7 @@ VNNI_PANEL(panel_avxvnni, "avx2,fma,avxvnni", _mm256_dpbusd_avx_epi32)
 #undef VNNI_PANEL
 
 /* AVX-512 VNNI (Ice Lake and later Xeons, Zen 4): panels of 16 outputs (two of the 8-output
- * panels interleaved at load, q8_widen), so one 64-byte vector holds 4 inputs of all 16 and one
+ * panels interleaved at load, in native.q8_quantize), so one 64-byte vector holds 4 inputs of all 16 and one
  * vpdpbusd does 16 x 4 products per row: per block and row, 8 of them against one scale step
  * (convert, multiply, fma) on 16 outputs. (Tried first: the 8-output panels two vectors at a time,
  * activations expanded to match; the per-block work on 8 outputs then cost as much as the
@@ -243,7 +243,7 @@ static inline __attribute__((always_inline)) void amx_scale(const int R, __m512*
 
 /* Issue the products of blocks b and b + 1 into tiles C0/C1 or C2/C3 (literal tile numbers: the
  * intrinsics paste them into the instruction). */
-#define AMX_PAIR(CA, CB, b)                                           \
+#define AMX_PAIR(CA, CB, b)                                       \
   do {                                                            \
     _tile_zero(CA);                                               \
     _tile_zero(CB);                                               \
@@ -252,7 +252,7 @@ static inline __attribute__((always_inline)) void amx_scale(const int R, __m512*
     _tile_dpbssd(CA, 4, 6);                                       \
     _tile_loadd(5, a + ((b) + 1) * QK, k);                        \
     _tile_loadd(7, w + ((b) + 1) * NW * QK, 64);                  \
-    _tile_dpbssd(CB, 5, 7);                                   \
+    _tile_dpbssd(CB, 5, 7);                                       \
   } while (0)
 
 /* 16 activation rows (a: stride k; rows past R are zeros) against one 16-output panel; R rows
