@@ -319,15 +319,18 @@ int q8_linear(const float* x, int64_t m, int64_t k, const int8_t* q, const float
   if (m == 0) return 0; /* a step that samples no row (its head call is empty): a 0-row tile faults */
   const int64_t nb = k / QK;
   const int64_t mp = vnni == 3 ? (m + 15) / 16 * 16 : m; /* AMX reads whole 16-row tiles: zero rows pad */
-  int8_t* xq = calloc((size_t)(mp * k), 1);
-  float* xd = calloc((size_t)(mp * nb), sizeof(float));
-  int32_t* xs = malloc((size_t)(m * nb) * sizeof(int32_t));
-  if (!xq || !xd || !xs) {
+  const int offset = vnni == 1 || vnni == 2; /* the VNNI panels take off the offset weights' excess */
+  int8_t* xq = malloc((size_t)(mp * k));
+  float* xd = malloc((size_t)(mp * nb) * sizeof(float));
+  int32_t* xs = offset ? malloc((size_t)(m * nb) * sizeof(int32_t)) : NULL;
+  if (!xq || !xd || (offset && !xs)) {
     free(xq);
     free(xd);
     free(xs);
     return -1;
   }
+  memset(xq + m * k, 0, (size_t)((mp - m) * k));
+  memset(xd + m * nb, 0, (size_t)((mp - m) * nb) * sizeof(float));
 #pragma omp parallel
   {
     int32_t* sums = vnni == 3 ? aligned_alloc(64, 2 * 256 * sizeof(int32_t)) : NULL;
@@ -335,7 +338,7 @@ int q8_linear(const float* x, int64_t m, int64_t k, const int8_t* q, const float
 #pragma omp for schedule(static)
     for (int64_t row = 0; row < m; ++row) {
       quantize_row(x + row * k, k, xq + row * k, xd + row * nb);
-      for (int64_t b = 0; (vnni == 1 || vnni == 2) && b < nb; ++b) {
+      for (int64_t b = 0; offset && b < nb; ++b) {
         int32_t sum = 0;
         for (int j = 0; j < QK; ++j) sum += xq[row * k + b * QK + j];
         xs[row * nb + b] = sum;
