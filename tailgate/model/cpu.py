@@ -26,15 +26,19 @@ class CpuInfo:
         return {"avx512bw", "avx512vl", "avx512dq"} <= self.flags or "avx_ne_convert" in self.flags
 
     @property
+    def avx512(self) -> bool:
+        """AVX-512 F/BW/DQ/VL: what our 16-lane attention and wide q8 panels are built for."""
+        return {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= self.flags
+
+    @property
     def q8_variant(self) -> str:
         """The q8 matmul's int8 dot products (csrc/q8.c; the same int32 sums in every variant):
         AMX int8 tiles, else AVX-512 VNNI's 64-byte vpdpbusd, else AVX-VNNI's 32-byte one, else
         AVX2's four-instruction sequence. (`kernels.choose` steps down from AMX where the kernel
         does not grant this process the tiles.)"""
-        avx512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= self.flags
-        if avx512 and {"amx_tile", "amx_int8"} <= self.flags:
+        if self.avx512 and {"amx_tile", "amx_int8"} <= self.flags:
             return "amx"
-        if avx512 and "avx512_vnni" in self.flags:
+        if self.avx512 and "avx512_vnni" in self.flags:
             return "avx512_vnni"
         if "avx_vnni" in self.flags:
             return "avx_vnni"

@@ -152,7 +152,7 @@ def attention_lanes(cpu=None) -> int:
     """The decode attention's vector width for this CPU: 16 floats with AVX-512 (F/BW/DQ/VL), else 8."""
     from .cpu import this_cpu
 
-    return 16 if {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= (cpu or this_cpu()).flags else 8
+    return 16 if (cpu or this_cpu()).avx512 else 8
 
 
 def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,

@@ -120,35 +120,31 @@ static inline __attribute__((always_inline)) void panel_rows(int r, const int8_t
  * are; sum (w + 128) x = sum w x + 128 sum x, and the row's block sum of x (xs) takes the excess
  * off. The int32 block sums are exact either way, so the result is bit for bit the AVX2 panel's.
  * This one is AVX-VNNI (256-bit, VEX: Alder Lake, Zen 5); AVX-512 VNNI CPUs take the panel below. */
-#define VNNI_PANEL(NAME, TARGET, DPBUSD)                                                                   \
-  __attribute__((target(TARGET))) static void NAME(int r, const uint8_t* w, const float* wd, const int8_t* a,   \
-                                                   const int32_t* xs, const float* ad, int64_t k, float* out,    \
-                                                   int64_t ldo) {                                              \
-    const int64_t nb = k / QK;                                                                              \
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};   \
-    for (int64_t b = 0; b < nb; ++b) {                                                                      \
-      __m256i s[4];                                                                                         \
-      for (int i = 0; i < 4; ++i) s[i] = _mm256_set1_epi32(i < r ? -128 * xs[i * nb + b] : 0);                \
-      const uint8_t* wb = w + b * 256;                                                                      \
-      for (int t = 0; t < 8; ++t) {                                                                         \
-        const __m256i wv = _mm256_loadu_si256((const __m256i*)(wb + 32 * t));                               \
-        for (int i = 0; i < 4; ++i) {                                                                       \
-          if (i >= r) break;                                                                                \
-          int32_t v;                                                                                        \
-          memcpy(&v, a + i * k + b * QK + 4 * t, 4);                                                        \
-          s[i] = DPBUSD(s[i], wv, _mm256_set1_epi32(v));                                                    \
-        }                                                                                                   \
-      }                                                                                                     \
-      const __m256 dw = _mm256_loadu_ps(wd + NC * b);                                                       \
-      for (int i = 0; i < 4; ++i) {                                                                         \
-        if (i >= r) break;                                                                                  \
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_mul_ps(dw, _mm256_set1_ps(ad[i * nb + b])), acc[i]); \
-      }                                                                                                     \
-    }                                                                                                       \
-    for (int i = 0; i < r; ++i) _mm256_storeu_ps(out + i * ldo, acc[i]);                                    \
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avxvnni")
+static void panel_avxvnni(int r, const uint8_t* w, const float* wd, const int8_t* a, const int32_t* xs, const float* ad,
+                          int64_t k, float* out, int64_t ldo) {
+  const int64_t nb = k / QK;
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i s[4];
+    for (int i = 0; i < 4; ++i) s[i] = _mm256_set1_epi32(i < r ? -128 * xs[i * nb + b] : 0);
+    const uint8_t* wb = w + b * 256;
+    for (int t = 0; t < 8; ++t) {
+      const __m256i wv = _mm256_loadu_si256((const __m256i*)(wb + 32 * t));
+      for (int i = 0; i < 4 && i < r; ++i) {
+        int32_t v;
+        memcpy(&v, a + i * k + b * QK + 4 * t, 4);
+        s[i] = _mm256_dpbusd_avx_epi32(s[i], wv, _mm256_set1_epi32(v));
+      }
+    }
+    const __m256 dw = _mm256_loadu_ps(wd + NC * b);
+    for (int i = 0; i < 4 && i < r; ++i)
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_mul_ps(dw, _mm256_set1_ps(ad[i * nb + b])), acc[i]);
   }
-VNNI_PANEL(panel_avxvnni, "avx2,fma,avxvnni", _mm256_dpbusd_avx_epi32)
-#undef VNNI_PANEL
+  for (int i = 0; i < r; ++i) _mm256_storeu_ps(out + i * ldo, acc[i]);
+}
+#pragma GCC pop_options
 
 /* AVX-512 VNNI (Ice Lake and later Xeons, Zen 4): panels of 16 outputs (two of the 8-output
  * panels interleaved at load, in native.q8_quantize), so one 64-byte vector holds 4 inputs of all 16 and one
