@@ -131,7 +131,7 @@ def cmd_bench_engine(args) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="tailgate", description="LLM serving engine that protects the decode tail")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    from .server.main import add_serve_args
+    from .server.args import add_serve_args
 
     sv = sub.add_parser("serve", help="serve the OpenAI-compatible API")
     _add_model_args(sv)
@@ -203,7 +203,7 @@ def main(argv=None) -> int:
     sm.set_defaults(fn=sim_run.main)
     args = parser.parse_args(argv)
     from .config import KnobError
-    from .model.kernels import KernelError
+    from .model.cpu import KernelError
 
     try:
         return args.fn(args)

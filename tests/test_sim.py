@@ -144,3 +144,17 @@ def test_a_kv_budget_needs_the_cost_models_kv_sizes(capsys):
     assert "KV_CACHE_MB=300" in capsys.readouterr().err
     with pytest.raises(ValueError, match="kv_token_bytes"):
         sim.build(cfg(KV_CACHE_MB="64"), SCRIPTED, sim.VirtualClock())
+
+
+def test_a_simulation_runs_without_importing_torch():
+    """`tailgate sim` builds the CLI's whole parser, yet must not pay torch's import (~1.2 s of a
+    2.3 s start before the serve flags moved to `server/args.py`): a fresh interpreter runs one."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from tailgate.cli import main; "
+            "rc = main(['sim', '--cost', 'gemma4-12b-sm89', '--num-prompts', '4', '--random-input-len', '64', "
+            "'--random-output-len', '4']); print('torch' in sys.modules, rc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False 0"

@@ -8,6 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+class KernelError(ValueError):
+    """A --dtype/--kernels choice this machine cannot honour; raised before any weights load.
+    (Here, not in kernels.py, so the CLI can catch it without importing torch.)"""
+
+
 @dataclass(frozen=True)
 class CpuInfo:
     model: str

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from . import native
-from .cpu import CpuInfo, this_cpu
+from .cpu import CpuInfo, KernelError, this_cpu
 
 DTYPE_GRAMMAR = "auto | bf16 | fp32 | fp16"
 KERNEL_GRAMMAR = "auto | torch | onednn | q8 | int8 | int4"
@@ -78,10 +78,6 @@ DEFAULT_QUANT_ROWS = {"q8": (EVERY, 64), "int8": (16, 6), "int4": (16, 8)}
 # what takes its place when q8 cannot be built here.
 AUTO_QUANT = {"avx2": "q8", "avx512": "q8", "avx512_bf16": "q8", "amx": "q8"}
 Q8_FALLBACK = "int8"
-
-
-class KernelError(ValueError):
-    """A --dtype/--kernels choice this machine cannot honour; raised before any weights load."""
 
 
 @dataclass(frozen=True)

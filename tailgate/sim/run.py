@@ -161,15 +161,18 @@ def simulate(cfg: ServingConfig, cost: CostModel, jobs: list[tuple[int, int]], r
             nxt += 1
 
     def sink_for(i: int):
+        res = results[i]
+        times = res.chunk_times
+
         def sink(ev):
-            if isinstance(ev, Token):  # the common case first
-                results[i].chunk_times.append(ev.at)
-                results[i].output_tokens += 1
+            if type(ev) is Token:  # the common case first (once per simulated token)
+                times.append(ev.at)
+                res.output_tokens += 1
             elif isinstance(ev, Scheduled):
                 scheduled[i] = ev.at
             elif isinstance(ev, (Finished, Rejected)):
-                results[i].success = isinstance(ev, Finished) and ev.reason == "length"
-                results[i].finish_reasons.append(ev.reason)
+                res.success = isinstance(ev, Finished) and ev.reason == "length"
+                res.finish_reasons.append(ev.reason)
                 heapq.heappush(free, ev.at)  # a closed-loop client sends its next request at once
                 release()
         return sink
