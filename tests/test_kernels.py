@@ -57,6 +57,11 @@ def test_an_amx_cpu_runs_fp32_activations_over_bf16_weights_and_q8_for_small_ste
         (torch.float32, torch.bfloat16, "onednn", "q8", "native", torch.float16)
     assert 1 <= min(p.quant_rows) and max(p.quant_rows) <= 64 and "bfloat16 weights" in p.line()
     assert p.as_dict()["dense_dtype"] == "bfloat16"
+    # prompt rows attend in bf16 there (decode rows keep the fp32 kernel); an explicit fp32 plan does not
+    assert p.prompt_attention == torch.bfloat16 and p.as_dict()["prompt_attention"] == "bfloat16"
+    assert "bfloat16 prompt attention" in p.line()
+    f = choose("fp32", "auto", cpu=XEON, mkldnn=True, cuda=False, native_build=BUILT)
+    assert f.prompt_attention is None and f.as_dict()["prompt_attention"] == "float32"
 
 
 def test_an_amx_cpu_without_our_kernels_keeps_the_all_bf16_plan_and_says_why():

@@ -24,6 +24,7 @@ class FamilyView:
     decode_slots: torch.Tensor | None = None  # [B, K]
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, K]
     decode_lens: torch.Tensor | None = None  # [B] int64: row b's keys are decode_slots[b, :len]
+    prompt_dtype: torch.dtype | None = None  # prompt rows' SDPA runs in this dtype (else q's)
 
 
 @dataclass
@@ -46,8 +47,9 @@ def _key_start(qpos: int, window: int | None) -> int:
 
 
 def build_context(segments: list[Segment], windows: dict[str, int | None], device,
-                  native: bool = False) -> StepContext:
-    """`windows` maps family name ("global", "local") to its attention window (None = full)."""
+                  native: bool = False, prompt_dtype: torch.dtype | None = None) -> StepContext:
+    """`windows` maps family name ("global", "local") to its attention window (None = full);
+    `prompt_dtype`: the dtype prompt rows attend in, when not the activations' (`KernelPlan`)."""
     prefill = [s for s in segments if len(s.tokens) > 1]
     decode = [s for s in segments if len(s.tokens) == 1]
     ordered = prefill + decode
@@ -65,7 +67,7 @@ def build_context(segments: list[Segment], windows: dict[str, int | None], devic
     for fam, window in windows.items():
         table = (lambda s: s.pages.global_pages) if fam == "global" else (lambda s: s.pages.local_pages)
         write = np.concatenate([_slots(table(s), np.arange(s.start, s.end)) for s in ordered]) if ordered else positions
-        view = FamilyView(write_slots=t(write))
+        view = FamilyView(write_slots=t(write), prompt_dtype=prompt_dtype)
         for s in prefill:
             r0, r1 = rows[id(s)]
             if s.start == 0 and (window is None or len(s.tokens) <= window):

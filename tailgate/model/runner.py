@@ -84,7 +84,8 @@ class ModelRunner:
                 raise ValueError(f"token id {bad[0]} outside the vocabulary (0..{self.spec.vocab_size - 1})")
             if s.pages.reserved < s.end:
                 raise RuntimeError(f"segment ends at {s.end} but only {s.pages.reserved} tokens have pages")
-        ctx = build_context(segments, self.windows, self.device, self.plan.attention == "native")
+        ctx = build_context(segments, self.windows, self.device, self.plan.attention == "native",
+                            self.plan.prompt_attention)
         return self._forward(self.w, self.spec, ctx, self.kv)
 
     def warm_up(self, book, rows: int = 64) -> float:
