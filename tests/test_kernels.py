@@ -330,3 +330,33 @@ def test_the_fused_elementwise_ops_match_torch_and_do_not_depend_on_the_batch(ro
     # The last row alone gets the same bits as inside the whole batch.
     for alone, batched in zip(run(NATIVE, rows - 1, rows), run(NATIVE, 0, rows)):
         assert torch.equal(alone, batched[-1:])
+
+
+@needs_native
+@pytest.mark.skipif(not this_cpu().native_bf16, reason="the bf16 GeGLU runs only where dense weights are bf16")
+@pytest.mark.parametrize("rows,f", [(1, 2048), (77, 2048), (300, 2048), (3, 13)])  # 13: the scalar tail
+def test_the_bf16_geglu_gives_the_bits_of_the_fp32_one_then_a_cast(rows, f):
+    gu = (torch.randn(rows, 2 * f, generator=torch.Generator().manual_seed(rows)) * 4).bfloat16()
+    gu[0, 0], gu[0, f] = float("inf"), 0.5  # an overflowing gate stays what the cast made of it
+    got, want = native.geglu(gu), native.geglu(gu.float()).bfloat16()
+    assert got.dtype == torch.bfloat16 and torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+def test_the_mlp_keeps_the_gate_up_product_in_its_kernels_dtype_only_for_an_activation_that_takes_it():
+    from tailgate.model.layers import glu_mlp
+
+    plan = choose("bf16", "onednn") if this_cpu().onednn_bf16 and torch.backends.mkldnn.is_available() else None
+    if plan is None:
+        pytest.skip("no bf16 dense path on this CPU")
+    plan = dataclasses.replace(plan, dtype=torch.float32, dense_dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    gate_up, down = Linear(torch.randn(64, 32, generator=g), plan, "layers"), Linear(torch.randn(32, 32, generator=g), plan, "layers")
+    x, seen = torch.randn(5, 32, generator=g), []
+
+    def act(gu):
+        seen.append(gu.dtype)
+        return F.gelu(gu[:, :32].float(), approximate="tanh").to(gu.dtype) * gu[:, 32:]
+
+    for raw in (True, False):
+        assert glu_mlp(x, gate_up, down, act, raw).dtype == torch.float32
+    assert seen == [torch.bfloat16, torch.float32]

@@ -5,7 +5,7 @@ import torch
 
 from .context import StepContext
 from .kv_cache import KVCache
-from .layers import linear, paged_attention, rope_tables
+from .layers import glu_mlp, linear, paged_attention, rope_tables
 from .ops import ops
 from .spec import ModelSpec
 
@@ -33,7 +33,7 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
         a = paged_attention(q, k, v, k_pool, v_pool, ctx.families[fam], ctx.decode_rows, spec.scale, ctx.native)
         a = linear(a.reshape(T, hq * d), w[p + "o"])
         x = op.add_rms_norm_(h, a, w[p + "post_attn_norm"], w[p + "ffn_norm"], spec.eps)
-        x = linear(op.geglu(linear(x, w[p + "gate_up"])), w[p + "down"])
+        x = glu_mlp(x, w[p + "gate_up"], w[p + "down"], op.geglu, ctx.native)
         nxt = w[f"layers.{i + 1}.attn_norm"] if i + 1 < spec.n_layers else None
         x = op.add_rms_norm_(h, x, w[p + "post_ffn_norm"], nxt, spec.eps)
     h = op.rms_norm(h[ctx.sample_rows], w["final_norm"], spec.eps)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from .context import StepContext
 from .kv_cache import KVCache
-from .layers import linear, paged_attention, rope_tables
+from .layers import glu_mlp, linear, paged_attention, rope_tables
 from .ops import ops
 from .spec import ModelSpec
 
@@ -80,7 +80,7 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
                             write=src == i)
         a = linear(a.reshape(T, hq * d), w[p + "o"])
         x = op.add_rms_norm_(h, a, w[p + "post_attn_norm"], w[p + "ffn_norm"], spec.eps)
-        m = linear(op.geglu(linear(x, w[p + "gate_up"])), w[p + "down"])
+        m = glu_mlp(x, w[p + "gate_up"], w[p + "down"], op.geglu, ctx.native)
         if spec.moe_experts:
             m = op.rms_norm(m, w[p + "post_ffn_norm_1"], spec.eps) + \
                 op.rms_norm(_experts(w, p, spec, h, op), w[p + "post_ffn_norm_2"], spec.eps)

@@ -271,7 +271,16 @@ class Linear:
                 w = w.to(self.dense_dtype)
             self.w = torch.ops.mkldnn._reorder_linear_weight(w, 16) if self.packed else w
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """x @ W^T in `out_dtype` (default x's dtype)."""
+        y = self.raw(x)
+        want = out_dtype or x.dtype
+        return y if y.dtype == want else y.to(want)
+
+    def raw(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ W^T in x's dtype, except from dense bf16 weights under fp32 activations, which
+        leave it in bf16 (only on CPUs with AVX-512 BF16: `choose` gives dense bf16 nowhere else),
+        for a consumer that takes either (our GeGLU)."""
         if self.quant is not None and x.shape[0] <= self.max_q_rows:
             if self.quant == "q8":
                 return native.q8_linear(x.float(), *self.q).to(x.dtype)
@@ -282,8 +291,7 @@ class Linear:
                 y = torch._weight_int4pack_mm_for_cpu(xb, self.q, INT4_GROUP, self.qs)
             return y.to(x.dtype)
         if self.dense_dtype is not None:
-            y = self._dense(x.to(self.dense_dtype))
-            return y.to(x.dtype)
+            return self._dense(x.to(self.dense_dtype))
         return self._dense(x)
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:

@@ -8,11 +8,22 @@ from .context import FamilyView
 from .native import decode_attention
 
 
-def linear(x: torch.Tensor, w) -> torch.Tensor:
-    """x @ w.T: a plain tensor goes to F.linear; a `kernels.Linear` picks its own kernel."""
+def linear(x: torch.Tensor, w, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x @ w.T in `out_dtype` (default x's): a plain tensor goes to F.linear; a `kernels.Linear`
+    picks its own kernel."""
     if isinstance(w, torch.Tensor):
-        return F.linear(x, w)
-    return w(x)
+        y = F.linear(x, w)
+        return y if out_dtype is None else y.to(out_dtype)
+    return w(x, out_dtype)
+
+
+def glu_mlp(x: torch.Tensor, gate_up, down, act, raw: bool = False) -> torch.Tensor:
+    """down(act(gate_up(x))), in x's dtype. With `raw` (act is our fused GeGLU, which reads and
+    writes bf16 as well as fp32) the gate/up product stays in its kernel's own dtype (`Linear.raw`),
+    so on bf16 dense weights under fp32 activations the step's widest tensors skip a cast each way
+    (the same bits: the GeGLU rounds as the cast did)."""
+    gu = gate_up.raw(x) if raw and not isinstance(gate_up, torch.Tensor) else linear(x, gate_up)
+    return linear(act(gu), down, out_dtype=x.dtype)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

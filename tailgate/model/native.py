@@ -77,6 +77,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.add_rms_norm.argtypes, lib.add_rms_norm.restype = [P, P, I, I, P, P, F, P], None
     lib.norm_rope.argtypes, lib.norm_rope.restype = [P, I, I, I, I, P, F, P, P, P], None
     lib.geglu.argtypes, lib.geglu.restype = [P, I, I, P], None
+    lib.geglu_bf16.argtypes, lib.geglu_bf16.restype = [P, I, I, P], None
 
 
 def load() -> tuple[ctypes.CDLL | None, str | None]:
@@ -214,9 +215,16 @@ def norm_rope(src: torch.Tensor, col: int, heads: int, d: int, w: torch.Tensor |
 
 
 def geglu(gu: torch.Tensor) -> torch.Tensor:
-    """gelu_tanh(gu[:, :f]) * gu[:, f:] for the fused gate/up output gu [T, 2f]."""
+    """gelu_tanh(gu[:, :f]) * gu[:, f:] for the fused gate/up output gu [T, 2f], in gu's dtype:
+    fp32, or bf16 (computed in fp32, rounded as a cast would; needs AVX-512 BF16, which every
+    plan with bf16 dense weights has)."""
     gu = gu.contiguous()
     t, f2 = gu.shape
-    out = torch.empty(t, f2 // 2, dtype=torch.float32)
-    _LIB.geglu(gu.data_ptr(), t, f2 // 2, out.data_ptr())
+    out = torch.empty(t, f2 // 2, dtype=gu.dtype)
+    if gu.dtype == torch.bfloat16:
+        _LIB.geglu_bf16(gu.data_ptr(), t, f2 // 2, out.data_ptr())
+    elif gu.dtype == torch.float32:
+        _LIB.geglu(gu.data_ptr(), t, f2 // 2, out.data_ptr())
+    else:
+        raise ValueError(f"geglu reads fp32 or bf16, not {gu.dtype}")
     return out

@@ -134,21 +134,56 @@ static inline float gelu_tanh1(float g) {
   return 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g)));
 }
 
+/* gelu_tanh(g) * u, 8 lanes: the one formula both GeGLU entry points use. */
+static inline __attribute__((always_inline)) __m256 geglu8(__m256 x, __m256 u) {
+  const __m256 k0 = _mm256_set1_ps(0.7978845608f), k1 = _mm256_set1_ps(0.044715f);
+  const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+  const __m256 inner = _mm256_mul_ps(k0, _mm256_fmadd_ps(_mm256_mul_ps(k1, x), _mm256_mul_ps(x, x), x));
+  return _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, tanh8(inner))), u);
+}
+
 /* out[rows, f] = gelu_tanh(gu[:, :f]) * gu[:, f:] (Gemma's MLP; gu is the fused gate/up output). */
 void geglu(const float* gu, int64_t rows, int64_t f, float* out) {
 #pragma omp parallel for schedule(static) if (rows * f >= PAR_MIN)
   for (int64_t t = 0; t < rows; ++t) {
     const float *g = gu + t * 2 * f, *u = g + f;
     float* o = out + t * f;
-    const __m256 k0 = _mm256_set1_ps(0.7978845608f), k1 = _mm256_set1_ps(0.044715f);
-    const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
     int64_t i = 0;
-    for (; i + 8 <= f; i += 8) {
-      const __m256 x = _mm256_loadu_ps(g + i);
-      const __m256 inner = _mm256_mul_ps(k0, _mm256_fmadd_ps(_mm256_mul_ps(k1, x), _mm256_mul_ps(x, x), x));
-      const __m256 gl = _mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, tanh8(inner)));
-      _mm256_storeu_ps(o + i, _mm256_mul_ps(gl, _mm256_loadu_ps(u + i)));
-    }
+    for (; i + 8 <= f; i += 8) _mm256_storeu_ps(o + i, geglu8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
     for (; i < f; ++i) o[i] = gelu_tanh1(g[i]) * u[i];
   }
 }
+
+/* The same over bf16 rows, out in bf16 (rounded to nearest even): on the plans whose dense
+ * matmuls are bf16 (CPUs with AVX-512 BF16), the gate/up product comes out in bf16 and the down
+ * projection takes bf16, so this saves the two casts of the step's widest tensors around an fp32
+ * GeGLU -- with the same bits, since bf16 -> fp32 is exact and the rounding is the cast's. */
+static inline float bf16_to_f32(uint16_t b) {
+  union { uint32_t u; float f; } v = {(uint32_t)b << 16};
+  return v.f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+  union { float f; uint32_t u; } v = {f};
+  if ((v.u & 0x7fffffff) > 0x7f800000) return (uint16_t)((v.u >> 16) | 0x40); /* NaN stays NaN */
+  return (uint16_t)((v.u + 0x7fff + ((v.u >> 16) & 1)) >> 16);
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bf16")
+static inline __m256 load_bf16x8(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+
+void geglu_bf16(const uint16_t* gu, int64_t rows, int64_t f, uint16_t* out) {
+#pragma omp parallel for schedule(static) if (rows * f >= PAR_MIN)
+  for (int64_t t = 0; t < rows; ++t) {
+    const uint16_t *g = gu + t * 2 * f, *u = g + f;
+    uint16_t* o = out + t * f;
+    int64_t i = 0;
+    for (; i + 8 <= f; i += 8)
+      _mm_storeu_si128((__m128i*)(o + i), (__m128i)_mm256_cvtneps_pbh(geglu8(load_bf16x8(g + i), load_bf16x8(u + i))));
+    for (; i < f; ++i) o[i] = f32_to_bf16(gelu_tanh1(bf16_to_f32(g[i])) * bf16_to_f32(u[i]));
+  }
+}
+#pragma GCC pop_options
