@@ -44,11 +44,12 @@ class EngineMetrics:
     # Inter-token gaps by the kind of step that ended them: why the tail is what it is.
     itl_by_cause: dict = field(default_factory=dict)  # cause -> Histogram
 
-    def observe_gap(self, cause: str, gap: float) -> None:
-        h = self.itl_by_cause.get(cause)  # not setdefault: that builds a Histogram per token
+    def gaps(self, cause: str) -> Histogram:
+        """The gap histogram of steps of this kind (made at its first gap)."""
+        h = self.itl_by_cause.get(cause)  # not setdefault: that builds a Histogram per call
         if h is None:
             h = self.itl_by_cause[cause] = Histogram()
-        h.observe(gap)
+        return h
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,7 @@ class Scheduler:
         self._events: list[tuple[Request, Event]] = []  # not yet delivered
         self._iteration: list[Event] = []  # everything this iteration emitted (the step output)
         self._cause = ("decode", 0, 0)  # the running step's kind, prompt rows, prompts
+        self._gaps = None  # the running step's kind's gap histogram, fetched at its first gap
         self._preempted: dict[str, tuple[list[int], float | None]] = {}  # id -> (output so far, last token time)
 
     # ---- intake -------------------------------------------------------------------------
@@ -347,7 +348,7 @@ class Scheduler:
         prompt_rows = sum(take for _, take in chunks)
         kind = "decode" if not chunks else "recompute" if any(w.resumed for w, _ in chunks) else \
             "prefill" if not rows else "walk" if self.chunk else "mixed"
-        self._cause = (kind, prompt_rows, len(chunks))
+        self._cause, self._gaps = (kind, prompt_rows, len(chunks)), None
         if chunks:
             m.prefill_rows.observe(prompt_rows)
         if rows:
@@ -426,7 +427,7 @@ class Scheduler:
         if w.req.cancelled:  # cancelled while in flight: its pages come back only now
             self._close(w.req, w.pages, len(w.resumed), w.req.cancel_as, "")
         else:
-            self._cause = ("lane", len(w.tokens) - w.done, 1)
+            self._cause, self._gaps = ("lane", len(w.tokens) - w.done, 1), None
             self._absorb(w, len(w.tokens) - w.done, out, self.clock())
         self._deliver()
 
@@ -469,8 +470,11 @@ class Scheduler:
         self.metrics.generation_tokens += 1
         kind, rows, prompts = self._cause
         gap = None if a.last_at is None else now - a.last_at
-        if gap is not None:
-            self.metrics.observe_gap(kind, gap)
+        if gap is not None:  # once per token: the step's histogram is looked up once per step
+            h = self._gaps
+            if h is None:
+                h = self._gaps = self.metrics.gaps(kind)
+            h.observe(gap)
         a.last_at = now
         # positional, and _emit inlined: this runs once per token (a tenth of a simulated run)
         self._events.append((req, Token(req.id, now, t, out.logprob, out.top_logprobs, kind, rows, prompts, gap)))
