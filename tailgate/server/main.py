@@ -94,5 +94,3 @@ def serve(args, lookup) -> int:
         if state.engine.error is not None:
             return 1
     return 0
-
-
