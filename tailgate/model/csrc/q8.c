@@ -36,6 +36,14 @@
 #include <unistd.h>
 
 #define QK 32 /* inputs per block */
+/* The 16-output panels (AVX-512 VNNI, AMX) prefetch their weights this many bytes ahead (four
+ * blocks; into the next panel near a panel's end: panels are contiguous): a small call streams each
+ * weight once, and the hardware prefetchers did not keep ahead of it. The 262144 x 640 head, 2
+ * threads, alternating runs of a C harness over q8_linear (`/tmp`), min / median ms: AMX at 1 / 16
+ * rows 7.05 / 10.5 -> 5.89 / 7.20 and 10.1 / 12.1 -> 8.66 / 9.36 (64 rows, compute-bound, unchanged;
+ * 4096 no better than 2048 at K = 2048); AVX-512 VNNI at 1 / 8 rows 5.57 / 6.97 -> 4.61 / 5.86 and
+ * 9.06 / 11.0 -> 6.35 / 7.04. (The AVX2 panels, AMD's, are left as measured there.) */
+#define Q8_PREFETCH 2048
 #define NC 8  /* outputs per panel */
 
 /* One row of k floats -> k/32 int8 blocks, each with its scale amax / 127 (round to nearest). */
@@ -167,6 +175,7 @@ static inline __attribute__((always_inline)) void wide_rows(const int r, const u
     __m512i s[8];
     for (int i = 0; i < r; ++i) s[i] = _mm512_set1_epi32(-128 * xs[i * nb + b]);
     const uint8_t* wb = w + b * NW * QK;
+    for (int l_ = 0; l_ < NW * QK; l_ += 64) _mm_prefetch((const char*)(wb + Q8_PREFETCH + l_), _MM_HINT_T0);
     for (int t = 0; t < 8; ++t) {
       const __m512i wv = _mm512_loadu_si512((const void*)(wb + 64 * t));
       for (int i = 0; i < r; ++i) {
@@ -237,19 +246,13 @@ static inline __attribute__((always_inline)) void amx_scale(const int R, __m512*
                              _mm512_mul_ps(dw, _mm512_set1_ps(ad[i * nb + b])), acc[i]);
 }
 
-/* Weights are prefetched this many bytes ahead of the tile loads (four blocks; into the next
- * panel near a panel's end: panels are contiguous). The hardware prefetchers did not keep tile loads
- * fed: the 262144 x 640 head at 1 / 16 rows, 2 threads, 12 alternating runs of a C harness (`/tmp`),
- * min / median 7.05 / 10.5 -> 5.89 / 7.20 ms and 10.1 / 12.1 -> 8.66 / 9.36; at 64 rows (compute-bound,
- * weights reused from L2) unchanged. 4096 was no better than 2048 at K = 2048. */
-#define AMX_PREFETCH 2048
 
 /* Issue the products of blocks b and b + 1 into tiles C0/C1 or C2/C3 (literal tile numbers: the
  * intrinsics paste them into the instruction). */
 #define AMX_PAIR(CA, CB, b)                                       \
   do {                                                            \
     for (int l_ = 0; l_ < 2 * NW * QK; l_ += 64)                  \
-      _mm_prefetch((const char*)(w + (b) * NW * QK + AMX_PREFETCH + l_), _MM_HINT_T0); \
+      _mm_prefetch((const char*)(w + (b) * NW * QK + Q8_PREFETCH + l_), _MM_HINT_T0); \
     _tile_zero(CA);                                               \
     _tile_zero(CB);                                               \
     _tile_loadd(4, a + (b) * QK, k);                              \
