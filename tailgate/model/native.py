@@ -149,11 +149,20 @@ def q8_linear(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, variant: int = 
     return y
 
 
-def attention_lanes(cpu=None) -> int:
-    """The decode attention's vector width for this CPU: 16 floats with AVX-512 (F/BW/DQ/VL), else 8."""
-    from .cpu import this_cpu
+_LANES: int | None = None  # this CPU's width, read once (decode_attention asks 18 times a step)
 
-    return 16 if (cpu or this_cpu()).avx512 else 8
+
+def attention_lanes(cpu=None) -> int:
+    """The decode attention's vector width for a CPU (default this one): 16 floats with AVX-512
+    (F/BW/DQ/VL), else 8."""
+    global _LANES
+    if cpu is not None:
+        return 16 if cpu.avx512 else 8
+    if _LANES is None:
+        from .cpu import this_cpu
+
+        _LANES = attention_lanes(this_cpu())
+    return _LANES
 
 
 def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,

@@ -44,6 +44,11 @@
  * 4096 no better than 2048 at K = 2048); AVX-512 VNNI at 1 / 8 rows 5.57 / 6.97 -> 4.61 / 5.86 and
  * 9.06 / 11.0 -> 6.35 / 7.04. (The AVX2 panels, AMD's, are left as measured there.) */
 #define Q8_PREFETCH 2048
+
+/* Ask for `bytes` of weights Q8_PREFETCH past w, a cache line at a time. */
+static inline __attribute__((always_inline)) void prefetch_ahead(const void* w, int bytes) {
+  for (int l = 0; l < bytes; l += 64) _mm_prefetch((const char*)w + Q8_PREFETCH + l, _MM_HINT_T0);
+}
 #define NC 8  /* outputs per panel */
 
 /* One row of k floats -> k/32 int8 blocks, each with its scale amax / 127 (round to nearest). */
@@ -175,7 +180,7 @@ static inline __attribute__((always_inline)) void wide_rows(const int r, const u
     __m512i s[8];
     for (int i = 0; i < r; ++i) s[i] = _mm512_set1_epi32(-128 * xs[i * nb + b]);
     const uint8_t* wb = w + b * NW * QK;
-    for (int l_ = 0; l_ < NW * QK; l_ += 64) _mm_prefetch((const char*)(wb + Q8_PREFETCH + l_), _MM_HINT_T0);
+    prefetch_ahead(wb, NW * QK);
     for (int t = 0; t < 8; ++t) {
       const __m512i wv = _mm512_loadu_si512((const void*)(wb + 64 * t));
       for (int i = 0; i < r; ++i) {
@@ -246,13 +251,11 @@ static inline __attribute__((always_inline)) void amx_scale(const int R, __m512*
                              _mm512_mul_ps(dw, _mm512_set1_ps(ad[i * nb + b])), acc[i]);
 }
 
-
 /* Issue the products of blocks b and b + 1 into tiles C0/C1 or C2/C3 (literal tile numbers: the
  * intrinsics paste them into the instruction). */
 #define AMX_PAIR(CA, CB, b)                                       \
   do {                                                            \
-    for (int l_ = 0; l_ < 2 * NW * QK; l_ += 64)                  \
-      _mm_prefetch((const char*)(w + (b) * NW * QK + Q8_PREFETCH + l_), _MM_HINT_T0); \
+    prefetch_ahead(w + (b) * NW * QK, 2 * NW * QK);             \
     _tile_zero(CA);                                               \
     _tile_zero(CB);                                               \
     _tile_loadd(4, a + (b) * QK, k);                              \
