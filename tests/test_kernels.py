@@ -360,3 +360,87 @@ def test_the_mlp_keeps_the_gate_up_product_in_its_kernels_dtype_only_for_an_acti
     for raw in (True, False):
         assert glu_mlp(x, gate_up, down, act, raw).dtype == torch.float32
     assert seen == [torch.bfloat16, torch.float32]
+
+
+@needs_native
+@pytest.mark.parametrize("rows,n,d", [(1, 640, 256), (77, 640, 256), (300, 640, 256), (3, 13, 10)])  # 13, 10: tails
+def test_the_fused_norms_read_and_write_bf16_with_the_bits_of_fp32_and_a_cast(rows, n, d):
+    from tailgate.model.layers import rope_tables
+
+    g = torch.Generator().manual_seed(rows)
+    bits = lambda t: t.view(torch.int16)  # noqa: E731
+    x, w1, w2 = torch.randn(rows, n, generator=g) * 30, torch.randn(n, generator=g), torch.randn(n, generator=g)
+    x[0, 0] = 3e38  # rounds up past the largest bf16: inf, as the cast makes it
+    xb = x.bfloat16()
+    assert torch.equal(bits(native.rms_norm(xb, w1, 1e-6)), bits(native.rms_norm(xb.float(), w1, 1e-6).bfloat16()))
+    assert torch.equal(bits(native.rms_norm(x, w1, 1e-6, torch.bfloat16)), bits(native.rms_norm(x, w1, 1e-6).bfloat16()))
+    h = torch.randn(rows, n, generator=g)
+    h1, h2 = h.clone(), h.clone()
+    got = native.add_rms_norm_(h1, xb, w1, w2, 1e-6, torch.bfloat16)
+    want = native.add_rms_norm_(h2, xb.float(), w1, w2, 1e-6)
+    assert torch.equal(h1, h2) and torch.equal(bits(got), bits(want.bfloat16()))
+    src = (torch.randn(rows, 3 * d, generator=g) * 4).bfloat16()
+    cos, sin = rope_tables(torch.arange(rows), d, 10000.0, torch.float32)
+    wn = torch.randn(d, generator=g)
+    for col, w in ((0, wn), (2 * d, None)):
+        assert torch.equal(native.norm_rope(src, col, 1, d, w, 1e-6, cos, sin),
+                           native.norm_rope(src.float(), col, 1, d, w, 1e-6, cos, sin))
+
+
+@needs_native
+def test_the_fused_page_gather_gives_the_bits_of_a_gather_then_a_cast():
+    g = torch.Generator().manual_seed(0)
+    pool = (torch.randn(50, 1, 264, generator=g) * 100).half()  # 264: a scalar tail of 0 after 33 vectors
+    pool[3, 0, :4] = torch.tensor([float("inf"), -float("inf"), 6e-8, 65504.0]).half()  # subnormal, max
+    pool7 = (torch.randn(20, 7, generator=g)).half()  # rows of 7: the scalar path alone
+    for p in (pool, pool7):
+        idx = torch.randint(0, p.shape[0], (97,), generator=g)
+        got = native.gather_f16_bf16(p, idx)
+        want = F.embedding(idx, p.view(p.shape[0], -1)).view(got.shape).to(torch.bfloat16)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@needs_native
+@pytest.mark.skipif(not this_cpu().native_bf16, reason="bf16 dense weights under fp32 activations: AVX-512 BF16 CPUs")
+@pytest.mark.parametrize("name", ["gemma3-270m", "smollm2-135m"])
+def test_steps_on_bf16_dense_weights_give_the_logits_of_casting_around_every_matmul(name, rig, monkeypatch):
+    """The norms writing bf16, the matmuls' outputs kept raw, the fused page gather and the
+    additive masks change no bit of a prompt, a walk chunk beside decode rows, or a decode step."""
+    import numpy as np
+
+    from tailgate.engine.pages import SeqPages
+    from tailgate.engine.plan import Segment
+    from tailgate.model import context, gemma3, layers, llama
+
+    r = rig(name, "auto")
+    assert r.runner.plan.dense_dtype == torch.bfloat16
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(10, 5000, (n,), generator=g).tolist() for n in (100, 90, 192)]
+
+    def steps():
+        seqs = [SeqPages() for _ in prompts]
+        try:
+            for s in seqs:
+                assert r.book.reserve(s, 260)
+            out = [r.runner.step([Segment(prompts[i], 0, seqs[i])]) for i in (0, 1)]  # dense rows
+            for c in range(3):  # a walk in 64-row chunks beside two decode rows: 66-row steps
+                dec = [Segment([7 + c], len(prompts[i]) + c, seqs[i]) for i in (0, 1)]
+                out.append(r.runner.step([Segment(prompts[2][64 * c:64 * c + 64], 64 * c, seqs[2], sample=c == 2)] + dec))
+            out.append(r.runner.step([Segment([9], 192, seqs[2])] + [Segment([9], len(prompts[i]) + 3, seqs[i])
+                                                                   for i in (0, 1)]))  # q8 rows
+            return out
+        finally:
+            for s in seqs:
+                r.book.free(s)
+
+    new = steps()
+    monkeypatch.setattr(Linear, "takes", lambda self, rows: None)
+    for mod in (gemma3, llama):
+        monkeypatch.setattr(mod, "raw", layers.linear)
+    monkeypatch.setattr(layers, "gather_f16_bf16", lambda pool, idx: F.embedding(idx, pool.view(pool.shape[0], -1))
+                        .view(idx.shape[0], *pool.shape[1:]).to(torch.bfloat16))
+    monkeypatch.setattr(context, "_additive", lambda mask, dtype: torch.from_numpy(np.ascontiguousarray(mask)))
+    old = steps()
+    for a, b in zip(new, old):
+        assert torch.equal(a, b)
+    r.assert_no_leak()

@@ -19,7 +19,9 @@ class FamilyView:
     """Where this step's keys live for one KV family (global or sliding)."""
 
     write_slots: torch.Tensor  # [T] flat slot (page*16+offset) each new row's K/V goes to
-    # (r0, r1, key slots [K], mask [Tq, K]); slots and mask are None for a fresh causal prompt
+    # (r0, r1, key slots [K], mask [Tq, K]); slots and mask are None for a fresh causal prompt.
+    # The mask is additive (0 / -inf) in the dtype the prompt attends in: SDPA would build that
+    # from a bool mask on every call (18 a step; ~25 us each for a 64 x 192 chunk, this Xeon).
     prefill: list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]] = field(default_factory=list)
     decode_slots: torch.Tensor | None = None  # [B, K]
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, K]
@@ -46,10 +48,16 @@ def _key_start(qpos: int, window: int | None) -> int:
     return 0 if window is None else max(0, qpos - window + 1)
 
 
+def _additive(mask: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill_(torch.from_numpy(~mask), float("-inf"))
+
+
 def build_context(segments: list[Segment], windows: dict[str, int | None], device,
-                  native: bool = False, prompt_dtype: torch.dtype | None = None) -> StepContext:
+                  native: bool = False, prompt_dtype: torch.dtype | None = None,
+                  dtype: torch.dtype = torch.float32) -> StepContext:
     """`windows` maps family name ("global", "local") to its attention window (None = full);
-    `prompt_dtype`: the dtype prompt rows attend in, when not the activations' (`KernelPlan`)."""
+    `dtype`: the activations'; `prompt_dtype`: the dtype prompt rows attend in, when not the
+    activations' (`KernelPlan`)."""
     prefill = [s for s in segments if len(s.tokens) > 1]
     decode = [s for s in segments if len(s.tokens) == 1]
     ordered = prefill + decode
@@ -82,7 +90,7 @@ def build_context(segments: list[Segment], windows: dict[str, int | None], devic
             mask = diff >= 0
             if window is not None:
                 mask &= diff < window
-            view.prefill.append((r0, r1, t(_slots(table(s), kpos)), t(mask)))
+            view.prefill.append((r0, r1, t(_slots(table(s), kpos)), _additive(mask, prompt_dtype or dtype).to(device)))
         if decode:
             starts = [_key_start(s.start, window) for s in decode]
             width = max(s.start + 1 - k0 for s, k0 in zip(decode, starts))

@@ -277,6 +277,10 @@ class Linear:
         want = out_dtype or x.dtype
         return y if y.dtype == want else y.to(want)
 
+    def takes(self, rows: int) -> torch.dtype | None:
+        """The dtype the kernel at `rows` rows reads when it is not the activations' (dense bf16)."""
+        return None if self.quant is not None and rows <= self.max_q_rows else self.dense_dtype
+
     def raw(self, x: torch.Tensor) -> torch.Tensor:
         """x @ W^T in x's dtype, except from dense bf16 weights under fp32 activations, which
         leave it in bf16 (only on CPUs with AVX-512 BF16: `choose` gives dense bf16 nowhere else),

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from .context import FamilyView
-from .native import decode_attention
+from .native import decode_attention, gather_f16_bf16
 
 
 def linear(x: torch.Tensor, w, out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -15,6 +15,19 @@ def linear(x: torch.Tensor, w, out_dtype: torch.dtype | None = None) -> torch.Te
         y = F.linear(x, w)
         return y if out_dtype is None else y.to(out_dtype)
     return w(x, out_dtype)
+
+
+def takes(w, rows: int) -> torch.dtype | None:
+    """The dtype `w`'s kernel reads at this many rows when that is not the activations' (bf16
+    dense weights under fp32 activations), so the op before it can write that dtype directly;
+    None for a plain tensor or a kernel that reads the activations as they are."""
+    return None if isinstance(w, torch.Tensor) else w.takes(rows)
+
+
+def raw(x: torch.Tensor, w) -> torch.Tensor:
+    """x @ w.T in the kernel's own output dtype (bf16 from bf16 dense weights), for a consumer that
+    reads either (the fused norms, norm_rope, the KV write)."""
+    return F.linear(x, w) if isinstance(w, torch.Tensor) else w.raw(x)
 
 
 def glu_mlp(x: torch.Tensor, gate_up, down, act, raw: bool = False) -> torch.Tensor:
@@ -57,10 +70,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def paged_attention(q, k_new, v_new, k_pool, v_pool, view: FamilyView, decode_rows, scale: float,
-                    native: bool = False, write: bool = True):
+                    native: bool = False, write: bool = True, out_dtype: torch.dtype | None = None):
     """Write this step's K/V into the pool, then attend each row over its own pages; with
     `native`, the decode rows read the pool in place through csrc/attn.c. `write=False` is a
     KV-sharing layer: the pool and k_new/v_new are its source layer's, already written.
+    `out_dtype` (default q's): what the output projection reads (`takes`), so bf16 prompt rows
+    are not widened only to be narrowed again.
 
     q: [T, Hq, D]; k_new/v_new: [T, Hkv, D]; pools: [slots, Hkv, D]. Returns [T, Hq, D].
     Pools may be narrower than q (fp16 KV on the q8 plan): every read of K/V, the fresh prompt's
@@ -70,17 +85,20 @@ def paged_attention(q, k_new, v_new, k_pool, v_pool, view: FamilyView, decode_ro
     hkv, d = k_pool.shape[1], k_pool.shape[2]
     # F.embedding is this CPU's fastest row gather (~2x index_select for 8 MB of bf16 rows).
     kflat, vflat = k_pool.view(-1, hkv * d), v_pool.view(-1, hkv * d)
-    narrow = k_pool.dtype != q.dtype
     pd = view.prompt_dtype or q.dtype
-    if narrow:
-        k_new, v_new = k_new.to(k_pool.dtype), v_new.to(v_pool.dtype)
+    # To the pool's dtype: a narrower pool (fp16 KV), or K/V from bf16 dense matmuls (no-ops otherwise).
+    k_new, v_new = k_new.to(k_pool.dtype), v_new.to(v_pool.dtype)
+    fused_gather = native and pd == torch.bfloat16 and k_pool.dtype == torch.float16
     if write:
         k_pool.index_copy_(0, view.write_slots, k_new)
         v_pool.index_copy_(0, view.write_slots, v_new)
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=out_dtype or q.dtype)
     for r0, r1, slots, mask in view.prefill:
         if slots is None:  # fresh prompt: attend over its own new rows, causally
             k, v = k_new[r0:r1].transpose(0, 1).unsqueeze(0), v_new[r0:r1].transpose(0, 1).unsqueeze(0)
+        elif fused_gather:  # fp16 pages -> bf16 in one pass (csrc/fused.c)
+            k = gather_f16_bf16(k_pool, slots).transpose(0, 1).unsqueeze(0)
+            v = gather_f16_bf16(v_pool, slots).transpose(0, 1).unsqueeze(0)
         else:
             k = F.embedding(slots, kflat).view(-1, hkv, d).transpose(0, 1).unsqueeze(0)  # [1, Hkv, K, D]
             v = F.embedding(slots, vflat).view(-1, hkv, d).transpose(0, 1).unsqueeze(0)

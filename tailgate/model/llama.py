@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from .context import StepContext
 from .kv_cache import KVCache
-from .layers import linear, paged_attention, rope_tables
+from .layers import linear, paged_attention, raw, rope_tables, takes
 from .ops import ops
 from .spec import ModelSpec
 
@@ -20,13 +20,16 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
     for i in range(spec.n_layers):
         p = f"layers.{i}."
         fam, k_pool, v_pool = kv.layer(i)
-        qkv = linear(op.rms_norm(h, w[p + "attn_norm"], spec.eps), w[p + "qkv"])
+        # The norms write what the next matmul reads (`takes`) and the fused norm_rope reads qkv as
+        # the matmul left it: casts spared on bf16 dense weights, the same bits (gemma3.py).
+        qkv = raw(op.rms_norm(h, w[p + "attn_norm"], spec.eps, takes(w[p + "qkv"], T)), w[p + "qkv"])
         q = op.norm_rope(qkv, 0, hq, d, None, spec.eps, cos, sin)
         k = op.norm_rope(qkv, hq * d, hkv, d, None, spec.eps, cos, sin)
         a = paged_attention(q, k, qkv[:, (hq + hkv) * d:].view(T, hkv, d), k_pool, v_pool, ctx.families[fam],
                             ctx.decode_rows, spec.scale, ctx.native)
         h = h + linear(a.reshape(T, hq * d), w[p + "o"])
-        gate, up = linear(op.rms_norm(h, w[p + "ffn_norm"], spec.eps), w[p + "gate_up"]).chunk(2, dim=-1)
+        x = op.rms_norm(h, w[p + "ffn_norm"], spec.eps, takes(w[p + "gate_up"], T))
+        gate, up = linear(x, w[p + "gate_up"], h.dtype).chunk(2, dim=-1)
         h = h + linear(F.silu(gate) * up, w[p + "down"])
     h = op.rms_norm(h[ctx.sample_rows], w["final_norm"], spec.eps)
     return linear(h, w["head"])

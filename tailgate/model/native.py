@@ -73,10 +73,12 @@ def _declare(lib: ctypes.CDLL) -> None:
         for name in (f"decode_attention_{lanes}", f"decode_attention_f16_{lanes}"):
             getattr(lib, name).argtypes = [P, P, P, P, P, I, I, I, I, I, F, P]
             getattr(lib, name).restype = ctypes.c_int
-    lib.rms_norm.argtypes, lib.rms_norm.restype = [P, I, I, P, F, P], None
-    lib.add_rms_norm.argtypes, lib.add_rms_norm.restype = [P, P, I, I, P, P, F, P], None
-    lib.norm_rope.argtypes, lib.norm_rope.restype = [P, I, I, I, I, P, F, P, P, P], None
+    B = ctypes.c_int
+    lib.rms_norm.argtypes, lib.rms_norm.restype = [P, B, I, I, P, F, P, B], None
+    lib.add_rms_norm.argtypes, lib.add_rms_norm.restype = [P, P, B, I, I, P, P, F, P, B], None
+    lib.norm_rope.argtypes, lib.norm_rope.restype = [P, B, I, I, I, I, P, F, P, P, P], None
     lib.geglu.argtypes, lib.geglu.restype = [P, I, I, P], None
+    lib.gather_f16_bf16.argtypes, lib.gather_f16_bf16.restype = [P, I, P, I, P], None
     lib.geglu_bf16.argtypes, lib.geglu_bf16.restype = [P, I, I, P], None
 
 
@@ -187,39 +189,66 @@ def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
     return out
 
 
-# The fused elementwise kernels (csrc/fused.c). fp32, contiguous rows; each returns a new tensor
-# except add_rms_norm_, which updates the residual stream h in place.
+# The fused elementwise kernels (csrc/fused.c): contiguous rows, fp32 arithmetic; each returns a
+# new tensor except add_rms_norm_, which updates the fp32 residual stream h in place. The norms
+# also read and write bf16 (`out_dtype`): the inputs and outputs of bf16 dense matmuls, with the
+# bits of fp32 + a cast.
+_WIDTHS = {torch.float32: 0, torch.bfloat16: 1}
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm(x) * w over the last dim."""
+
+def _is_bf16(t: torch.Tensor | torch.dtype, what: str) -> int:
+    dt = t if isinstance(t, torch.dtype) else t.dtype
+    if dt not in _WIDTHS:
+        raise ValueError(f"the fused norms take fp32 or bf16 {what}, not {dt}")
+    return _WIDTHS[dt]
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """RMSNorm(x) * w over the last dim, in `out_dtype` (default x's)."""
     x = x.contiguous()
-    out = torch.empty_like(x)
-    _LIB.rms_norm(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], w.data_ptr(), eps, out.data_ptr())
+    out = torch.empty(x.shape, dtype=out_dtype or x.dtype)
+    _LIB.rms_norm(x.data_ptr(), _is_bf16(x, "input"), x.numel() // x.shape[-1], x.shape[-1], w.data_ptr(), eps,
+                  out.data_ptr(), _is_bf16(out, "output"))
     return out
 
 
 def add_rms_norm_(h: torch.Tensor, a: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor | None,
-                  eps: float) -> torch.Tensor | None:
-    """h += RMSNorm(a) * w1 in place; then RMSNorm(h) * w2 (None when w2 is None). h, a: [T, n]."""
+                  eps: float, out_dtype: torch.dtype | None = None) -> torch.Tensor | None:
+    """h += RMSNorm(a) * w1 in place; then RMSNorm(h) * w2 in `out_dtype` (default h's), or None
+    when w2 is None. h: [T, n] fp32; a: [T, n] fp32 or bf16."""
     a = a.contiguous()
     t, n = h.shape
-    out = torch.empty_like(h) if w2 is not None else None
-    _LIB.add_rms_norm(h.data_ptr(), a.data_ptr(), t, n, w1.data_ptr(), None if w2 is None else w2.data_ptr(), eps,
-                      None if out is None else out.data_ptr())
+    out = torch.empty(t, n, dtype=out_dtype or h.dtype) if w2 is not None else None
+    _LIB.add_rms_norm(h.data_ptr(), a.data_ptr(), _is_bf16(a, "input"), t, n, w1.data_ptr(),
+                      None if w2 is None else w2.data_ptr(), eps, None if out is None else out.data_ptr(),
+                      0 if out is None else _is_bf16(out, "output"))
     return out
 
 
 def norm_rope(src: torch.Tensor, col: int, heads: int, d: int, w: torch.Tensor | None, eps: float,
               cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Columns [col, col + heads * d) of src [T, C], as [T, heads, d]: per-head RMSNorm * w (none
-    when w is None), then rotate-half RoPE with cos/sin [T, (1,) d]. Returns [T, heads, d]."""
+    """Columns [col, col + heads * d) of src [T, C] (fp32 or bf16), as [T, heads, d]: per-head
+    RMSNorm * w (none when w is None), then rotate-half RoPE with cos/sin [T, (1,) d]. Returns
+    [T, heads, d] fp32."""
     if src.stride(-1) != 1 or d % 2 or d > 1024:
         raise ValueError("norm_rope needs unit-stride rows and an even head_dim <= 1024")
     t = src.shape[0]
     out = torch.empty(t, heads, d, dtype=torch.float32)
     cos, sin = cos.contiguous(), sin.contiguous()
-    _LIB.norm_rope(src.data_ptr() + 4 * col, src.stride(0), t, heads, d, None if w is None else w.data_ptr(), eps,
-                   cos.data_ptr(), sin.data_ptr(), out.data_ptr())
+    _LIB.norm_rope(src.data_ptr() + src.element_size() * col, _is_bf16(src, "input"), src.stride(0), t, heads, d,
+                   None if w is None else w.data_ptr(), eps, cos.data_ptr(), sin.data_ptr(), out.data_ptr())
+    return out
+
+
+def gather_f16_bf16(pool: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """pool[idx] as bf16 (pool [slots, ...] fp16, contiguous; idx [n] int64): F.embedding and a cast
+    in one pass."""
+    if pool.dtype != torch.float16 or not pool.is_contiguous() or idx.dtype != torch.int64:
+        raise ValueError("gather_f16_bf16 reads a contiguous fp16 pool with int64 indices")
+    idx = idx.contiguous()
+    width = pool[0].numel()
+    out = torch.empty((idx.shape[0], *pool.shape[1:]), dtype=torch.bfloat16)
+    _LIB.gather_f16_bf16(pool.data_ptr(), width, idx.data_ptr(), idx.shape[0], out.data_ptr())
     return out
 
 

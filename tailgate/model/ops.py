@@ -3,10 +3,12 @@
 and stay the same text for both.
 
 Each set provides:
-- `rms_norm(x, w, eps)`
-- `add_rms_norm_(h, a, w1, w2, eps)`: h += RMSNorm(a) * w1 in place, then RMSNorm(h) * w2 (or None)
+- `rms_norm(x, w, eps, out_dtype=None)`
+- `add_rms_norm_(h, a, w1, w2, eps, out_dtype=None)`: h += RMSNorm(a) * w1 in place, then
+  RMSNorm(h) * w2 (or None); `a` may be narrower than h (a bf16 matmul's output)
 - `norm_rope(src, col, heads, d, w, eps, cos, sin)`: columns [col, col + heads*d) of src as
-  [T, heads, d], per-head RMSNorm * w (skipped when w is None), then rotate-half RoPE
+  [T, heads, d], per-head RMSNorm * w (skipped when w is None), then rotate-half RoPE, in cos's dtype
+`out_dtype` (default: the input's, h's for add_rms_norm_) is what the next matmul reads (`takes`).
 - `geglu(gu)`: gelu_tanh(gate) * up over the fused gate/up output
 """
 from __future__ import annotations
@@ -20,13 +22,18 @@ from .context import StepContext
 from .layers import apply_rope, rms_norm
 
 
-def _add_rms_norm_(h, a, w1, w2, eps):
-    h.add_(rms_norm(a, w1, eps))
-    return None if w2 is None else rms_norm(h, w2, eps)
+def _rms_norm(x, w, eps, out_dtype=None):
+    y = rms_norm(x, w, eps)
+    return y if out_dtype is None else y.to(out_dtype)
+
+
+def _add_rms_norm_(h, a, w1, w2, eps, out_dtype=None):
+    h.add_(rms_norm(a.to(h.dtype), w1, eps))
+    return None if w2 is None else _rms_norm(h, w2, eps, out_dtype)
 
 
 def _norm_rope(src, col, heads, d, w, eps, cos, sin):
-    x = src[:, col:col + heads * d].view(src.shape[0], heads, d)
+    x = src[:, col:col + heads * d].view(src.shape[0], heads, d).to(cos.dtype)
     return apply_rope(x if w is None else rms_norm(x, w, eps), cos, sin)
 
 
@@ -35,7 +42,7 @@ def _geglu(gu):
     return F.gelu(gate, approximate="tanh") * up
 
 
-TORCH = SimpleNamespace(rms_norm=rms_norm, add_rms_norm_=_add_rms_norm_, norm_rope=_norm_rope, geglu=_geglu)
+TORCH = SimpleNamespace(rms_norm=_rms_norm, add_rms_norm_=_add_rms_norm_, norm_rope=_norm_rope, geglu=_geglu)
 NATIVE = SimpleNamespace(rms_norm=native.rms_norm, add_rms_norm_=native.add_rms_norm_, norm_rope=native.norm_rope,
                          geglu=native.geglu)
 

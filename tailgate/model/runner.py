@@ -85,7 +85,7 @@ class ModelRunner:
             if s.pages.reserved < s.end:
                 raise RuntimeError(f"segment ends at {s.end} but only {s.pages.reserved} tokens have pages")
         ctx = build_context(segments, self.windows, self.device, self.plan.attention == "native",
-                            self.plan.prompt_attention)
+                            self.plan.prompt_attention, self.plan.dtype)
         return self._forward(self.w, self.spec, ctx, self.kv)
 
     def warm_up(self, book, rows: int = 64) -> float:

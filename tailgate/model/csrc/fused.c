@@ -17,6 +17,75 @@
 /* Below this many floats a call stays on one thread: an OpenMP fork costs more than the work. */
 #define PAR_MIN (1 << 15)
 
+/* bf16 rows. On the plans whose dense matmuls run in bf16 (CPUs with AVX-512 BF16) the norms
+ * read the matmuls' bf16 outputs and write their bf16 inputs, so the casts around each matmul
+ * (five a layer) are gone. The arithmetic stays fp32 and the bits are the casts': bf16 -> fp32 is
+ * exact, and fp32 -> bf16 rounds to nearest even as torch's cast does. Plain AVX2 (integer ops),
+ * so the file still builds and runs without AVX-512. */
+static inline float bf16_to_f32(uint16_t b) {
+  union { uint32_t u; float f; } v = {(uint32_t)b << 16};
+  return v.f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+  union { float f; uint32_t u; } v = {f};
+  if ((v.u & 0x7fffffff) > 0x7f800000) return (uint16_t)((v.u >> 16) | 0x40); /* NaN stays NaN */
+  return (uint16_t)((v.u + 0x7fff + ((v.u >> 16) & 1)) >> 16);
+}
+
+static inline __m256 load_bf16x8(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+
+/* 8 floats -> 8 bf16, as f32_to_bf16. */
+static inline __m128i bf16x8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i hi = _mm256_srli_epi32(u, 16);
+  const __m256i bias = _mm256_add_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7fff));
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  const __m256i r = _mm256_blendv_epi8(_mm256_srli_epi32(_mm256_add_epi32(u, bias), 16),
+                                       _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xD8));
+}
+
+/* A row as fp32: itself, or (bf16) widened into buf. */
+static inline const float* row_f32(const void* p, int bf16, int64_t n, float* buf) {
+  if (!bf16) return (const float*)p;
+  const uint16_t* b = (const uint16_t*)p;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(buf + i, load_bf16x8(b + i));
+  for (; i < n; ++i) buf[i] = bf16_to_f32(b[i]);
+  return buf;
+}
+
+/* Where a row's fp32 result goes: out itself, or (bf16) buf, then narrowed by put_row. */
+static inline float* out_f32(void* out, int bf16, float* buf) { return bf16 ? buf : (float*)out; }
+
+static inline void put_row(const float* buf, int bf16, int64_t n, void* out) {
+  if (!bf16) return;
+  uint16_t* o = (uint16_t*)out;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm_storeu_si128((__m128i*)(o + i), bf16x8(_mm256_loadu_ps(buf + i)));
+  for (; i < n; ++i) o[i] = f32_to_bf16(buf[i]);
+}
+
+/* out[i, :] = pool[idx[i], :] as bf16, the pool fp16 (the q8 plan's KV pages): a walk chunk's keys
+ * and values gathered for its bf16 attention in one pass. torch's fp16 -> bf16 cast is scalar:
+ * gather + cast took 47 us for 192 rows of 256 against ~9 us for the gather alone (this Xeon).
+ * Exact: fp16 -> fp32 is exact, and the rounding to bf16 is the cast's. */
+void gather_f16_bf16(const uint16_t* pool, int64_t width, const int64_t* idx, int64_t n, uint16_t* out) {
+#pragma omp parallel for schedule(static) if (n * width >= PAR_MIN)
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t* src = pool + idx[i] * width;
+    uint16_t* o = out + i * width;
+    int64_t j = 0;
+    for (; j + 8 <= width; j += 8)
+      _mm_storeu_si128((__m128i*)(o + j), bf16x8(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(src + j)))));
+    for (; j < width; ++j) o[j] = f32_to_bf16(_cvtsh_ss(src[j]));
+  }
+}
+
 /* 1 / sqrt(mean(x^2) + eps) over n floats. */
 static inline float inv_rms(const float* x, int64_t n, float eps) {
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
@@ -44,20 +113,31 @@ static inline void scale_by(const float* x, float r, const float* w, float* out,
   for (; i < n; ++i) out[i] = x[i] * r * w[i];
 }
 
-/* out[rows, n] = RMSNorm(x) * w. */
-void rms_norm(const float* x, int64_t rows, int64_t n, const float* w, float eps, float* out) {
+/* out[rows, n] = RMSNorm(x) * w. x_bf16 / out_bf16: x / out hold bf16 (else fp32). */
+void rms_norm(const void* x, int x_bf16, int64_t rows, int64_t n, const float* w, float eps, void* out,
+              int out_bf16) {
+  const int64_t xs = x_bf16 ? 2 : 4, os = out_bf16 ? 2 : 4;
 #pragma omp parallel for schedule(static) if (rows * n >= PAR_MIN)
-  for (int64_t t = 0; t < rows; ++t) scale_by(x + t * n, inv_rms(x + t * n, n, eps), w, out + t * n, n);
+  for (int64_t t = 0; t < rows; ++t) {
+    float in[x_bf16 ? n : 1], res[out_bf16 ? n : 1];
+    const float* xr = row_f32((const char*)x + t * n * xs, x_bf16, n, in);
+    void* o = (char*)out + t * n * os;
+    scale_by(xr, inv_rms(xr, n, eps), w, out_f32(o, out_bf16, res), n);
+    put_row(res, out_bf16, n, o);
+  }
 }
 
 /* h += RMSNorm(a) * w1 (the residual add after a sandwich norm); then, when w2 is given,
- * out = RMSNorm(h) * w2 (the next block's input norm). h, a, out: [rows, n]. */
-void add_rms_norm(float* h, const float* a, int64_t rows, int64_t n, const float* w1, const float* w2, float eps,
-                  float* out) {
+ * out = RMSNorm(h) * w2 (the next block's input norm). h: [rows, n] fp32; a, out: [rows, n], bf16
+ * where a_bf16 / out_bf16 say so. */
+void add_rms_norm(float* h, const void* a, int a_bf16, int64_t rows, int64_t n, const float* w1, const float* w2,
+                  float eps, void* out, int out_bf16) {
+  const int64_t as = a_bf16 ? 2 : 4, os = out_bf16 ? 2 : 4;
 #pragma omp parallel for schedule(static) if (rows * n >= PAR_MIN)
   for (int64_t t = 0; t < rows; ++t) {
+    float in[a_bf16 ? n : 1], res[out_bf16 ? n : 1];
     float* hr = h + t * n;
-    const float* ar = a + t * n;
+    const float* ar = row_f32((const char*)a + t * n * as, a_bf16, n, in);
     const __m256 rv = _mm256_set1_ps(inv_rms(ar, n, eps));
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -65,27 +145,32 @@ void add_rms_norm(float* h, const float* a, int64_t rows, int64_t n, const float
       _mm256_storeu_ps(hr + i, _mm256_add_ps(_mm256_loadu_ps(hr + i), v));
     }
     for (; i < n; ++i) hr[i] += ar[i] * _mm256_cvtss_f32(rv) * w1[i];
-    if (w2) scale_by(hr, inv_rms(hr, n, eps), w2, out + t * n, n);
+    if (w2) {
+      void* o = (char*)out + t * n * os;
+      scale_by(hr, inv_rms(hr, n, eps), w2, out_f32(o, out_bf16, res), n);
+      put_row(res, out_bf16, n, o);
+    }
   }
 }
 
 /* Per head: y = RMSNorm(x) * w (skipped when w is NULL), then rotate-half RoPE:
- * out = y * cos + [-y[half:], y[:half]] * sin. x: rows of `heads` vectors of d floats, row t at
- * x + t * ldx (a column slice of the fused qkv output); cos/sin: [rows, d]; out: [rows, heads, d].
- * d must be even and at most 1024. */
-void norm_rope(const float* x, int64_t ldx, int64_t rows, int64_t heads, int64_t d, const float* w, float eps,
-               const float* cos_t, const float* sin_t, float* out) {
+ * out = y * cos + [-y[half:], y[:half]] * sin. x: rows of `heads` vectors of d values (bf16 where
+ * x_bf16 says so, else fp32), row t at x + t * ldx values (a column slice of the fused qkv output);
+ * cos/sin: [rows, d] fp32; out: [rows, heads, d] fp32. d must be even and at most 1024. */
+void norm_rope(const void* x, int x_bf16, int64_t ldx, int64_t rows, int64_t heads, int64_t d, const float* w,
+               float eps, const float* cos_t, const float* sin_t, float* out) {
+  const int64_t xs = x_bf16 ? 2 : 4;
   const int64_t half = d / 2;
 #pragma omp parallel for schedule(static) if (rows * heads * d >= PAR_MIN)
   for (int64_t task = 0; task < rows * heads; ++task) {
     const int64_t t = task / heads, hd = task % heads;
-    const float* v = x + t * ldx + hd * d;
     const float *c = cos_t + t * d, *s = sin_t + t * d;
     float y[1024];
+    const float* v = row_f32((const char*)x + (t * ldx + hd * d) * xs, x_bf16, d, y);
     float* o = out + task * d;
     if (w)
-      scale_by(v, inv_rms(v, d, eps), w, y, d);
-    else
+      scale_by(v, inv_rms(v, d, eps), w, y, d);  /* in place when v is y: elementwise */
+    else if (v != y)
       for (int64_t i = 0; i < d; ++i) y[i] = v[i];
     int64_t i = 0;
     for (; i + 8 <= half; i += 8) {
@@ -158,22 +243,8 @@ void geglu(const float* gu, int64_t rows, int64_t f, float* out) {
  * matmuls are bf16 (CPUs with AVX-512 BF16), the gate/up product comes out in bf16 and the down
  * projection takes bf16, so this saves the two casts of the step's widest tensors around an fp32
  * GeGLU -- with the same bits, since bf16 -> fp32 is exact and the rounding is the cast's. */
-static inline float bf16_to_f32(uint16_t b) {
-  union { uint32_t u; float f; } v = {(uint32_t)b << 16};
-  return v.f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-  union { float f; uint32_t u; } v = {f};
-  if ((v.u & 0x7fffffff) > 0x7f800000) return (uint16_t)((v.u >> 16) | 0x40); /* NaN stays NaN */
-  return (uint16_t)((v.u + 0x7fff + ((v.u >> 16) & 1)) >> 16);
-}
-
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bf16")
-static inline __m256 load_bf16x8(const uint16_t* p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
-}
 
 void geglu_bf16(const uint16_t* gu, int64_t rows, int64_t f, uint16_t* out) {
 #pragma omp parallel for schedule(static) if (rows * f >= PAR_MIN)
