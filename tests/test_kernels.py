@@ -401,11 +401,25 @@ def test_the_fused_page_gather_gives_the_bits_of_a_gather_then_a_cast():
 
 
 @needs_native
+def test_the_fused_page_write_gives_the_bits_of_a_cast_then_index_copy():
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(9, 3 * 264, generator=g) * 100
+    qkv[0, 2 * 264] = 7e4  # past fp16's largest: inf, as the cast makes it
+    slots = torch.randperm(40, generator=g)[:9]
+    for src in (qkv, qkv.bfloat16()):
+        v = src[:, 2 * 264:].view(9, 1, 264)  # a column slice of the fused qkv output, as the model passes it
+        got, want = torch.zeros(40, 1, 264, dtype=torch.float16), torch.zeros(40, 1, 264, dtype=torch.float16)
+        native.kv_write_f16(got, slots, v)
+        want.index_copy_(0, slots, v.to(torch.float16))
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@needs_native
 @pytest.mark.skipif(not this_cpu().native_bf16, reason="bf16 dense weights under fp32 activations: AVX-512 BF16 CPUs")
 @pytest.mark.parametrize("name", ["gemma3-270m", "smollm2-135m"])
 def test_steps_on_bf16_dense_weights_give_the_logits_of_casting_around_every_matmul(name, rig, monkeypatch):
-    """The norms writing bf16, the matmuls' outputs kept raw, the fused page gather and the
-    additive masks change no bit of a prompt, a walk chunk beside decode rows, or a decode step."""
+    """The norms writing bf16, the matmuls' outputs kept raw, the fused page writes and gathers
+    and the additive masks change no bit of a prompt, a walk chunk beside decode rows, or a decode step."""
     import numpy as np
 
     from tailgate.engine.pages import SeqPages
@@ -439,6 +453,7 @@ def test_steps_on_bf16_dense_weights_give_the_logits_of_casting_around_every_mat
         monkeypatch.setattr(mod, "raw", layers.linear)
     monkeypatch.setattr(layers, "gather_f16_bf16", lambda pool, idx: F.embedding(idx, pool.view(pool.shape[0], -1))
                         .view(idx.shape[0], *pool.shape[1:]).to(torch.bfloat16))
+    monkeypatch.setattr(layers, "kv_write_f16", lambda pool, slots, src: pool.index_copy_(0, slots, src.to(pool.dtype)))
     monkeypatch.setattr(context, "_additive", lambda mask, dtype: torch.from_numpy(np.ascontiguousarray(mask)))
     old = steps()
     for a, b in zip(new, old):

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from .context import FamilyView
-from .native import decode_attention, gather_f16_bf16
+from .native import decode_attention, gather_f16_bf16, kv_write_f16
 
 
 def linear(x: torch.Tensor, w, out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -86,19 +86,23 @@ def paged_attention(q, k_new, v_new, k_pool, v_pool, view: FamilyView, decode_ro
     # F.embedding is this CPU's fastest row gather (~2x index_select for 8 MB of bf16 rows).
     kflat, vflat = k_pool.view(-1, hkv * d), v_pool.view(-1, hkv * d)
     pd = view.prompt_dtype or q.dtype
-    # To the pool's dtype: a narrower pool (fp16 KV), or K/V from bf16 dense matmuls (no-ops otherwise).
-    k_new, v_new = k_new.to(k_pool.dtype), v_new.to(v_pool.dtype)
-    fused_gather = native and pd == torch.bfloat16 and k_pool.dtype == torch.float16
-    if write:
-        k_pool.index_copy_(0, view.write_slots, k_new)
-        v_pool.index_copy_(0, view.write_slots, v_new)
+    f16 = native and k_pool.dtype == torch.float16  # the q8 plan's pages: our kernels write and read them
+    fused_gather = f16 and pd == torch.bfloat16
+    if write and f16:  # the cast to fp16 and the scatter in one pass each (csrc/fused.c)
+        kv_write_f16(k_pool, view.write_slots, k_new)
+        kv_write_f16(v_pool, view.write_slots, v_new)
+    elif write:
+        k_pool.index_copy_(0, view.write_slots, k_new.to(k_pool.dtype))
+        v_pool.index_copy_(0, view.write_slots, v_new.to(v_pool.dtype))
     out = torch.empty(q.shape, dtype=out_dtype or q.dtype)
     for r0, r1, slots, mask in view.prefill:
-        if slots is None:  # fresh prompt: attend over its own new rows, causally
-            k, v = k_new[r0:r1].transpose(0, 1).unsqueeze(0), v_new[r0:r1].transpose(0, 1).unsqueeze(0)
-        elif fused_gather:  # fp16 pages -> bf16 in one pass (csrc/fused.c)
-            k = gather_f16_bf16(k_pool, slots).transpose(0, 1).unsqueeze(0)
-            v = gather_f16_bf16(v_pool, slots).transpose(0, 1).unsqueeze(0)
+        if fused_gather:  # fp16 pages -> bf16 in one pass (csrc/fused.c); a fresh prompt reads back its own rows
+            own = view.write_slots[r0:r1] if slots is None else slots
+            k = gather_f16_bf16(k_pool, own).transpose(0, 1).unsqueeze(0)
+            v = gather_f16_bf16(v_pool, own).transpose(0, 1).unsqueeze(0)
+        elif slots is None:  # fresh prompt: attend over its own new rows (as the pool stores them), causally
+            k, v = k_new[r0:r1].to(k_pool.dtype), v_new[r0:r1].to(v_pool.dtype)
+            k, v = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
         else:
             k = F.embedding(slots, kflat).view(-1, hkv, d).transpose(0, 1).unsqueeze(0)  # [1, Hkv, K, D]
             v = F.embedding(slots, vflat).view(-1, hkv, d).transpose(0, 1).unsqueeze(0)

@@ -79,6 +79,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.norm_rope.argtypes, lib.norm_rope.restype = [P, B, I, I, I, I, P, F, P, P, P], None
     lib.geglu.argtypes, lib.geglu.restype = [P, I, I, P], None
     lib.gather_f16_bf16.argtypes, lib.gather_f16_bf16.restype = [P, I, P, I, P], None
+    lib.kv_write_f16.argtypes, lib.kv_write_f16.restype = [P, I, P, I, P, I, B], None
     lib.geglu_bf16.argtypes, lib.geglu_bf16.restype = [P, I, I, P], None
 
 
@@ -250,6 +251,20 @@ def gather_f16_bf16(pool: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     out = torch.empty((idx.shape[0], *pool.shape[1:]), dtype=torch.bfloat16)
     _LIB.gather_f16_bf16(pool.data_ptr(), width, idx.data_ptr(), idx.shape[0], out.data_ptr())
     return out
+
+
+def kv_write_f16(pool: torch.Tensor, slots: torch.Tensor, src: torch.Tensor) -> None:
+    """pool[slots] = src as fp16, in place (pool [slots, ...] fp16, contiguous; src [n, ...] fp32 or
+    bf16 whose rows are unit-stride but may be a column slice): index_copy_ and a cast in one pass."""
+    n = slots.shape[0]
+    width = pool[0].numel()
+    rows = src.reshape(n, -1) if src.dim() > 2 else src
+    if pool.dtype != torch.float16 or not pool.is_contiguous() or slots.dtype != torch.int64 \
+            or rows.shape != (n, width) or rows.stride(-1) != 1:
+        raise ValueError("kv_write_f16 writes [n, width] unit-stride rows into a contiguous fp16 pool by int64 slots")
+    slots = slots.contiguous()
+    _LIB.kv_write_f16(pool.data_ptr(), width, slots.data_ptr(), n, rows.data_ptr(), rows.stride(0),
+                      _is_bf16(rows, "rows"))
 
 
 def geglu(gu: torch.Tensor) -> torch.Tensor:

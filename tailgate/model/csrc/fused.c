@@ -86,6 +86,24 @@ void gather_f16_bf16(const uint16_t* pool, int64_t width, const int64_t* idx, in
   }
 }
 
+/* pool[slots[i], :] = fp16(src row i), src fp32 or bf16 (src_bf16), row i at src + i * ld values:
+ * a step's new K or V rows into the q8 plan's fp16 pages. torch spends a cast and an index_copy_
+ * on it (~70 us for 77 rows of 256 on this Xeon, 36 a step). Rounds to nearest even, as the cast. */
+void kv_write_f16(uint16_t* pool, int64_t width, const int64_t* slots, int64_t n, const void* src, int64_t ld,
+                  int src_bf16) {
+  const int64_t es = src_bf16 ? 2 : 4;
+#pragma omp parallel for schedule(static) if (n * width >= PAR_MIN)
+  for (int64_t i = 0; i < n; ++i) {
+    float buf[width];
+    const float* r = row_f32((const char*)src + i * ld * es, src_bf16, width, buf);
+    uint16_t* o = pool + slots[i] * width;
+    int64_t j = 0;
+    for (; j + 8 <= width; j += 8)
+      _mm_storeu_si128((__m128i*)(o + j), _mm256_cvtps_ph(_mm256_loadu_ps(r + j), _MM_FROUND_TO_NEAREST_INT));
+    for (; j < width; ++j) o[j] = _cvtss_sh(r[j], _MM_FROUND_TO_NEAREST_INT);
+  }
+}
+
 /* 1 / sqrt(mean(x^2) + eps) over n floats. */
 static inline float inv_rms(const float* x, int64_t n, float eps) {
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
