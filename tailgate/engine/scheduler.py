@@ -52,10 +52,6 @@ class Active:
     # the history it passes is this very output list). One per row per step was 6 % of a sim run.
     sample: RowSample | None = None
 
-    @property
-    def last(self) -> int:
-        return self.output[-1]
-
 
 class Scheduler:
     def __init__(self, executor: Executor, book: KVBook, config: ServingConfig, vocab_size: int, clock=time.monotonic):
@@ -81,7 +77,6 @@ class Scheduler:
         self._events: list[tuple[Request, Event]] = []  # not yet delivered
         self._iteration: list[Event] = []  # everything this iteration emitted (the step output)
         self._cause = ("decode", 0, 0)  # the running step's kind, prompt rows, prompts
-        self._gaps = None  # the running step's kind's gap histogram, fetched at its first gap
         self._preempted: dict[str, tuple[list[int], float | None]] = {}  # id -> (output so far, last token time)
 
     # ---- intake -------------------------------------------------------------------------
@@ -342,13 +337,13 @@ class Scheduler:
             segs.append(Segment(toks, start, w.pages, sample=final))
             if final:
                 samples.append(self._row_sample(w.req, w.resumed))
-        segs += [Segment([a.last], a.pages.frontier, a.pages) for a in rows]
+        segs += [Segment([a.output[-1]], a.pages.frontier, a.pages) for a in rows]
         samples += [a.sample or self._decode_sample(a) for a in rows]
         m = self.metrics
         prompt_rows = sum(take for _, take in chunks)
         kind = "decode" if not chunks else "recompute" if any(w.resumed for w, _ in chunks) else \
             "prefill" if not rows else "walk" if self.chunk else "mixed"
-        self._cause, self._gaps = (kind, prompt_rows, len(chunks)), None
+        self._cause = (kind, prompt_rows, len(chunks))
         if chunks:
             m.prefill_rows.observe(prompt_rows)
         if rows:
@@ -365,12 +360,7 @@ class Scheduler:
             self.door.observe_step(now - t0, prompt_rows, len(rows))
         for (w, take), out in zip(chunks, per_seg):
             self._absorb(w, take, out, now)
-        for a, out in zip(rows, per_seg[len(chunks):]):
-            if isinstance(out, Exception):
-                self._finish(a, "error", f"step failed: {out}")
-                continue
-            self.book.advance(a.pages, 1)
-            self._settle(a, out, now)
+        self._settle(rows, per_seg[len(chunks):], now, advance=True)
         self._deliver()
 
     def _absorb(self, w: Walker, take: int, out, now: float) -> None:
@@ -395,8 +385,8 @@ class Scheduler:
             self.walk.remove(w)
         a = Active(w.req, w.pages, queued_at=w.req.arrival, scheduled_at=now, output=list(w.resumed),
                    last_at=w.last_at)
-        if self._settle(a, out, now):
-            self.roster.append(a)
+        self.roster.append(a)  # graduates; _settle takes it out again if this token ends it
+        self._settle((a,), (out,), now)
 
     # ---- the side lane --------------------------------------------------------------------
     def _launch(self, w: Walker) -> None:
@@ -427,7 +417,7 @@ class Scheduler:
         if w.req.cancelled:  # cancelled while in flight: its pages come back only now
             self._close(w.req, w.pages, len(w.resumed), w.req.cancel_as, "")
         else:
-            self._cause, self._gaps = ("lane", len(w.tokens) - w.done, 1), None
+            self._cause = ("lane", len(w.tokens) - w.done, 1)
             self._absorb(w, len(w.tokens) - w.done, out, self.clock())
         self._deliver()
 
@@ -459,29 +449,37 @@ class Scheduler:
             a.sample = rs
         return rs
 
-    def _settle(self, a: Active, out: Sampled, now: float) -> bool:
-        """Apply one sampled token, produced by the step that ended at `now` (every row of a step
-        is stamped with the same time); returns whether the request is still live."""
-        req, t = a.req, out.token
-        if (t in req.eos_ids and not req.ignore_eos) or t in req.stop_token_ids:
-            self._finish(a, "stop")  # the stop token itself is not emitted
-            return False
-        a.output.append(t)
-        self.metrics.generation_tokens += 1
-        kind, rows, prompts = self._cause
-        gap = None if a.last_at is None else now - a.last_at
-        if gap is not None:  # once per token: the step's histogram is looked up once per step
-            h = self._gaps
-            if h is None:
-                h = self._gaps = self.metrics.gaps(kind)
-            h.observe(gap)
-        a.last_at = now
-        # positional, and _emit inlined: this runs once per token (a tenth of a simulated run)
-        self._events.append((req, Token(req.id, now, t, out.logprob, out.top_logprobs, kind, rows, prompts, gap)))
-        if len(a.output) >= req.max_tokens:
-            self._finish(a, "length")
-            return False
-        return True
+    def _settle(self, rows, outs, now: float, advance: bool = False) -> None:
+        """Apply one sampled token to each row, produced by the step that ended at `now` (every row
+        of a step is stamped with the same time); with `advance`, each row's KV frontier moves past
+        the token it fed. A row whose sampling failed, or whose token ends it, leaves the roster.
+        One loop for the whole step, its lookups hoisted: this runs once per token (most of a
+        simulated run)."""
+        kind, prompt_rows, prompts = self._cause
+        book, events, m = self.book, self._events, self.metrics
+        gaps, emitted = [], 0
+        for a, out in zip(rows, outs):
+            if isinstance(out, Exception):
+                self._finish(a, "error", f"step failed: {out}")
+                continue
+            if advance:
+                book.advance(a.pages, 1)
+            req, t = a.req, out.token
+            if (t in req.eos_ids and not req.ignore_eos) or t in req.stop_token_ids:
+                self._finish(a, "stop")  # the stop token itself is not emitted
+                continue
+            a.output.append(t)
+            emitted += 1
+            gap = None if a.last_at is None else now - a.last_at
+            if gap is not None:
+                gaps.append(gap)
+            a.last_at = now
+            events.append((req, Token(req.id, now, t, out.logprob, out.top_logprobs, kind, prompt_rows, prompts, gap)))
+            if len(a.output) >= req.max_tokens:
+                self._finish(a, "length")
+        m.generation_tokens += emitted
+        if gaps:
+            m.gaps(kind).observe_all(gaps)
 
     def _finish(self, a: Active, reason: str, message: str = "") -> None:
         if a in self.roster:
