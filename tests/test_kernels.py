@@ -332,8 +332,7 @@ def test_the_fused_elementwise_ops_match_torch_and_do_not_depend_on_the_batch(ro
         assert torch.equal(alone, batched[-1:])
 
 
-@needs_native
-@pytest.mark.skipif(not this_cpu().native_bf16, reason="the bf16 GeGLU runs only where dense weights are bf16")
+@needs_native  # plain AVX2 (the conversions are integer ops): runs on every CPU, used where dense weights are bf16
 @pytest.mark.parametrize("rows,f", [(1, 2048), (77, 2048), (300, 2048), (3, 13)])  # 13: the scalar tail
 def test_the_bf16_geglu_gives_the_bits_of_the_fp32_one_then_a_cast(rows, f):
     gu = (torch.randn(rows, 2 * f, generator=torch.Generator().manual_seed(rows)) * 4).bfloat16()

@@ -77,10 +77,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rms_norm.argtypes, lib.rms_norm.restype = [P, B, I, I, P, F, P, B], None
     lib.add_rms_norm.argtypes, lib.add_rms_norm.restype = [P, P, B, I, I, P, P, F, P, B], None
     lib.norm_rope.argtypes, lib.norm_rope.restype = [P, B, I, I, I, I, P, F, P, P, P], None
-    lib.geglu.argtypes, lib.geglu.restype = [P, I, I, P], None
+    lib.geglu.argtypes, lib.geglu.restype = [P, B, I, I, P], None
     lib.gather_f16_bf16.argtypes, lib.gather_f16_bf16.restype = [P, I, P, I, P], None
     lib.kv_write_f16.argtypes, lib.kv_write_f16.restype = [P, I, P, I, P, I, B], None
-    lib.geglu_bf16.argtypes, lib.geglu_bf16.restype = [P, I, I, P], None
 
 
 def load() -> tuple[ctypes.CDLL | None, str | None]:
@@ -200,7 +199,7 @@ _WIDTHS = {torch.float32: 0, torch.bfloat16: 1}
 def _is_bf16(t: torch.Tensor | torch.dtype, what: str) -> int:
     dt = t if isinstance(t, torch.dtype) else t.dtype
     if dt not in _WIDTHS:
-        raise ValueError(f"the fused norms take fp32 or bf16 {what}, not {dt}")
+        raise ValueError(f"the fused ops take fp32 or bf16 {what}, not {dt}")
     return _WIDTHS[dt]
 
 
@@ -269,15 +268,9 @@ def kv_write_f16(pool: torch.Tensor, slots: torch.Tensor, src: torch.Tensor) -> 
 
 def geglu(gu: torch.Tensor) -> torch.Tensor:
     """gelu_tanh(gu[:, :f]) * gu[:, f:] for the fused gate/up output gu [T, 2f], in gu's dtype:
-    fp32, or bf16 (computed in fp32, rounded as a cast would; needs AVX-512 BF16, which every
-    plan with bf16 dense weights has)."""
+    fp32, or bf16 (computed in fp32, rounded as a cast would)."""
     gu = gu.contiguous()
     t, f2 = gu.shape
     out = torch.empty(t, f2 // 2, dtype=gu.dtype)
-    if gu.dtype == torch.bfloat16:
-        _LIB.geglu_bf16(gu.data_ptr(), t, f2 // 2, out.data_ptr())
-    elif gu.dtype == torch.float32:
-        _LIB.geglu(gu.data_ptr(), t, f2 // 2, out.data_ptr())
-    else:
-        raise ValueError(f"geglu reads fp32 or bf16, not {gu.dtype}")
+    _LIB.geglu(gu.data_ptr(), _is_bf16(gu, "input"), t, f2 // 2, out.data_ptr())
     return out

@@ -8,8 +8,8 @@ Each set provides:
   RMSNorm(h) * w2 (or None); `a` may be narrower than h (a bf16 matmul's output)
 - `norm_rope(src, col, heads, d, w, eps, cos, sin)`: columns [col, col + heads*d) of src as
   [T, heads, d], per-head RMSNorm * w (skipped when w is None), then rotate-half RoPE, in cos's dtype
-`out_dtype` (default: the input's, h's for add_rms_norm_) is what the next matmul reads (`takes`).
 - `geglu(gu)`: gelu_tanh(gate) * up over the fused gate/up output
+`out_dtype` (default: the input's, h's for add_rms_norm_) is what the next matmul reads (`takes`).
 """
 from __future__ import annotations
 

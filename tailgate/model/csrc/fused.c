@@ -1,5 +1,6 @@
-/* The elementwise work of a Gemma step, fused (fp32, AVX2 + FMA): RMSNorm, residual add + the
- * next norm, q/k norm + rotate-half RoPE, and GeGLU.
+/* The elementwise work of a Gemma step, fused (fp32 arithmetic, AVX2 + FMA + F16C; rows in fp32 or
+ * bf16): RMSNorm, residual add + the next norm, q/k norm + rotate-half RoPE, GeGLU, and the fp16
+ * KV pages' writes and bf16 gathers.
  *
  * Why: with torch each of these is several small ops (F.rms_norm alone is pow, mean, add, rsqrt,
  * mul, mul on CPU), ~1,100 op calls a step. On AMD EPYC (Zen 3, 2 threads) a decode step of 16 rows
@@ -245,34 +246,23 @@ static inline __attribute__((always_inline)) __m256 geglu8(__m256 x, __m256 u) {
   return _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, tanh8(inner))), u);
 }
 
-/* out[rows, f] = gelu_tanh(gu[:, :f]) * gu[:, f:] (Gemma's MLP; gu is the fused gate/up output). */
-void geglu(const float* gu, int64_t rows, int64_t f, float* out) {
+/* out[rows, f] = gelu_tanh(gu[:, :f]) * gu[:, f:] (Gemma's MLP; gu is the fused gate/up output).
+ * gu and out are fp32, or bf16 where `bf16` says so: on the plans whose dense matmuls are bf16 the
+ * gate/up product comes out in bf16 and the down projection takes bf16, so the step's widest
+ * tensors skip a cast each way -- with the same bits (bf16 rows widen exactly; the result rounds
+ * as the cast did). */
+void geglu(const void* gu, int bf16, int64_t rows, int64_t f, void* out) {
+  const int64_t es = bf16 ? 2 : 4;
 #pragma omp parallel for schedule(static) if (rows * f >= PAR_MIN)
   for (int64_t t = 0; t < rows; ++t) {
-    const float *g = gu + t * 2 * f, *u = g + f;
-    float* o = out + t * f;
+    float gb[bf16 ? f : 1], ub[bf16 ? f : 1], res[bf16 ? f : 1];
+    const char* row = (const char*)gu + t * 2 * f * es;
+    const float *g = row_f32(row, bf16, f, gb), *u = row_f32(row + f * es, bf16, f, ub);
+    void* o = (char*)out + t * f * es;
+    float* of = out_f32(o, bf16, res);
     int64_t i = 0;
-    for (; i + 8 <= f; i += 8) _mm256_storeu_ps(o + i, geglu8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
-    for (; i < f; ++i) o[i] = gelu_tanh1(g[i]) * u[i];
+    for (; i + 8 <= f; i += 8) _mm256_storeu_ps(of + i, geglu8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+    for (; i < f; ++i) of[i] = gelu_tanh1(g[i]) * u[i];
+    put_row(res, bf16, f, o);
   }
 }
-
-/* The same over bf16 rows, out in bf16 (rounded to nearest even): on the plans whose dense
- * matmuls are bf16 (CPUs with AVX-512 BF16), the gate/up product comes out in bf16 and the down
- * projection takes bf16, so this saves the two casts of the step's widest tensors around an fp32
- * GeGLU -- with the same bits, since bf16 -> fp32 is exact and the rounding is the cast's. */
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bf16")
-
-void geglu_bf16(const uint16_t* gu, int64_t rows, int64_t f, uint16_t* out) {
-#pragma omp parallel for schedule(static) if (rows * f >= PAR_MIN)
-  for (int64_t t = 0; t < rows; ++t) {
-    const uint16_t *g = gu + t * 2 * f, *u = g + f;
-    uint16_t* o = out + t * f;
-    int64_t i = 0;
-    for (; i + 8 <= f; i += 8)
-      _mm_storeu_si128((__m128i*)(o + i), (__m128i)_mm256_cvtneps_pbh(geglu8(load_bf16x8(g + i), load_bf16x8(u + i))));
-    for (; i < f; ++i) o[i] = f32_to_bf16(gelu_tanh1(bf16_to_f32(g[i])) * bf16_to_f32(u[i]));
-  }
-}
-#pragma GCC pop_options
