@@ -356,8 +356,8 @@ def test_the_mlp_keeps_the_gate_up_product_in_its_kernels_dtype_only_for_an_acti
         seen.append(gu.dtype)
         return F.gelu(gu[:, :32].float(), approximate="tanh").to(gu.dtype) * gu[:, 32:]
 
-    for raw in (True, False):
-        assert glu_mlp(x, gate_up, down, act, raw).dtype == torch.float32
+    for fused_act in (True, False):
+        assert glu_mlp(x, gate_up, down, act, fused_act).dtype == torch.float32
     assert seen == [torch.bfloat16, torch.float32]
 
 

@@ -30,12 +30,12 @@ def raw(x: torch.Tensor, w) -> torch.Tensor:
     return F.linear(x, w) if isinstance(w, torch.Tensor) else w.raw(x)
 
 
-def glu_mlp(x: torch.Tensor, gate_up, down, act, raw: bool = False) -> torch.Tensor:
-    """down(act(gate_up(x))), in x's dtype. With `raw` (act is our fused GeGLU, which reads and
-    writes bf16 as well as fp32) the gate/up product stays in its kernel's own dtype (`Linear.raw`),
+def glu_mlp(x: torch.Tensor, gate_up, down, act, fused_act: bool = False) -> torch.Tensor:
+    """down(act(gate_up(x))), in x's dtype. With `fused_act` (act is our fused GeGLU, which reads
+    and writes bf16 as well as fp32) the gate/up product stays in its kernel's own dtype (`raw`),
     so on bf16 dense weights under fp32 activations the step's widest tensors skip a cast each way
     (the same bits: the GeGLU rounds as the cast did)."""
-    gu = gate_up.raw(x) if raw and not isinstance(gate_up, torch.Tensor) else linear(x, gate_up)
+    gu = raw(x, gate_up) if fused_act else linear(x, gate_up)
     return linear(act(gu), down, out_dtype=x.dtype)
 
 

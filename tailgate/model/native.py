@@ -193,14 +193,13 @@ def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
 # new tensor except add_rms_norm_, which updates the fp32 residual stream h in place. The norms
 # also read and write bf16 (`out_dtype`): the inputs and outputs of bf16 dense matmuls, with the
 # bits of fp32 + a cast.
-_WIDTHS = {torch.float32: 0, torch.bfloat16: 1}
+_BF16 = {torch.float32: 0, torch.bfloat16: 1}  # the C functions' `bf16` flags
 
 
-def _is_bf16(t: torch.Tensor | torch.dtype, what: str) -> int:
-    dt = t if isinstance(t, torch.dtype) else t.dtype
-    if dt not in _WIDTHS:
-        raise ValueError(f"the fused ops take fp32 or bf16 {what}, not {dt}")
-    return _WIDTHS[dt]
+def _is_bf16(t: torch.Tensor, what: str) -> int:
+    if t.dtype not in _BF16:
+        raise ValueError(f"the fused ops take fp32 or bf16 {what}, not {t.dtype}")
+    return _BF16[t.dtype]
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -95,7 +95,7 @@ void kv_write_f16(uint16_t* pool, int64_t width, const int64_t* slots, int64_t n
   const int64_t es = src_bf16 ? 2 : 4;
 #pragma omp parallel for schedule(static) if (n * width >= PAR_MIN)
   for (int64_t i = 0; i < n; ++i) {
-    float buf[width];
+    float buf[src_bf16 ? width : 1];
     const float* r = row_f32((const char*)src + i * ld * es, src_bf16, width, buf);
     uint16_t* o = pool + slots[i] * width;
     int64_t j = 0;
