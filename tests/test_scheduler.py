@@ -236,10 +236,23 @@ def test_a_walk_whose_roster_drains_midway_finishes():
 
 
 def test_the_door_counts_walkers_as_active():
-    s, ex = make(slots=4, chunk=64)
+    # A 1 s fixed window, 4 slots. With one prompt mid-walk (the roster empty) and one arrival, the
+    # door sees 1 active + 1 pending: not idle, not shallow ((1 + 1) * 2 < 4 is false), under its
+    # cohort of 3: it holds. Were walkers not counted, the roster alone (0) would read as idle and open.
+    s, ex = make(slots=4, chunk=64, door_ms=1000)
     s.submit(req(200, max_tokens=5))
     s.step(0.0)
-    assert s.running == 1 and len(s.roster) == 0
+    assert len(s.walk) == 1 and len(s.roster) == 0
+    late = req(10)
+    s.submit(late)
+    view = s._door_view()
+    assert view.active == 1 and view.pending == 1
+    assert s.intake_turn(0.0) is False and late.held_at == 0.0 and list(s.queue) == [late]
+    # the same arrival with no walker: the door opens for the idle engine and admits it
+    idle, _ = make(slots=4, chunk=64, door_ms=1000)
+    idle.submit(late2 := req(10))
+    assert idle._door_view().active == 0
+    assert idle.intake_turn(0.0) is True and late2 not in idle.queue
 
 
 # ---- stall attribution --------------------------------------------------------------------

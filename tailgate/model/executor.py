@@ -65,6 +65,9 @@ class ModelExecutor:
 
     def _sample(self, logits: torch.Tensor, rows: list[RowSample]) -> list[Sampled]:
         params = [r.params for r in rows]
+        # Logprobs are the step's own distribution, before penalties and min_tokens' mask: vLLM's
+        # default (`logprobs_mode="raw_logprobs"`, computed before any logits processor).
+        raw = logits
         edited = {}
         for i, r in enumerate(rows):
             if r.suppress or r.prompt is not None:
@@ -92,7 +95,7 @@ class ModelExecutor:
             if r.logprobs is None:
                 out.append(Sampled(t))
                 continue
-            lp = torch.log_softmax(logits[i].float(), -1)
+            lp = torch.log_softmax(raw[i].float(), -1)
             top = None
             if r.logprobs > 0:
                 v, idx = lp.topk(r.logprobs)
