@@ -159,6 +159,39 @@ def test_the_q8_panels_follow_the_cpus_int8_instructions():
     assert choose("fp32", "onednn", cpu=vnni, mkldnn=True, cuda=False, native_build=BUILT).as_dict()["q8_variant"] is None
 
 
+# The CPU classes tailgate has met, with their real /proc/cpuinfo flags (the Zen 3 line is the
+# AVX2 EPYC's; Zen 5's from an EPYC of family 26), and the plan `auto` must give each.
+ZEN3 = parse_cpuinfo(
+    "model name\t: AMD EPYC 7B13\nflags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 fma f16c avx avx2 bmi1 bmi2 vaes "
+    "vpclmulqdq sha_ni popcnt\n")
+ZEN5 = parse_cpuinfo(
+    "model name\t: AMD EPYC 9B45\nflags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 fma f16c avx avx2 bmi1 bmi2 "
+    "avx_vnni avx512f avx512dq avx512ifma avx512cd avx512bw avx512vl avx512_bf16 avx512vbmi avx512_vbmi2 "
+    "gfni vaes vpclmulqdq avx512_vnni avx512_bitalg avx512_vpopcntdq avx512_vp2intersect\n")
+XEON_VNNI = parse_cpuinfo(f"model name\t: {XEON.model}\nflags\t\t: {' '.join(sorted(XEON.flags))} avx512_vnni avx_vnni\n")
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+EVERY = 1 << 31
+PLANS = {  # (cpu, q8 builds, OS grants AMX) -> (dtype, dense, dense_dtype, quant, cuts, variant, attention, kv, prompt)
+    "AVX2-only EPYC (Zen 3)": ((ZEN3, True, False), (F32, "onednn", None, "q8", (EVERY, 64), "avx2", "native", F16, None)),
+    "AMX Xeon": ((XEON_VNNI, True, True), (F32, "onednn", BF16, "q8", (64, 32), "amx", "native", F16, BF16)),
+    "AMX refused by the OS": ((XEON_VNNI, True, False),
+                              (F32, "onednn", BF16, "q8", (32, 16), "avx512_vnni", "native", F16, BF16)),
+    "AVX-512 BF16 without AMX (Zen 5)": ((ZEN5, True, False),
+                                         (F32, "onednn", BF16, "q8", (64, 32), "avx512_vnni", "native", F16, BF16)),
+    "no compiler, AVX2": ((ZEN3, False, False), (F32, "onednn", None, "int8", (16, 6), "avx2", "torch", F32, None)),
+    "no compiler, AVX-512 BF16": ((ZEN5, False, False), (BF16, "onednn", None, None, (0, 0), "avx2", "torch", BF16, None)),
+}
+
+
+@pytest.mark.parametrize("cls", list(PLANS))
+def test_every_known_cpu_class_gets_its_plan(cls):
+    (cpu, builds, grant), want = PLANS[cls]
+    p = choose(cpu=cpu, mkldnn=True, cuda=False, native_build=BUILT if builds else NO_CC, amx_grant=lambda: grant)
+    got = (p.dtype, p.dense, p.dense_dtype, p.quant, p.quant_rows, p.q8_variant, p.attention, p.kv, p.prompt_attention)
+    assert got == want, f"{cls}: {p.line()}"
+    assert cpu.model in p.line() and p.as_dict()["cpu"] == cpu.model
+
+
 @needs_native
 @pytest.mark.parametrize("variant", [v for v in native.Q8_VARIANTS if v != "avx2"])
 def test_every_other_q8_panel_gives_the_avx2_panels_bits(variant):
@@ -453,7 +486,7 @@ def test_steps_on_bf16_dense_weights_give_the_logits_of_casting_around_every_mat
     monkeypatch.setattr(layers, "gather_f16_bf16", lambda pool, idx: F.embedding(idx, pool.view(pool.shape[0], -1))
                         .view(idx.shape[0], *pool.shape[1:]).to(torch.bfloat16))
     monkeypatch.setattr(layers, "kv_write_f16", lambda pool, slots, src: pool.index_copy_(0, slots, src.to(pool.dtype)))
-    monkeypatch.setattr(context, "_additive", lambda mask, dtype: torch.from_numpy(np.ascontiguousarray(mask)))
+    monkeypatch.setattr(context, "_additive", lambda mask, dtype, device: torch.from_numpy(np.ascontiguousarray(mask)))
     old = steps()
     for a, b in zip(new, old):
         assert torch.equal(a, b)

@@ -48,8 +48,9 @@ def _key_start(qpos: int, window: int | None) -> int:
     return 0 if window is None else max(0, qpos - window + 1)
 
 
-def _additive(mask: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    return torch.zeros(mask.shape, dtype=dtype).masked_fill_(torch.from_numpy(~mask), float("-inf"))
+def _additive(mask: np.ndarray, dtype: torch.dtype, device) -> torch.Tensor:
+    masked = torch.from_numpy(np.ascontiguousarray(~mask)).to(device)
+    return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(masked, float("-inf"))
 
 
 def build_context(segments: list[Segment], windows: dict[str, int | None], device,
@@ -90,7 +91,7 @@ def build_context(segments: list[Segment], windows: dict[str, int | None], devic
             mask = diff >= 0
             if window is not None:
                 mask &= diff < window
-            view.prefill.append((r0, r1, t(_slots(table(s), kpos)), _additive(mask, prompt_dtype or dtype).to(device)))
+            view.prefill.append((r0, r1, t(_slots(table(s), kpos)), _additive(mask, prompt_dtype or dtype, device)))
         if decode:
             starts = [_key_start(s.start, window) for s in decode]
             width = max(s.start + 1 - k0 for s, k0 in zip(decode, starts))

@@ -14,7 +14,7 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
     """Run every row of the step; return logits (runtime dtype) for `ctx.sample_rows` only."""
     emb = w["embed"]
     dtype = emb.dtype
-    h = emb[ctx.tokens] * torch.tensor(spec.hidden ** 0.5, dtype=dtype)
+    h = emb[ctx.tokens] * torch.tensor(spec.hidden ** 0.5, dtype=dtype, device=emb.device)
     ropes = {
         "global": rope_tables(ctx.positions, spec.head_dim, spec.rope_theta, dtype, spec.rope_scaling_factor),
         "local": rope_tables(ctx.positions, spec.head_dim, spec.rope_local_theta, dtype),

@@ -20,7 +20,7 @@ def _ple_inputs(w: dict, spec: ModelSpec, ctx: StepContext, h: torch.Tensor, op)
     """Per-layer inputs [T, layers, P]: a token's own per-layer embedding mixed with a projection
     of its main embedding (HF's get_per_layer_inputs + project_per_layer_inputs)."""
     t, n, p = h.shape[0], spec.n_layers, spec.ple_dim
-    own = w["ple_embed"][ctx.tokens].to(h.dtype) * torch.tensor(p ** 0.5, dtype=h.dtype)
+    own = w["ple_embed"][ctx.tokens].to(h.dtype) * torch.tensor(p ** 0.5, dtype=h.dtype, device=h.device)
     proj = (linear(h, w["ple_proj"]) * spec.hidden ** -0.5).view(t, n, p)
     proj = op.rms_norm(proj, w["ple_norm"], spec.eps)
     return (proj + own.view(t, n, p)) * 2 ** -0.5
@@ -48,7 +48,7 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
     """Run every row of the step; return logits (runtime dtype) for `ctx.sample_rows` only."""
     emb = w["embed"]
     dtype = emb.dtype
-    h = emb[ctx.tokens] * torch.tensor(spec.hidden ** 0.5, dtype=dtype)
+    h = emb[ctx.tokens] * torch.tensor(spec.hidden ** 0.5, dtype=dtype, device=emb.device)
     op = ops(ctx)
     dg, dl = spec.family_shape(False)[1], spec.family_shape(True)[1]
     ropes = {

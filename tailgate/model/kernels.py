@@ -71,6 +71,13 @@ QUANT_ROWS = {
     # 14.8/27.1/51.8/61.9/100.8 (and 46.4 vs 44.7 at 48): crossovers near 64-96 and 48, cut where
     # q8 still clearly wins.
     ("amx", "q8", "amx"): (64, 32),
+    # AMD EPYC Zen 5 (avx512_bf16 + avx512_vnni, no AMX), 2 threads, `tailgate bench kernels` (two q8
+    # runs in one command; ../shared/design/measured/zen5-bench-kernels.txt, main at 6011487), ms at
+    # M = 16/64/256: layers q8 7.1-7.8/22.0-22.3/84-93 against oneDNN bf16 10.0/25.8/71.3; head q8
+    # 10.8-12.3/34.8-35.8 against bf16 13.9/33.3: crossovers near 64-128 and 32-64. Until then this
+    # class fell back to the ("avx512_bf16", "q8") row (8 / 6, the AVX2 panels' cut on the Xeon):
+    # a 16-row decode step took bf16's 10.0 ms of layers instead of q8's 7.1.
+    ("avx512_bf16", "q8", "avx512_vnni"): (64, 32),
 }
 # A CPU class without a measured cut uses these (the same shapes of memory-bound crossover).
 DEFAULT_QUANT_ROWS = {"q8": (EVERY, 64), "int8": (16, 6), "int4": (16, 8)}

@@ -94,7 +94,7 @@ def paged_attention(q, k_new, v_new, k_pool, v_pool, view: FamilyView, decode_ro
     elif write:
         k_pool.index_copy_(0, view.write_slots, k_new.to(k_pool.dtype))
         v_pool.index_copy_(0, view.write_slots, v_new.to(v_pool.dtype))
-    out = torch.empty(q.shape, dtype=out_dtype or q.dtype)
+    out = torch.empty(q.shape, dtype=out_dtype or q.dtype, device=q.device)
     for r0, r1, slots, mask in view.prefill:
         if fused_gather:  # fp16 pages -> bf16 in one pass (csrc/fused.c); a fresh prompt reads back its own rows
             own = view.write_slots[r0:r1] if slots is None else slots

@@ -145,7 +145,7 @@ def q8_linear(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, variant: int = 
     code q8_quantize returned with these weights."""
     x = x.contiguous()
     m, k = x.shape
-    y = torch.empty(m, q.shape[0], dtype=torch.float32)
+    y = torch.empty(m, q.shape[0], dtype=torch.float32, device=x.device)
     if _LIB.q8_linear(x.data_ptr(), m, k, q.data_ptr(), d.data_ptr(), q.shape[0], y.data_ptr(), variant):
         raise MemoryError("q8: no scratch memory for the quantized activations")
     return y
@@ -205,7 +205,7 @@ def _is_bf16(t: torch.Tensor, what: str) -> int:
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """RMSNorm(x) * w over the last dim, in `out_dtype` (default x's)."""
     x = x.contiguous()
-    out = torch.empty(x.shape, dtype=out_dtype or x.dtype)
+    out = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     _LIB.rms_norm(x.data_ptr(), _is_bf16(x, "input"), x.numel() // x.shape[-1], x.shape[-1], w.data_ptr(), eps,
                   out.data_ptr(), _is_bf16(out, "output"))
     return out
@@ -217,7 +217,7 @@ def add_rms_norm_(h: torch.Tensor, a: torch.Tensor, w1: torch.Tensor, w2: torch.
     when w2 is None. h: [T, n] fp32; a: [T, n] fp32 or bf16."""
     a = a.contiguous()
     t, n = h.shape
-    out = torch.empty(t, n, dtype=out_dtype or h.dtype) if w2 is not None else None
+    out = torch.empty(t, n, dtype=out_dtype or h.dtype, device=h.device) if w2 is not None else None
     _LIB.add_rms_norm(h.data_ptr(), a.data_ptr(), _is_bf16(a, "input"), t, n, w1.data_ptr(),
                       None if w2 is None else w2.data_ptr(), eps, None if out is None else out.data_ptr(),
                       0 if out is None else _is_bf16(out, "output"))
@@ -232,7 +232,7 @@ def norm_rope(src: torch.Tensor, col: int, heads: int, d: int, w: torch.Tensor |
     if src.stride(-1) != 1 or d % 2 or d > 1024:
         raise ValueError("norm_rope needs unit-stride rows and an even head_dim <= 1024")
     t = src.shape[0]
-    out = torch.empty(t, heads, d, dtype=torch.float32)
+    out = torch.empty(t, heads, d, dtype=torch.float32, device=src.device)
     cos, sin = cos.contiguous(), sin.contiguous()
     _LIB.norm_rope(src.data_ptr() + src.element_size() * col, _is_bf16(src, "input"), src.stride(0), t, heads, d,
                    None if w is None else w.data_ptr(), eps, cos.data_ptr(), sin.data_ptr(), out.data_ptr())
@@ -246,7 +246,7 @@ def gather_f16_bf16(pool: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         raise ValueError("gather_f16_bf16 reads a contiguous fp16 pool with int64 indices")
     idx = idx.contiguous()
     width = pool[0].numel()
-    out = torch.empty((idx.shape[0], *pool.shape[1:]), dtype=torch.bfloat16)
+    out = torch.empty((idx.shape[0], *pool.shape[1:]), dtype=torch.bfloat16, device=pool.device)
     _LIB.gather_f16_bf16(pool.data_ptr(), width, idx.data_ptr(), idx.shape[0], out.data_ptr())
     return out
 
@@ -270,6 +270,6 @@ def geglu(gu: torch.Tensor) -> torch.Tensor:
     fp32, or bf16 (computed in fp32, rounded as a cast would)."""
     gu = gu.contiguous()
     t, f2 = gu.shape
-    out = torch.empty(t, f2 // 2, dtype=gu.dtype)
+    out = torch.empty(t, f2 // 2, dtype=gu.dtype, device=gu.device)
     _LIB.geglu(gu.data_ptr(), _is_bf16(gu, "input"), t, f2 // 2, out.data_ptr())
     return out

@@ -19,11 +19,11 @@ def apply_penalties(x: torch.Tensor, p: SamplingParams, prompt: list[int], outpu
     multiply negative ones); presence and frequency penalties over the output only."""
     x = x.clone()
     if p.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(prompt) | set(output)), dtype=torch.long)
+        seen = torch.tensor(sorted(set(prompt) | set(output)), dtype=torch.long, device=x.device)
         v = x[seen]
         x[seen] = torch.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
     if output and (p.presence_penalty or p.frequency_penalty):
-        ids, counts = torch.tensor(output, dtype=torch.long).unique(return_counts=True)
+        ids, counts = torch.tensor(output, dtype=torch.long, device=x.device).unique(return_counts=True)
         x[ids] -= p.frequency_penalty * counts.to(x.dtype) + p.presence_penalty
     # A valid but tiny repetition penalty (5e-324) divides a logit into +inf, which softmax turns
     # into NaN; the largest finite value ranks the same and samples cleanly.
