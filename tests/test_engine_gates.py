@@ -121,17 +121,22 @@ def test_gathered_output_is_token_exact_vs_serial(gemma, rig):
         assert [h.tokens(x) for x in rs] == want
 
 
-@pytest.mark.parametrize("env", [{"TAILGATE_ADMIT_COALESCE_MS": "5000"}, {"TAILGATE_DECODE_SLOTS": "0"},
-                                 {"TAILGATE_ADMIT_COALESCE_MS": "300", "TAILGATE_ASYNC_PREFILL": "shared"},
-                                 {"TAILGATE_KERNELS": "int9"}, {"TAILGATE_MIX_CHUNK_TOKENS": "63"}])
-def test_bad_knobs_refuse_before_any_weights_load(env, tmp_path):
+@pytest.mark.parametrize("env,knob", [({"TAILGATE_ADMIT_COALESCE_MS": "5000"}, "TAILGATE_ADMIT_COALESCE_MS"),
+                                      ({"TAILGATE_DECODE_SLOTS": "0"}, "TAILGATE_DECODE_SLOTS"),
+                                      ({"TAILGATE_ADMIT_COALESCE_MS": "300", "TAILGATE_ASYNC_PREFILL": "shared"},
+                                       "TAILGATE_ADMIT_COALESCE_MS"),
+                                      ({"TAILGATE_KERNELS": "int9"}, "TAILGATE_KERNELS"),
+                                      ({"TAILGATE_MIX_CHUNK_TOKENS": "63"}, "TAILGATE_MIX_CHUNK_TOKENS")])
+def test_bad_knobs_refuse_before_any_weights_load(env, knob, tmp_path):
     # A model path that does not exist: if knobs were checked after loading, the error would be about it.
-    env = {**os.environ, **env, "TAILGATE_CACHE_DIR": str(tmp_path)}
+    # The caller's own TAILGATE_* settings stay out (one of them could be refused first, or be the
+    # name the assertion finds): the refusal must name the knob under test and its value.
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TAILGATE_")}
     p = subprocess.run([sys.executable, "-m", "tailgate.cli", "serve", "--model", str(tmp_path / "missing.gguf")],
-                       env=env, capture_output=True, text=True, timeout=60)
+                       env={**clean, **env, "TAILGATE_CACHE_DIR": str(tmp_path)}, capture_output=True, text=True,
+                       timeout=60)
     assert p.returncode == 2
-    name = [k for k in env if k.startswith("TAILGATE_") and k != "TAILGATE_CACHE_DIR"][0]
-    assert name in p.stderr and "missing.gguf" not in p.stderr
+    assert knob in p.stderr and repr(env[knob]) in p.stderr and "missing.gguf" not in p.stderr, p.stderr
     assert not any(tmp_path.iterdir())
 
 
