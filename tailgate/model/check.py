@@ -16,6 +16,29 @@ import torch
 MEAN_TOL = 1e-4
 P99_TOL = 5e-4
 REGRET_TOL = 0.2  # logprob the reference gives up where our top token differs from its own
+# The quality gate's bounds for every kernel plan a CPU can choose (tests/test_oracle.py): teacher-
+# forced logprobs against HF transformers in fp32 on the oracle sequences, (mean |Δlogprob|, p99 over
+# positions of the per-position mean, KL(HF || ours) per sequence). Keyed by the plan's coarsest
+# arithmetic (`precision_class`); each bound about 2x the worst of both models measured on AMD EPYC
+# Zen 3 (docs/kernels.md, "The quality gate"), so that a wrong rounding lands outside it.
+PLAN_BOUNDS = {
+    "fp32": (MEAN_TOL, P99_TOL, 1e-5),  # measured: 1.8e-5, 5.9e-5, 5e-8 (F.linear + SDPA: 0, the same bits)
+    "bf16": (0.3, 1.0, 0.006),  # measured: 0.144, 0.471, 0.0026 (all-bf16, both models)
+    "q8": (0.4, 1.5, 0.02),  # measured: 0.22, 0.77, 0.0091 (AVX2 panels, every layer call, fp16 KV)
+    "int8": (0.45, 1.0, 0.025),  # measured: 0.21, 0.38, 0.012
+    "int4": (2.5, 3.5, 0.4),  # measured: 1.11, 1.51, 0.19 (lossy on this file: opt-in)
+}
+
+def precision_class(plan) -> str:
+    """The coarsest arithmetic a `KernelPlan` puts on the path: its quantized kernel (for the calls
+    under its cut), else bf16 activations or weights, else exact fp32 (fp16 KV only comes with q8)."""
+    if plan.quant and max(plan.quant_rows) > 0:
+        return plan.quant
+    if torch.bfloat16 in (plan.dtype, plan.dense_dtype) or plan.kv != torch.float32:
+        return "bf16"
+    return "fp32"
+
+
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, in a small village by the sea,"]
 LONG_TEXT = (  # repeated into the text that crosses a sliding window (the tests' long sequences too)
     "The river town woke slowly. Fishermen dragged their boats across the wet stones while the baker "
@@ -32,6 +55,7 @@ class SeqResult:
     p99: float  # p99 over positions of the per-position mean
     max: float
     regret: float
+    kl: float = 0.0  # mean over positions of KL(reference || ours)
 
     @property
     def ok(self) -> bool:
@@ -72,8 +96,9 @@ def compare(ours: torch.Tensor, ref: torch.Tensor) -> SeqResult:
     diff = (ours - ref).abs()
     top = ref.argmax(-1)
     regret = (ref.gather(-1, top[:, None]) - ref.gather(-1, ours.argmax(-1)[:, None])).max().item()
+    kl = (ref.exp() * (ref - ours)).sum(-1).mean().item()
     return SeqResult(ours.shape[0], diff.mean().item(), torch.quantile(diff.mean(-1), 0.99).item(),
-                     diff.max().item(), regret)
+                     diff.max().item(), regret, kl)
 
 
 def check_against_hf(directory: str | Path, greedy_tokens: int = 16, kernels: str = "auto", log=print) -> CheckResult:
@@ -117,9 +142,9 @@ def check_against_hf(directory: str | Path, greedy_tokens: int = 16, kernels: st
 
 
 def report(res: CheckResult) -> str:
-    lines = [f"{'tokens':>7} {'mean|Δlp|':>10} {'p99':>9} {'max':>9} {'regret':>7}  verdict"]
+    lines = [f"{'tokens':>7} {'mean|Δlp|':>10} {'p99':>9} {'max':>9} {'KL':>9} {'regret':>7}  verdict"]
     for s in res.sequences:
-        lines.append(f"{s.length:>7} {s.mean:>10.2e} {s.p99:>9.2e} {s.max:>9.2e} {s.regret:>7.3f}  "
+        lines.append(f"{s.length:>7} {s.mean:>10.2e} {s.p99:>9.2e} {s.max:>9.2e} {s.kl:>9.2e} {s.regret:>7.3f}  "
                      f"{'ok' if s.ok else 'FAIL'}")
     lines.append(f"greedy: {res.greedy_agree}/{len(res.greedy_hf)} tokens equal to HF generate()")
     lines.append(f"tolerances: mean < {MEAN_TOL:g}, p99 < {P99_TOL:g}, regret <= {REGRET_TOL}; "
