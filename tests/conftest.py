@@ -56,13 +56,13 @@ def rig(loaded):
 
 @pytest.fixture(scope="session")
 def server():
-    """One live server for every HTTP gate (tests/live.py): (base URL, /health codes while loading)."""
-    from live import start_server
+    """One live server for every HTTP gate (tests/live.py): (base URL, /health codes while loading).
+    start_server raises, with the server's last log lines, unless /health answered 200."""
+    from live import start_server, stop_server
 
     p, base, seen = start_server()
     yield base, seen
-    p.terminate()
-    p.wait(30)
+    stop_server(p)  # this very process, by its handle
 
 
 @pytest.fixture(scope="session")

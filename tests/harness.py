@@ -14,11 +14,28 @@ def ids(n: int, salt: int = 0) -> list[int]:
     return [2] + [1000 + (i * 37 + salt) % 20000 for i in range(n - 1)]
 
 
+class ManualClock:
+    """A clock that moves only when the test moves it (`advance`); starts well away from 0 (a
+    request's arrival of 0.0 would read as unset)."""
+
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
 class Harness:
-    def __init__(self, loaded, dtype="auto", device="cpu", **knobs):
+    def __init__(self, loaded, dtype="auto", device="cpu", clock=time.monotonic, **knobs):
+        """`clock`: the engine's and scheduler's (e.g. a ManualClock, so a door's window elapses
+        when the test says rather than when the host has spent that long)."""
         knobs.setdefault("MAX_CONTEXT", "1024")
         cfg = resolve(lambda name: knobs.get(name))
-        self.engine, self.model, self.cfg = build_engine("", cfg, dtype=dtype, device=device, loaded=loaded)
+        self.engine, self.model, self.cfg = build_engine("", cfg, dtype=dtype, device=device, loaded=loaded,
+                                                         clock=clock)
         self.sched = self.engine.scheduler
         self.lock = threading.Lock()
         self.steps: list[list] = []

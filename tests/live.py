@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -19,28 +20,84 @@ ENV = {"TAILGATE_DECODE_SLOTS": "2", "TAILGATE_MAX_CONTEXT": "512", "TAILGATE_DE
 ARGS = ["--dtype", "auto", "--max-queued-requests", "3", "--log-level", "warning"]
 
 
-def start_server(timeout: float = 120, args=(), **env):
-    """(process, base URL, the /health codes seen while it loaded); `args`: more command-line
-    arguments (e.g. another --model); `env`: more TAILGATE_ knobs."""
+def log_tail(p, lines: int = 40) -> str:
+    """The last `lines` lines the server wrote (stdout and stderr both go to its log file)."""
+    try:
+        with open(p.log_path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError as e:
+        return f"(no log: {e})"
+
+
+def stop_server(p, timeout: float = 30) -> None:
+    """Stop this very process (by its handle, never by name), then drop its log file."""
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout)
+    try:
+        os.unlink(p.log_path)
+    except OSError:
+        pass
+
+
+def start_server(timeout: float = 300, args=(), **env):
+    """(process, base URL, the /health codes seen while it loaded), once /health answers 200;
+    `args`: more command-line arguments (e.g. another --model); `env`: more TAILGATE_ knobs.
+    The server logs to a file (`p.log_path`; a pipe nobody reads would fill and block it). If it
+    exits, or is not healthy within `timeout` seconds (a ceiling: a cold start converts the GGUF
+    file first), it is stopped and this raises with its last log lines."""
     port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "tailgate.cli", "serve", "--port", str(port), *ARGS, *args],
-                         env={**os.environ, **ENV, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         text=True)
+    fd, log_path = tempfile.mkstemp(prefix="tailgate-serve-", suffix=".log")
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "tailgate.cli", "serve", "--port", str(port), *ARGS, *args],
+                             env={**os.environ, **ENV, **env}, stdin=subprocess.DEVNULL, stdout=fd,
+                             stderr=subprocess.STDOUT)
+    finally:
+        os.close(fd)  # the child has its own copy
+    p.log_path = log_path
     base = f"http://127.0.0.1:{port}"
     seen = []
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         try:
             code = httpx.get(base + "/health", timeout=2).status_code
             if not seen or seen[-1] != code:
                 seen.append(code)
             if code == 200:
-                break
+                return p, base, seen
         except httpx.TransportError:
             pass
-        assert p.poll() is None, p.stderr.read()
+        why = (f"exited with status {p.returncode}" if p.poll() is not None
+               else f"not healthy within {timeout:.0f} s" if time.monotonic() >= deadline else None)
+        if why:
+            tail = log_tail(p)
+            stop_server(p)
+            raise RuntimeError(f"tailgate serve on {base} {why} (/health codes seen: {seen}); "
+                               f"its last log lines:\n{tail}")
         time.sleep(0.05)
-    return p, base, seen
+
+
+def metric(base, name: str, **labels) -> float:
+    """One sample of /metrics: the line of family `name` whose labels include `labels`; 0 if none."""
+    for line in httpx.get(base + "/metrics").text.splitlines():
+        if line.startswith((name + " ", name + "{")) and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def until(cond, timeout: float = 60) -> bool:
+    """Poll `cond` until it holds (True) or `timeout` seconds pass (False): a ceiling on waiting
+    for a condition, not a bound on how fast the host is."""
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def pages_used(base) -> float:

@@ -13,16 +13,62 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from tailgate.bench import serve
 from tailgate.bench.serve import Result, Sample, compute_metrics, gamma_offsets, run_load
 
 FIRST_S, GAP_S, TOKENS = 0.10, 0.05, 5
 
 
-class FakeServer:
-    """Streams TOKENS chunks: the first after FIRST_S, then one every GAP_S; counts concurrency."""
+class ScriptClock:
+    """The benchmark's clock (`time.perf_counter` inside tailgate.bench.serve), moved by the
+    scripted server: it shows each chunk's scripted time until the client has read it (stamped
+    the chunk), so the client's stamps are the script's, however fast or slow the host is."""
 
-    def __init__(self, fail=False):
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+        self.reads = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            self.reads += 1
+            return self.t
+
+
+class _ClockedTime:
+    """Stands in for the `time` module inside tailgate.bench.serve: perf_counter is the script's."""
+
+    def __init__(self, clock):
+        self.perf_counter = clock
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+async def until(cond, timeout: float = 30.0) -> bool:
+    """Poll `cond` on the server's loop until it holds; a ceiling, not a bound on the host's speed."""
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() >= end:
+            return False
+        await asyncio.sleep(0.001)
+    return True
+
+
+class FakeServer:
+    """Streams TOKENS chunks: the first FIRST_S after the request, then one every GAP_S; counts
+    requests in flight (from arrival to just before its final `[DONE]`, so a closed-loop client
+    cannot send its next request before this one is counted out).
+
+    With a ScriptClock the delays are the clock's, not slept: the server sets each chunk's time,
+    sends it and waits for the client's stamp (one request at a time only). `meet`: the first
+    chunk waits until that many requests have been in flight at once (a ceiling of 30 s), so a
+    client that keeps C requests in flight is seen with C however it is scheduled."""
+
+    def __init__(self, fail=False, clock: ScriptClock | None = None, meet: int = 0):
         self.fail = fail
+        self.clock = clock
+        self.meet = meet
         self.inflight = 0
         self.max_inflight = 0
 
@@ -30,22 +76,32 @@ class FakeServer:
             if self.fail:
                 return JSONResponse({"error": {"message": "boom"}}, status_code=500)
             body = await req.json()
+            start = self.clock.t if self.clock else None  # the client's send stamp: nothing moved it since
+            self.inflight += 1
+            self.max_inflight = max(self.max_inflight, self.inflight)
+
+            def chunk(i, last):
+                return "data: " + json.dumps({"choices": [{"index": 0, "text": f"t{i}",
+                                                           "finish_reason": "length" if last else None}]}) + "\n\n"
 
             async def gen():
-                self.inflight += 1
-                self.max_inflight = max(self.max_inflight, self.inflight)
                 try:
-                    await asyncio.sleep(FIRST_S)
+                    await until(lambda: self.max_inflight >= self.meet)
                     for i in range(body["max_tokens"]):
-                        if i:
-                            await asyncio.sleep(GAP_S)
                         last = i == body["max_tokens"] - 1
-                        yield "data: " + json.dumps({"choices": [{"index": 0, "text": f"t{i}",
-                                                                  "finish_reason": "length" if last else None}]}) + "\n\n"
+                        if self.clock is None:
+                            await asyncio.sleep(FIRST_S if i == 0 else GAP_S)
+                            yield chunk(i, last)
+                            continue
+                        self.clock.t = start + FIRST_S + i * GAP_S
+                        reads = self.clock.reads
+                        yield chunk(i, last)
+                        if not await until(lambda: self.clock.reads > reads):
+                            raise RuntimeError(f"the client never stamped chunk {i}")
                     yield "data: " + json.dumps({"choices": [], "usage": {"completion_tokens": body["max_tokens"]}}) + "\n\n"
-                    yield "data: [DONE]\n\n"
                 finally:
                     self.inflight -= 1
+                yield "data: [DONE]\n\n"
             return StreamingResponse(gen(), media_type="text/event-stream")
 
         app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
@@ -88,15 +144,39 @@ def test_metrics_equal_hand_computed_values():
     assert m["output_throughput"] == pytest.approx(2.5) and m["request_throughput"] == pytest.approx(1.0)
 
 
-def test_a_live_scripted_server_is_timed_as_scripted():
+def test_a_live_scripted_server_is_timed_as_scripted(monkeypatch):
+    # The benchmark's clock is the script's (ScriptClock): every stamp is exact, at any host speed.
+    clock = ScriptClock()
+    monkeypatch.setattr(serve, "time", _ClockedTime(clock))
+    with FakeServer(clock=clock) as fs:
+        res, dur = asyncio.run(run_load(fs.base, "/v1/completions", "m", samples(3), float("inf"), 1.0, 1, [],
+                                        0.0, True, progress=False))
+    m = compute_metrics(res, dur)
+    assert m["completed"] == 3 and m["failed"] == 0 and m["total_output_tokens"] == 3 * TOKENS
+    for r in res:  # one stamp per content chunk (not the usage chunk), each at its scripted time
+        assert r.chunk_times == pytest.approx([r.send + FIRST_S + i * GAP_S for i in range(TOKENS)], abs=1e-9)
+    for stat in ("mean", "median", "p99"):
+        assert m[f"{stat}_ttft_ms"] == pytest.approx(1e3 * FIRST_S)
+        assert m[f"{stat}_itl_ms"] == pytest.approx(1e3 * GAP_S)
+        assert m[f"{stat}_tpot_ms"] == pytest.approx(1e3 * GAP_S)
+        assert m[f"{stat}_e2el_ms"] == pytest.approx(1e3 * (FIRST_S + (TOKENS - 1) * GAP_S))
+    assert dur == pytest.approx(3 * (FIRST_S + (TOKENS - 1) * GAP_S))  # one at a time, back to back
+
+
+def test_real_time_stamps_can_only_trail_the_script():
+    # The same server on real sleeps: the client's perf_counter stamps cannot come earlier than the
+    # script put the chunks out (a lower bound that holds at any speed; nothing bounds them above).
     with FakeServer() as fs:
         res, dur = asyncio.run(run_load(fs.base, "/v1/completions", "m", samples(3), float("inf"), 1.0, None, [],
                                         0.0, True, progress=False))
     m = compute_metrics(res, dur)
     assert m["completed"] == 3 and m["failed"] == 0 and m["total_output_tokens"] == 3 * TOKENS
-    assert m["median_ttft_ms"] == pytest.approx(1e3 * FIRST_S, abs=30)
-    assert m["median_itl_ms"] == pytest.approx(1e3 * GAP_S, abs=15)
-    assert m["median_tpot_ms"] == pytest.approx(1e3 * GAP_S, abs=15)
+    tick = 1e-6  # asyncio may wake a timer up to its clock's resolution early
+    for r in res:
+        t = r.chunk_times
+        assert len(t) == TOKENS and t == sorted(t)
+        assert t[0] - r.send >= FIRST_S - tick and t[-1] - r.send >= FIRST_S + (TOKENS - 1) * GAP_S - tick
+    assert dur >= FIRST_S + (TOKENS - 1) * GAP_S - tick
 
 
 def test_gamma_schedules_have_the_right_mean_and_end_at_n_over_r():
@@ -110,7 +190,9 @@ def test_gamma_schedules_have_the_right_mean_and_end_at_n_over_r():
 
 
 def test_a_closed_loop_never_exceeds_its_concurrency():
-    with FakeServer() as fs:
+    # meet=2: the first streams wait until two are in flight, so reaching the cap does not depend
+    # on the client sending its second request within the first one's lifetime.
+    with FakeServer(meet=2) as fs:
         res, _ = asyncio.run(run_load(fs.base, "/v1/completions", "m", samples(8, 2), float("inf"), 1.0, 2, [],
                                       0.0, True, progress=False))
         assert fs.max_inflight == 2 and all(r.success for r in res)

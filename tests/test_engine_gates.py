@@ -10,7 +10,7 @@ import pytest
 
 from tailgate.engine.request import Finished, Rejected, Scheduled
 from tailgate.model import serial
-from harness import Harness, ids
+from harness import Harness, ManualClock, ids
 
 
 @pytest.fixture(scope="module")
@@ -19,16 +19,21 @@ def gemma(loaded):
 
 
 def test_the_coalesce_door_releases_one_admission_burst(gemma):
-    with Harness(gemma, DECODE_SLOTS="4", ADMIT_COALESCE_MS="2000") as h:
+    # The engine runs on a ManualClock: the 2 s window cannot run out however slow the host is,
+    # so the release below can only be the cohort's.
+    clock = ManualClock()
+    with Harness(gemma, clock=clock, DECODE_SLOTS="4", ADMIT_COALESCE_MS="2000") as h:
         inc = h.submit(ids(40), max_tokens=400)
         assert h.wait(lambda: len(h.tokens(inc)) >= 2)
-        x, y = h.submit(ids(40, 1), max_tokens=4), h.submit(ids(40, 2), max_tokens=4)
-        before = len(h.tokens(inc))
-        time.sleep(0.5)
+        with h.engine._cv:  # coincident: one intake turn sees both
+            x, y = h.submit(ids(40, 1), max_tokens=4), h.submit(ids(40, 2), max_tokens=4)
         # Deep: (1 + 2) * 2 >= 4; cohort min(4, 3) = 3 > 2 pending: both held, the stream flows.
-        assert len(h.tokens(inc)) > before
+        assert h.wait(lambda: h.engine.snapshot.held == 2)
+        before = len(h.tokens(inc))
+        clock.advance(1.999)  # just short of the window
+        assert h.wait(lambda: len(h.tokens(inc)) >= before + 3)  # intake turns ran at 1.999 s
         assert not h.of(x, Scheduled) and not h.of(y, Scheduled)
-        assert h.sched.held == 2
+        assert h.engine.snapshot.held == 2
         z = h.submit(ids(40, 3), max_tokens=4)
         assert h.wait(lambda: all(h.of(r, Scheduled) for r in (x, y, z)))
         steps = {h.scheduled_step(r) for r in (x, y, z)}
@@ -36,20 +41,31 @@ def test_the_coalesce_door_releases_one_admission_burst(gemma):
         assert all(len(h.of(r, Scheduled)) == 1 for r in (x, y, z))
         assert h.wait(lambda: all(h.done(r) for r in (x, y, z)))
         assert all(len(h.tokens(r)) == 4 for r in (x, y, z))
-        assert h.sched.metrics.door_releases["cohort"] == 1
+        assert dict(h.engine.snapshot.metrics.door_releases) == {"cohort": 1}
         h.engine.abort(inc)
 
 
 def test_a_short_window_releases_an_incomplete_cohort(gemma):
-    with Harness(gemma, DECODE_SLOTS="4", ADMIT_COALESCE_MS="20") as h:
+    # On a ManualClock the window runs out when the test moves the clock past it, not when the host
+    # has spent 20 ms: held at 19 ms, released at the first turn at 21 ms.
+    clock = ManualClock()
+    with Harness(gemma, clock=clock, DECODE_SLOTS="4", ADMIT_COALESCE_MS="20") as h:
         inc = h.submit(ids(40), max_tokens=400)
         assert h.wait(lambda: len(h.tokens(inc)) >= 2)
-        x, y = h.submit(ids(40, 1), max_tokens=3), h.submit(ids(40, 2), max_tokens=3)
+        with h.engine._cv:  # coincident: one intake turn holds both, one window for both
+            x, y = h.submit(ids(40, 1), max_tokens=3), h.submit(ids(40, 2), max_tokens=3)
+        assert h.wait(lambda: h.engine.snapshot.held == 2)
+        before = len(h.tokens(inc))
+        clock.advance(0.019)
+        assert h.wait(lambda: len(h.tokens(inc)) >= before + 3)  # intake turns ran at 19 ms
+        assert not h.of(x, Scheduled) and not h.of(y, Scheduled)
+        clock.advance(0.002)
         assert h.wait(lambda: h.of(x, Scheduled) and h.of(y, Scheduled))
         assert h.scheduled_step(x) == h.scheduled_step(y)
         sx = h.of(x, Scheduled)[0]
-        assert sx.at - sx.queued_at >= 0.020  # released no earlier than the window
-        assert h.sched.metrics.door_releases["window"] >= 1
+        assert sx.at - sx.queued_at == pytest.approx(0.021)  # released at the first turn past the window
+        assert h.wait(lambda: h.done(x) and h.done(y))
+        assert dict(h.engine.snapshot.metrics.door_releases) == {"window": 1}
         h.engine.abort(inc)
 
 
@@ -60,7 +76,8 @@ def test_the_slots_hold_at_the_roster_edge(gemma):
         assert h.wait(lambda: len(h.tokens(a)) >= 1 and len(h.tokens(b)) >= 1)
         c = h.submit(ids(20, 2), max_tokens=5)
         assert h.wait(lambda: h.engine.waiting == 1 and len(h.sched.roster) == 2)
-        time.sleep(0.3)
+        n = len(h.tokens(b))
+        assert h.wait(lambda: len(h.tokens(b)) >= n + 3 or h.done(a))  # intake turns ran with c waiting
         assert not h.of(c, Scheduled) or h.done(a)  # held while both slots are taken
         assert h.wait(lambda: h.done(a))
         assert h.wait(lambda: h.done(c))

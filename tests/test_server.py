@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import threading
 import time
 
@@ -10,7 +11,7 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from live import MODEL, pages_used, post, wait_idle
+from live import MODEL, metric, post, until, wait_idle
 from tailgate.model import serial
 from tailgate.server.app import ServerState, create_app
 
@@ -252,33 +253,58 @@ def test_a_disconnect_mid_stream_returns_pages_and_spares_the_others(server, cli
     assert wait_idle(base) == 0
 
 
-def test_a_non_streaming_client_that_leaves_is_noticed_within_a_step(server, client):
+def test_a_non_streaming_client_that_leaves_is_aborted_and_spares_the_others(server, client):
+    # The client hangs up once /metrics shows its request live, not after a fixed client timeout:
+    # a fast host used to finish all 480 tokens inside the 2 s the old test gave it.
     base = server[0]
-    with healthy_request(client, 40, stream=False, prompt="Other stream") as good:
-        with pytest.raises(httpx.TimeoutException):  # the client gives up long before 480 tokens
-            httpx.post(base + "/v1/completions", json={"prompt": "Tell me a story", "max_tokens": 480,
-                                                      "ignore_eos": True}, timeout=2)
+    assert wait_idle(base) == 0
+    tokens0 = metric(base, "vllm:generation_tokens_total")
+    ok0 = _successes(base)
+    body = json.dumps({"prompt": "Tell me a story", "max_tokens": 480, "ignore_eos": True}).encode()
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    leaver = socket.create_connection((host, int(port)))
+    try:
+        leaver.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: %s:%s\r\ncontent-type: application/json\r\n"
+                       b"content-length: %d\r\n\r\n%s" % (host.encode(), port.encode(), len(body), body))
+        assert until(lambda: metric(base, "vllm:num_requests_running") == 1
+                     and metric(base, "vllm:generation_tokens_total") > tokens0), "the request never ran"
+        with healthy_request(client, 40, stream=False, prompt="Other stream") as good:
+            # both live (or the good one already done), then the non-streaming client leaves
+            assert until(lambda: "completion_tokens" in good or metric(base, "vllm:num_requests_running") == 2)
+            leaver.close()
+    finally:
+        leaver.close()
     assert good["completion_tokens"] == 40
-    # Had the server missed the disconnect, 440+ more steps would hold pages long past this.
-    assert wait_idle(base, timeout=5) == 0
+    assert wait_idle(base) == 0  # its pages came back
+    # It was aborted, not run to its 480 tokens: the good request is the only success since, and
+    # the two together generated fewer tokens than the leaver alone would have.
+    assert _successes(base) == ok0 + 1
+    assert metric(base, "vllm:generation_tokens_total") - tokens0 < 480
+
+
+def _successes(base) -> float:
+    return sum(metric(base, "vllm:request_success_total", finished_reason=r) for r in ("stop", "length"))
 
 
 def test_a_full_queue_answers_429_with_retry_after(server):
+    # Filled by condition, whatever the host's speed: two long streams hold both slots, three more
+    # wait (the fixture's server queues at most 3); the next request finds the queue full.
     base = server[0]
-    results = []
-
-    def fire():
-        results.append(post(base, "/v1/completions", {"prompt": "x", "max_tokens": 60, "ignore_eos": True}))
-
-    threads = [threading.Thread(target=fire) for _ in range(8)]  # 2 slots + 3 waiting < 8
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(180)
-    codes = sorted(r.status_code for r in results)
-    assert 429 in codes and 200 in codes
-    r429 = next(r for r in results if r.status_code == 429)
-    assert r429.headers["retry-after"] == "1" and r429.json()["error"]["type"] == "RateLimitError"
+    assert wait_idle(base) == 0
+    body = {"prompt": "x", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    admitted0 = metric(base, "vllm:request_queue_time_seconds_count")
+    with httpx.Client(timeout=120) as c, contextlib.ExitStack() as streams:
+        live = [streams.enter_context(c.stream("POST", base + "/v1/completions", json=body)) for _ in range(2)]
+        # the server has seen both scheduled (it counts their queue time then): neither waits now
+        assert until(lambda: metric(base, "vllm:request_queue_time_seconds_count") == admitted0 + 2)
+        waiting = [streams.enter_context(c.stream("POST", base + "/v1/completions", json=body)) for _ in range(3)]
+        assert [s.status_code for s in live + waiting] == [200] * 5
+        assert until(lambda: metric(base, "vllm:num_requests_waiting") == 3)
+        r429 = post(base, "/v1/completions", {"prompt": "x", "max_tokens": 4})
+        assert r429.status_code == 429, r429.text
+        assert r429.headers["retry-after"] == "1" and r429.json()["error"]["type"] == "RateLimitError"
+        assert metric(base, "vllm:num_requests_running") == 2  # the two long streams still held the slots
+    # leaving the block hung up on all five: every page comes back
     assert wait_idle(base) == 0
 
 
@@ -452,7 +478,7 @@ def test_penalties_and_suppression_work_on_every_runtime_dtype(server, client, e
 
 
 def test_a_cached_prefix_shows_in_usage_and_in_the_prefix_cache_metrics():
-    from live import start_server
+    from live import start_server, stop_server
 
     p, base, _ = start_server(TAILGATE_PREFIX_CACHE="2")
     try:
@@ -469,5 +495,4 @@ def test_a_cached_prefix_shows_in_usage_and_in_the_prefix_cache_metrics():
         assert metrics["vllm:prefix_cache_hits_total"] == cached
         assert metrics["vllm:prefix_cache_queries_total"] == first.json()["usage"]["prompt_tokens"] + got["prompt_tokens"]
     finally:
-        p.terminate()
-        p.wait(30)
+        stop_server(p)
