@@ -309,6 +309,68 @@ def test_a_row_that_cannot_grow_preempts_the_latest_arrival_which_resumes_by_rec
     assert "recompute" in causes
 
 
+def drain(s, submits=()):
+    """Step to the end, submitting each (step index, request) when its step comes."""
+    events, i, todo = [], 0, sorted(submits, key=lambda x: x[0])
+    while s.has_work() or todo:
+        while todo and todo[0][0] <= i:
+            s.submit(todo.pop(0)[1])
+        events += s.step(0.0)
+        i += 1
+    return events
+
+
+def test_a_stream_that_fits_alone_is_never_killed_by_a_walker_holding_pages():
+    # The pools hold one 256-token request (16 pages + the null page); a 16 + 200-token stream is
+    # live when a 200-token prompt walks in 64 rows a round: the walker takes pages the stream
+    # needs later. It used to be killed ("KV pools exhausted") at its token 113; now the younger
+    # walker gives its pages back and walks again once the stream is done.
+    s, ex = make(slots=2, global_pages=17, chunk=64)
+    old, new = req(16, max_tokens=200), req(200, max_tokens=8)
+    old.arrival, new.arrival = 1.0, 2.0
+    events = drain(s, [(0, old), (90, new)])
+    assert finished(events, old.id).reason == "length" and finished(events, new.id).reason == "length"
+    assert sum(isinstance(e, Token) and e.request_id == old.id for e in events) == 200
+    assert sum(isinstance(e, Token) and e.request_id == new.id for e in events) == 8
+    assert s.metrics.preemptions >= 1 and new.preemptions >= 1 and old.preemptions == 0
+    assert sum(isinstance(e, Scheduled) and e.request_id == new.id for e in events) == 1
+    assert s.book.glob.used == 0
+
+
+def test_a_step_that_preempted_admits_nobody_and_the_preempted_come_back_in_arrival_order():
+    s, ex = make(slots=4, global_pages=11)  # 10 usable pages
+    a, b, c = (req(10, max_tokens=60) for _ in range(3))
+    for i, r in enumerate((a, b, c)):
+        r.arrival = 1.0 + i
+        s.submit(r)
+    events = []
+    while not s.metrics.preemptions:
+        events += s.step(0.0)
+    assert c.preemptions == 1 and a.preemptions == b.preemptions == 0  # the youngest gave its pages back
+    late = req(5, max_tokens=2)
+    late.arrival = 9.0
+    s.submit(late)
+    assert list(s.queue) == [c, late]  # ahead of the later arrival, not behind it
+    events += drain(s)
+    first = {e.request_id: i for i, e in reversed(list(enumerate(events))) if isinstance(e, Token)}
+    assert first[c.id] < first[late.id]  # readmitted before the newcomer that arrived after it
+    assert all(finished(events, r.id).reason == "length" for r in (a, b, c, late))
+
+
+def test_a_stream_preempted_twice_is_taken_last():
+    s, _ = make(slots=3, global_pages=10)  # 9 usable pages: the oldest is the first that cannot grow
+    a, b, c = (req(10, max_tokens=50) for _ in range(3))
+    for i, r in enumerate((a, b, c)):
+        r.arrival = 1.0 + i
+        s.submit(r)
+    c.preemptions = 2  # at the bound: b, though older, gives its pages back first
+    while not s.metrics.preemptions:
+        s.step(0.0)
+    assert b.preemptions == 1 and c.preemptions == 2
+    drain(s)
+    assert s.book.glob.used == 0
+
+
 class PoisonExecutor(FakeExecutor):
     """A forward pass that contains token 666 raises; a row of request `bad_row` fails to sample."""
 

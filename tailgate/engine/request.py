@@ -42,6 +42,7 @@ class Request:
     sink: object = None  # callable(event) set by whoever submitted it
     sink_failed: bool = False  # the sink raised once: no more events go to it
     held_at: float | None = None  # set while the door holds it
+    preemptions: int = 0  # times its pages were taken back to be recomputed (scheduler._make_room)
 
 
 @dataclass(slots=True)  # events and rows are made per token: slots build them faster

@@ -23,6 +23,8 @@ from .request import Event, Finished, Rejected, Request, RowSample, Sampled, Sch
 from .walk import Walker, plan_round
 
 log = logging.getLogger("tailgate.engine")
+# A request preempted this many times is taken last when pages must be freed (`_make_room`).
+MAX_PREEMPTIONS = 2
 
 
 class Executor(Protocol):
@@ -154,6 +156,12 @@ class Scheduler:
         # Every popped request spends the turn's budget (cancelled and invalid ones too), so a
         # backlog of dead submissions cannot stall the live streams for an unbounded time.
         while self.queue and attempts < self.slots and len(self.roster) < self.slots:
+            # The live rows get their next pages before anyone is admitted, and a turn that had
+            # to preempt for them admits nobody more (vLLM's rule): a newcomer never takes the
+            # pages an older stream was just made to give back; the preempted one waits in the
+            # queue, ahead of every later arrival.
+            if self.roster and self._ready_decode_rows():
+                break
             leader = self.queue.popleft()
             attempts += 1
             if not self._admissible(leader):
@@ -162,9 +170,6 @@ class Scheduler:
                 self._start_walk(leader, attempts)
                 return True
             live = bool(self.roster)
-            if live:
-                self._ready_decode_rows()
-                live = bool(self.roster)
             lead = self._walker(leader)
             if not self.book.reserve(lead.pages, len(lead.tokens)):
                 if live:
@@ -201,7 +206,7 @@ class Scheduler:
 
     def _announce(self, walkers: list[Walker]) -> None:
         for w in walkers:
-            if not w.resumed:  # a preempted request was scheduled once already
+            if not w.resumed and not w.req.preemptions:  # a preempted request was scheduled once already
                 self._emit(w.req, Scheduled(w.req.id, self.clock(), queued_at=w.req.arrival,
                                             prompt_tokens=len(w.req.prompt), cached_tokens=w.cached))
                 self.metrics.prefix_queries += len(w.req.prompt) if self.prefix is not None else 0
@@ -220,15 +225,20 @@ class Scheduler:
         self._announce(self.walk)
 
     def _walk_round(self) -> None:
-        """One round: at most `chunk` prompt rows across the walkers, plus every live row."""
+        """One round: at most `chunk` prompt rows across the walkers (oldest arrival first), plus
+        every live row. A walker short of pages takes them from younger page holders; with none
+        younger it waits for a later round (older ones finish and free theirs), unless it is the
+        only holder left, which means its prompt does not fit the pools at all."""
         self._ready_decode_rows()
+        self.walk.sort(key=lambda w: w.req.arrival)  # stable: admission order among equals
         chunks = []
         for w, take in plan_round(self.walk, self.chunk):
-            if self.book.reserve(w.pages, w.done + take):
+            if w not in self.walk:  # preempted by an older walker of this round
+                continue
+            if self._make_room(w, w.done + take, self_ok=False):
                 chunks.append((w, take))
-            elif not self.roster and not chunks and w is self.walk[0]:
+            elif not self._holders(w) and not chunks:
                 self._drop_walker(w, "error", self._never_fits(w))
-            # else: it waits for a later round (live rows and earlier walkers free pages)
         if chunks or self.roster:
             self._run(chunks, self.roster)
 
@@ -290,36 +300,74 @@ class Scheduler:
         return None
 
     # ---- steps --------------------------------------------------------------------------
-    def _ready_decode_rows(self) -> None:
-        """Give every live row a page for its next token. When the pools cannot grow, the most
-        recent arrival in the roster is preempted (vLLM's policy: it gives back its pages and is
-        requeued at the head, to be recomputed), until the row fits or is itself the one
-        preempted; a row alone in the roster that cannot grow fails."""
-        for a in list(self.roster):
-            if a.pages.frontier < a.pages.reserved:  # its last page still has room (15 steps in 16)
+    def _ready_decode_rows(self) -> bool:
+        """Give every live row a page for its next token, oldest arrival first; returns whether
+        anyone was preempted for it (`_make_room`). A row that is the only page holder and still
+        cannot grow does not fit the pools alone, and fails."""
+        preempted = self.metrics.preemptions
+        for a in sorted(self.roster, key=lambda a: a.req.arrival):
+            if a not in self.roster or a.pages.frontier < a.pages.reserved:  # room left in its last page (15 in 16)
                 continue
-            while a in self.roster and not self.book.reserve(a.pages, a.pages.frontier + 1):
-                if len(self.roster) < 2:
-                    self._finish(a, "error", "KV pools exhausted")
-                    break
-                latest = max(range(len(self.roster)), key=lambda i: (self.roster[i].req.arrival, i))
-                self._preempt(self.roster[latest])
+            if not self._make_room(a, a.pages.frontier + 1, self_ok=True) and a in self.roster:
+                self._finish(a, "error", "KV pools exhausted: the request does not fit them alone")
+        return self.metrics.preemptions > preempted
 
-    def _preempt(self, a: Active) -> None:
-        self.roster.remove(a)
-        self._park(a.req, a.pages, a.output, a.last_at)  # its sampler state stays with the executor
+    def _holders(self, but) -> list:
+        """Everyone else holding KV pages that preemption can take back: live rows and walkers
+        (the lane's flight is written by its worker until it joins)."""
+        return [h for h in (*self.roster, *self.walk) if h is not but and h.pages.global_pages]
+
+    def _make_room(self, holder, total: int, self_ok: bool) -> bool:
+        """Reserve KV for `holder` (an Active or a Walker) up to `total` tokens, preempting page
+        holders youngest arrival first: a request preempted MAX_PREEMPTIONS times goes last, so the
+        same stream is not recomputed over and over (vLLM preempts the youngest; its thrash is
+        unbounded). Only holders younger than `holder` are taken; when none is left, a live row
+        (`self_ok`) preempts itself if anyone else holds pages (it is then the youngest), and a
+        walker waits. A lane flight in the way is joined first. Returns whether it got the pages."""
+        while not self.book.reserve(holder.pages, total):
+            others = self._holders(holder)
+            younger = [h for h in others if h.req.arrival > holder.req.arrival
+                       or (h.req.arrival == holder.req.arrival and self._admitted_after(h, holder))]
+            if younger:
+                self._preempt(max(younger, key=lambda h: (h.req.preemptions < MAX_PREEMPTIONS, h.req.arrival)))
+            elif self.flight is not None:
+                self._join()
+            elif others and self_ok:
+                self._preempt(holder)
+                return False
+            else:
+                return False
+        return True
+
+    def _admitted_after(self, h, holder) -> bool:
+        """Tie-break between equal arrivals: a walker came in after every live row."""
+        return isinstance(h, Walker) and not isinstance(holder, Walker)
+
+    def _preempt(self, h) -> None:
+        """Take a live row's or a walker's pages back and requeue it to be recomputed (its output
+        so far, if any, is kept and not re-emitted; its sampler state stays with the executor)."""
+        if h in self.roster:
+            self.roster.remove(h)
+            self._park(h.req, h.pages, h.output, h.last_at)
+        else:
+            self.walk.remove(h)
+            self._park(h.req, h.pages, h.resumed, h.last_at)
+        h.req.preemptions += 1
         self.metrics.preemptions += 1
 
     def _requeue(self, w: Walker) -> None:
         self._park(w.req, w.pages, w.resumed, w.last_at)
 
     def _park(self, req: Request, pages: SeqPages, output: list[int], last_at: float | None) -> None:
-        """Back to the head of the queue with its pages returned, keeping any output it already
-        emitted (a preempted request) to recompute on readmission."""
+        """Back to the queue with its pages returned, ahead of every later arrival (re-admission in
+        arrival order), keeping any output it already emitted to recompute on readmission."""
         self.book.free(pages)
         if output:
             self._preempted[req.id] = (list(output), last_at)
-        self.queue.appendleft(req)
+        i = 0
+        while i < len(self.queue) and self.queue[i].arrival < req.arrival:
+            i += 1
+        self.queue.insert(i, req)
 
     def _decode_round(self) -> None:
         self._ready_decode_rows()
