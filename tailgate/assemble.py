@@ -27,6 +27,23 @@ def available_ram(meminfo: str = "/proc/meminfo") -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
+def check_kv_budget(spec, config: ServingConfig, kv_dtype) -> None:
+    """An explicit KV_CACHE_MB too small for one MAX_CONTEXT-token request refuses from the model's
+    shapes alone, before any weights load (KnobError naming the minimum MiB). `config` must have
+    its MAX_CONTEXT settled (with_model_limit); `auto` depends on the RAM free after loading and is
+    checked in build_engine."""
+    from .model.kv_cache import token_bytes
+
+    if not isinstance(config.kv_cache_mb, int):
+        return
+    window = spec.sliding_window if spec.has_sliding else None
+    try:
+        budget_pool_pages(config.kv_cache_mb << 20, token_bytes(spec, kv_dtype), config.max_context,
+                          config.decode_slots, window, transient_prompts=config.mix_max_prompts)
+    except ValueError as e:
+        raise KnobError(str(e)) from None
+
+
 def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device: str = "auto",
                  loaded=None, clock=time.monotonic, log=lambda m: print(m, file=sys.stderr), kernels: str = "auto",
                  ram_bytes: int | None = None):

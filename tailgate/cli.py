@@ -6,6 +6,8 @@ import os
 import sys
 import time
 
+from .server.args import uint_arg
+
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="gemma3-270m",
@@ -15,7 +17,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="auto | torch | onednn | q8 | int8 | int4 (env TAILGATE_KERNELS; auto: the fastest for this "
                         "CPU, see docs/kernels.md; an explicit --dtype fp32/bf16 keeps weights dense)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--threads", type=uint_arg(), default=0, help="torch threads (0 = torch's default)")
+
+
+def uint_list(raw: str) -> tuple[int, ...]:
+    """Comma-separated integers, each read as uint_arg reads one."""
+    return tuple(uint_arg(1)(c) for c in raw.split(","))
 
 
 def cmd_generate(args) -> int:
@@ -119,7 +126,7 @@ def cmd_bench_engine(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     doors = tuple(args.doors.split(","))
-    res = engine_load.run(args.model, doors, tuple(int(c) for c in args.concurrency.split(",")), args.rounds,
+    res = engine_load.run(args.model, doors, args.concurrency, args.rounds,
                           args.input_len, args.output_len, args.dtype, args.slots, not args.no_bursty)
     print(engine_load.table(res, doors))
     if args.save:
@@ -128,7 +135,7 @@ def cmd_bench_engine(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tailgate", description="LLM serving engine that protects the decode tail")
     sub = parser.add_subparsers(dest="cmd", required=True)
     from .server.args import add_serve_args
@@ -140,39 +147,39 @@ def main(argv=None) -> int:
     g = sub.add_parser("generate", help="one-shot generation from a prompt")
     g.add_argument("prompt")
     _add_model_args(g)
-    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--max-tokens", type=uint_arg(1), default=64)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--top-k", type=uint_arg(), default=0)
+    g.add_argument("--seed", type=uint_arg(), default=None)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.set_defaults(fn=cmd_generate)
     ck = sub.add_parser("check", help="our logits vs HF transformers' for a checkpoint directory (fp32)")
     ck.add_argument("--against-hf", required=True, metavar="DIR", help="HF checkpoint directory (config.json, "
                     "*.safetensors, tokenizer.json)")
-    ck.add_argument("--greedy-tokens", type=int, default=16)
+    ck.add_argument("--greedy-tokens", type=uint_arg(), default=16)
     ck.add_argument("--kernels", default="auto", help="our fp32 kernels: auto (what serve --dtype fp32 runs) | torch")
-    ck.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ck.add_argument("--threads", type=uint_arg(), default=0, help="torch threads (0 = torch's default)")
     ck.set_defaults(fn=cmd_check)
     bench = sub.add_parser("bench", help="benchmarks that print figures").add_subparsers(dest="bench", required=True)
     b = bench.add_parser("step", help="step latency: decode batches and prefill segments vs matmul peak")
     _add_model_args(b)
-    b.add_argument("--context", type=int, default=256, help="KV tokens per decode row")
-    b.add_argument("--reps", type=int, default=5)
+    b.add_argument("--context", type=uint_arg(1), default=256, help="KV tokens per decode row")
+    b.add_argument("--reps", type=uint_arg(1), default=5)
     b.add_argument("--only-chosen", action="store_true", help="skip the alternative kernel plans")
     b.set_defaults(fn=cmd_bench_step)
     k = bench.add_parser("kernels", help="layer and head matmul times per kernel and row count (the kernel choice's table)")
     _add_model_args(k)
-    k.add_argument("--reps", type=int, default=3)
+    k.add_argument("--reps", type=uint_arg(1), default=3)
     k.set_defaults(fn=cmd_bench_kernels)
     e = bench.add_parser("engine", help="in-process load generator: door off vs on, alternating rounds")
     _add_model_args(e)
     e.add_argument("--doors", default="off,300", help="comma-separated ADMIT_COALESCE_MS values, one arm each")
-    e.add_argument("--concurrency", default="4,8,16")
-    e.add_argument("--rounds", type=int, default=2)
-    e.add_argument("--input-len", type=int, default=256)
-    e.add_argument("--output-len", type=int, default=64)
-    e.add_argument("--slots", type=int, default=16)
+    e.add_argument("--concurrency", type=uint_list, default="4,8,16")
+    e.add_argument("--rounds", type=uint_arg(1), default=2)
+    e.add_argument("--input-len", type=uint_arg(1), default=256)
+    e.add_argument("--output-len", type=uint_arg(1), default=64)
+    e.add_argument("--slots", type=uint_arg(1), default=16)
     e.add_argument("--no-bursty", action="store_true")
     e.add_argument("--save", default=None, help="write the raw per-round results as JSON")
     e.set_defaults(fn=cmd_bench_engine)
@@ -201,7 +208,11 @@ def main(argv=None) -> int:
     sm = sub.add_parser("sim", help="the real scheduler on a virtual clock with a step-cost model")
     sim_run.add_args(sm)
     sm.set_defaults(fn=sim_run.main)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     from .config import KnobError
     from .model.cpu import KernelError
 

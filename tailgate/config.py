@@ -3,7 +3,9 @@
 Each knob is read as the env var TAILGATE_<NAME> or the CLI flag --<name-with-dashes> (the flag
 wins), through an injectable `lookup(name) -> str | None`, so tests never touch os.environ.
 Everything is parsed and cross-checked in `resolve` before any weights load; an unknown value
-refuses to start with a message naming the knob, the value and the accepted grammar.
+refuses to start with a message naming the knob, the value and the accepted grammar. A value is
+read as written: an integer is ASCII digits alone, a word matches in any case, and neither may
+carry surrounding whitespace (one rule, so ' 0' is not off where ' 5' refuses).
 """
 from __future__ import annotations
 
@@ -28,11 +30,18 @@ def _refuse(name: str, raw: str, grammar: str, why: str = "not recognized") -> K
     return KnobError(f"{PREFIX}{name}={raw!r} {why} (accepted: {grammar})")
 
 
+def ascii_digits(raw: str) -> bool:
+    """An integer is ASCII digits and nothing else. str.isdigit() also takes other scripts' digits
+    ('١٠٠') and int() also takes surrounding whitespace, a sign and '_' ('1_000'): each would give
+    one value several spellings, and a typo its nearest reading instead of a refusal."""
+    return raw.isascii() and raw.isdigit()
+
+
 def _int_in(name: str, raw: str, lo: int, hi: int, grammar: str) -> int:
-    v = raw.strip()
-    if not v.isdigit():
+    if not ascii_digits(raw):
         raise _refuse(name, raw, grammar)
-    n = int(v)
+    # Past 19 digits it is out of any range here (and int() refuses past 4300 digits).
+    n = int(raw) if len(raw) <= 19 else hi + 1
     if not lo <= n <= hi:
         raise _refuse(name, raw, grammar, "out of range")
     return n
@@ -44,31 +53,31 @@ DOOR_GRAMMAR = "off | auto | N ms, 1 <= N <= 2000"
 def parse_admit_coalesce_ms(raw: str | None) -> int | str | None:
     """off | auto | N ms with 1 <= N <= 2000. Unset, empty, 0 and off (any case) mean admit on
     sight; auto is the priced door (engine/door.py)."""
-    if raw is None or raw.strip().lower() in OFF_WORDS:
+    if raw is None or raw.lower() in OFF_WORDS:
         return None
-    if raw.strip().lower() == "auto":
+    if raw.lower() == "auto":
         return "auto"
     return _int_in("ADMIT_COALESCE_MS", raw, 1, 2000, DOOR_GRAMMAR)
 
 
 def parse_off_or_int(name: str, raw: str | None, lo: int, hi: int) -> int | None:
-    if raw is None or raw.strip().lower() in OFF_WORDS:
+    if raw is None or raw.lower() in OFF_WORDS:
         return None
     return _int_in(name, raw, lo, hi, f"off | N, {lo} <= N <= {hi}")
 
 
 def parse_kv_cache_mb(raw: str | None) -> int | str | None:
     """auto (unset) | off | N MiB: "auto" is settled against the RAM at load (assemble.py)."""
-    if raw is None or raw.strip().lower() == "auto":
+    if raw is None or raw.lower() == "auto":
         return "auto"
-    if raw.strip().lower() in OFF_WORDS:
+    if raw.lower() in OFF_WORDS:
         return None
     return _int_in("KV_CACHE_MB", raw, 1, 1 << 20, "auto | off | N MiB, 1 <= N <= 1048576")
 
 
 def parse_mix_chunk_tokens(raw: str | None, max_context: int) -> int | None:
     """off | 64 <= N < MAX_CONTEXT; N >= 128 rounds down to a multiple of 128 (whole GEMM tiles)."""
-    if raw is None or raw.strip().lower() in OFF_WORDS:
+    if raw is None or raw.lower() in OFF_WORDS:
         return None
     n = _int_in("MIX_CHUNK_TOKENS", raw, 64, max_context - 1, f"off | N, 64 <= N < MAX_CONTEXT ({max_context})")
     return n if n < 128 else n // 128 * 128
@@ -77,9 +86,9 @@ def parse_mix_chunk_tokens(raw: str | None, max_context: int) -> int | None:
 def parse_default_max_tokens(raw: str | None, max_context: int | None) -> int | None:
     """context | N: max_tokens for a request that sets none (None: the rest of the context)."""
     hi = max_context or 1 << 20
-    if raw is None or not raw.strip():
+    if raw is None or raw == "":
         return min(DEFAULT_MAX_TOKENS, hi)
-    if raw.strip().lower() == "context":
+    if raw.lower() == "context":
         return None
     return _int_in("DEFAULT_MAX_TOKENS", raw, 1, hi, f"context | N, 1 <= N <= MAX_CONTEXT ({hi})")
 
@@ -99,16 +108,16 @@ def parse_async_prefill(raw: str | None, cores: int) -> str | None:
     """The side lane: off, the seed's CUDA lanes (`shared`, `green:NN`) or ours, `cpu:N` (a worker
     with its own budget of N threads; the engine thread keeps the other cores while it runs).
     Returns None (off) or the normalised value; everything else refuses."""
-    if raw is None or raw.strip().lower() in OFF_WORDS + ("false",):
+    if raw is None or raw.lower() in OFF_WORDS + ("false",):
         return None
-    v = raw.strip().lower()
+    v = raw.lower()
     kind, _, arg = v.partition(":")
     if v == "shared":
         return v
     if kind == "cpu" and arg and cores < 2:
         raise _refuse("ASYNC_PREFILL", raw, LANE_GRAMMAR, "needs at least 2 cores (this process has 1)")
     hi = {"green": 99, "cpu": cores - 1}.get(kind)
-    if hi is None or not arg.isdigit():
+    if hi is None or not ascii_digits(arg) or len(arg) > 19:
         raise _refuse("ASYNC_PREFILL", raw, LANE_GRAMMAR)
     if not 1 <= int(arg) <= hi:
         raise _refuse("ASYNC_PREFILL", raw, LANE_GRAMMAR.replace("cores", str(cores)), "out of range")
@@ -197,9 +206,8 @@ def resolve(lookup: Callable[[str], str | None], cores: int | None = None,
     `lanes` are the lane kinds the caller can run (the simulator also prices `green:NN`)."""
     raw = {name: lookup(name) for name in KNOB_NAMES}
 
-    def present(name):
-        v = raw[name]
-        return v is not None and v.strip() != ""
+    def present(name):  # "" is unset; whitespace is a value, and refuses like any other non-number
+        return raw[name] not in (None, "")
 
     max_context = _int_in("MAX_CONTEXT", raw["MAX_CONTEXT"], 64, 1 << 20, "N, 64 <= N <= model's max positions") \
         if present("MAX_CONTEXT") else None

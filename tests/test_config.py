@@ -1,6 +1,8 @@
 """The knob table: one resolve, an injectable lookup, refusals that name knob, value, grammar."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tailgate.config import KnobError, ServingConfig, env_lookup, parse_mix_chunk_tokens, resolve
@@ -89,3 +91,65 @@ def test_a_cli_flag_wins_over_the_environment():
     lookup = env_lookup({"DECODE_SLOTS": "8"}, environ={"TAILGATE_DECODE_SLOTS": "4", "TAILGATE_MAX_CONTEXT": "1024"})
     cfg = resolve(lookup)
     assert cfg.decode_slots == 8 and cfg.max_context == 1024
+
+
+# Every integer knob, with a value it accepts: each refuses the same number spelled any other way.
+INTEGER_KNOBS = [("MAX_CONTEXT", "1024"), ("DECODE_SLOTS", "8"), ("MIX_GATHER_ROWS", "256"),
+                 ("MIX_MAX_PROMPTS", "2"), ("MIX_CHUNK_TOKENS", "128"), ("PREFIX_CACHE", "8"),
+                 ("ADMIT_COALESCE_MS", "100"), ("DEFAULT_MAX_TOKENS", "100"), ("KV_CACHE_MB", "100")]
+ARABIC_INDIC = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")
+FULL_WIDTH = str.maketrans("0123456789", "０１２３４５６７８９")
+
+
+def misspellings(n: str) -> list[str]:
+    """`n` as int() or str.isdigit() would still read it (Python's int() takes all but the last)."""
+    return [n.translate(ARABIC_INDIC), n.translate(FULL_WIDTH), " " + n, n + " ", "\t" + n, n + "\n", " ",
+            "+" + n, n[0] + "_" + n[1:] if len(n) > 1 else n + "_0", "9" * 5000]
+
+
+@pytest.mark.parametrize("knob,bad", [(k, b) for k, good in INTEGER_KNOBS for b in misspellings(good)])
+def test_an_integer_knob_is_ascii_digits_with_nothing_around_them(knob, bad):
+    good = dict(INTEGER_KNOBS)[knob]
+    resolve(table(**{knob: good}))  # the number itself is accepted: only its spelling refuses
+    with pytest.raises(KnobError) as e:
+        resolve(table(**{knob: bad}))
+    assert f"TAILGATE_{knob}={bad!r}" in str(e.value) and "accepted:" in str(e.value)
+
+
+@pytest.mark.parametrize("bad", ["cpu:" + b for b in misspellings("1")] + [" cpu:1", "cpu:1 "])
+def test_the_lane_width_is_ascii_digits_too(bad):
+    assert resolve(table(ASYNC_PREFILL="cpu:1"), cores=64).async_prefill == "cpu:1"
+    with pytest.raises(KnobError) as e:
+        resolve(table(ASYNC_PREFILL=bad), cores=64)
+    assert f"TAILGATE_ASYNC_PREFILL={bad!r}" in str(e.value) and "accepted:" in str(e.value)
+
+
+@pytest.mark.parametrize("knob,word,want", [("KV_CACHE_MB", "OFF", None), ("KV_CACHE_MB", "Auto", "auto"),
+                                            ("DEFAULT_MAX_TOKENS", "CONTEXT", None), ("PREFIX_CACHE", "Off", None),
+                                            ("ASYNC_PREFILL", "FALSE", None), ("MIX_CHUNK_TOKENS", "", 64)])
+def test_words_are_read_in_any_case(knob, word, want):
+    assert getattr(resolve(table(**{knob: word})), knob.lower()) == want
+
+
+@pytest.mark.parametrize("knob,bad", [("KV_CACHE_MB", " off"), ("KV_CACHE_MB", "auto "), ("PREFIX_CACHE", "off\n"),
+                                      ("DEFAULT_MAX_TOKENS", " context"), ("ASYNC_PREFILL", "off "),
+                                      ("MIX_CHUNK_TOKENS", " 0")])
+def test_words_refuse_surrounding_whitespace_as_numbers_do(knob, bad):
+    # One rule for every value: ' 0' must not be off where ' 5' refuses.
+    with pytest.raises(KnobError, match=re.escape(f"TAILGATE_{knob}={bad!r}")):
+        resolve(table(**{knob: bad}))
+
+
+@pytest.mark.parametrize("argv", [
+    ["serve", "--port", "+8000"], ["serve", "--port", " 8000"], ["serve", "--port", "٨٠٠٠"],
+    ["serve", "--port", "65536"], ["serve", "--max-body-mb", "0"], ["serve", "--max-queued-requests", "1_000"],
+    ["serve", "--drain-timeout", "30 "], ["serve", "--threads", "２"], ["generate", "hi", "--max-tokens", "+8"],
+    ["generate", "hi", "--seed", "-1"], ["bench", "engine", "--concurrency", "4, 8"],
+])
+def test_integer_flags_refuse_what_int_would_forgive(argv, capsys):
+    from tailgate.cli import build_parser
+
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv)  # parsed only: nothing runs, whatever the parser accepts
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {argv[-2]}" in err and "accepted: N" in err, err

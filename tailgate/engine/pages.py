@@ -167,7 +167,9 @@ def budget_pool_pages(budget_bytes: int, token_bytes: dict[str, int], max_contex
     out["global"] = max(0, left // (PAGE_SIZE * token_bytes["global"])) + 1
     need = pages_for(max_context) + 1
     if out["global"] < need:
-        mib = -(-(need * PAGE_SIZE * token_bytes["global"] + budget_bytes - left) // (1 << 20))
+        # The least budget that passes: the pages one request fills (the padding page is the +1
+        # above, outside the budget) after the sliding pool's share.
+        mib = -(-((need - 1) * PAGE_SIZE * token_bytes["global"] + budget_bytes - left) // (1 << 20))
         raise ValueError(f"TAILGATE_KV_CACHE_MB={budget_bytes >> 20} cannot hold one {max_context}-token request "
                          f"(needs at least {mib} MiB with this model, MAX_CONTEXT and DECODE_SLOTS)")
     return out

@@ -6,6 +6,8 @@ uses the same rotate-half RoPE as HF transformers (the oracle).
 """
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import torch
 
@@ -40,17 +42,90 @@ def _field(reader, key, default=None):
 
 
 def read_spec(reader) -> ModelSpec:
-    arch = _field(reader, "general.architecture")
+    """The spec from a gguf.GGUFReader (the conversion has one open anyway)."""
+    return _spec(lambda k, d=None: _field(reader, k, d), {t.name for t in reader.tensors})
+
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+def read_header(path) -> tuple[dict, set[str]]:
+    """A GGUF file's metadata and tensor names, without reading any tensor: scalars and strings as
+    values, an array as range(its length) (only lengths are needed). gguf.GGUFReader builds a numpy
+    view per array item: 30 s for Gemma 3's 262k-entry vocab on 2 cores, far too slow to check a
+    start-up knob against. Raises ValueError on a file that is not GGUF v2/v3 or ends early."""
+    with open(path, "rb") as f:
+        buf = f.read(8 << 20)  # metadata is at the front; read more only if it runs past this
+        pos = 0
+
+        def take(n):
+            nonlocal buf, pos
+            while pos + n > len(buf):
+                more = f.read(max(n, len(buf)))
+                if not more:
+                    raise ValueError(f"{path}: truncated GGUF header ({len(buf)} bytes)")
+                buf += more
+            pos += n
+            return pos - n
+
+        def unpack(fmt):
+            at = take(struct.calcsize(fmt))  # before reading buf: take may grow it
+            return struct.unpack_from(fmt, buf, at)[0]
+
+        def string():
+            at = take(unpack("<Q"))
+            return buf[at:pos].decode("utf-8", "replace")
+
+        def value(kind):
+            if kind in _SCALARS:
+                return unpack(_SCALARS[kind])
+            if kind == _STRING:
+                return string()
+            if kind != _ARRAY:
+                raise ValueError(f"{path}: unknown GGUF value type {kind}")
+            item, n = unpack("<I"), unpack("<Q")
+            if item in _SCALARS:
+                take(n * struct.calcsize(_SCALARS[item]))
+            else:
+                for _ in range(n):
+                    value(item)
+            return range(n)
+
+        if buf[:4] != b"GGUF":
+            raise ValueError(f"{path}: not a GGUF file (magic {bytes(buf[:4])!r})")
+        pos = 4
+        if (version := unpack("<I")) not in (2, 3):
+            raise ValueError(f"{path}: GGUF version {version} (tailgate reads 2 and 3)")
+        n_tensors, n_kv = unpack("<Q"), unpack("<Q")
+        meta = {}
+        for _ in range(n_kv):
+            key = string()
+            meta[key] = value(unpack("<I"))
+        names = set()
+        for _ in range(n_tensors):
+            names.add(string())
+            take(8 * unpack("<I") + 4 + 8)  # dims, type, offset
+    return meta, names
+
+
+def read_header_spec(path) -> ModelSpec:
+    """The spec from the header alone (start-up checks before any weights load)."""
+    meta, names = read_header(path)
+    return _spec(lambda k, d=None: meta.get(k, d), names)
+
+
+def _spec(field, names: set[str]) -> ModelSpec:
+    arch = field("general.architecture")
     if arch not in ("gemma3", "llama"):
         raise ValueError(f"unsupported GGUF architecture {arch!r}: tailgate serves gemma3 and llama")
-    g = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
+    g = lambda k, d=None: field(f"{arch}.{k}", d)  # noqa: E731
     n_layers = int(g("block_count"))
     hidden = int(g("embedding_length"))
     n_heads = int(g("attention.head_count"))
     n_kv = int(g("attention.head_count_kv", n_heads))
     head_dim = int(g("attention.key_length", hidden // n_heads))
-    vocab = len(_field(reader, "tokenizer.ggml.tokens"))
-    names = {t.name for t in reader.tensors}
+    vocab = len(field("tokenizer.ggml.tokens"))
     common = dict(
         vocab_size=vocab, hidden=hidden, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv,
         head_dim=head_dim, ffn=int(g("feed_forward_length")),

@@ -117,6 +117,12 @@ def _load_gguf(path: Path, log) -> LoadedModel:
     return LoadedModel(spec, weights, Tokenizer(str(cdir / "tokenizer.json"), tok_meta), path)
 
 
+def read_spec(path: Path) -> ModelSpec:
+    """The model's shapes without its weights (config.json, or a GGUF file's header), for the
+    checks that must refuse before anything loads. Raises ValueError for a config we cannot run."""
+    return hf_loader.read_spec(path) if path.is_dir() else gguf_loader.read_header_spec(path)
+
+
 def load_tokenizer(model: str) -> Tokenizer:
     """The tokenizer alone (bench clients): from the conversion cache, an HF directory, or a fresh
     conversion of a GGUF file's metadata."""

@@ -1,4 +1,5 @@
-"""`tailgate serve`: knobs first, then the HTTP server, then the model (health says 503 meanwhile)."""
+"""`tailgate serve`: knobs and the model's shapes first, then the HTTP server, then the model (health
+says 503 meanwhile; a load failure ends the process non-zero)."""
 from __future__ import annotations
 
 import logging
@@ -7,7 +8,7 @@ import sys
 import threading
 
 from ..config import resolve
-from ..model.weights import resolve_model_path, served_name
+from ..model.weights import read_spec, resolve_model_path, served_name
 from .app import ServerState, create_app
 
 
@@ -39,14 +40,17 @@ def serve(args, lookup) -> int:
 
     plan = choose(args.dtype, args.kernels, args.device)  # KernelError -> exit 2, nothing loaded
     path = resolve_model_path(args.model)  # a missing model file fails now, not after the server is up
-    if path.is_dir():  # so does a checkpoint config we cannot run (read_spec names the switch)
-        from ..model.hf_loader import read_spec
+    # So does all that the model's shapes decide (config.json or the GGUF header, no weights): a
+    # config we cannot run (read_spec names the switch), a file that is not a model, a MAX_CONTEXT
+    # past its positions and a KV budget below one request (KnobError naming the minimum).
+    try:
+        spec = read_spec(path)
+    except (ValueError, KeyError, OSError) as e:
+        print(f"tailgate: cannot serve {path}: {e if isinstance(e, ValueError) else repr(e)}", file=sys.stderr)
+        return 2
+    from ..assemble import check_kv_budget
 
-        try:
-            read_spec(path)
-        except ValueError as e:
-            print(f"tailgate: {e}", file=sys.stderr)
-            return 2
+    check_kv_budget(spec, cfg.with_model_limit(spec.max_position), plan.kv)
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     state = ServerState(served_name=args.served_model_name or served_name(args.model),
@@ -55,6 +59,7 @@ def serve(args, lookup) -> int:
                         max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
                         max_body_bytes=args.max_body_mb << 20, kernels=plan.as_dict())
     app = create_app(state)
+    failed: list[BaseException] = []
 
     def load():
         try:
@@ -73,9 +78,14 @@ def serve(args, lookup) -> int:
             logging.getLogger("tailgate").info("serving %s on http://%s:%d (max_context=%d, slots=%d, door=%s)",
                                                state.served_name, args.host, args.port, settled.max_context,
                                                settled.decode_slots, settled.admit_coalesce_ms or "off")
-        except Exception as e:  # health reports it; the process stays up to say why
+        except Exception as e:
+            # Like vLLM: a model that cannot load ends the process non-zero (after the traceback),
+            # so a supervisor restarts or reports it instead of polling a server that never serves.
+            # should_exit is uvicorn's own stop; set before its startup, it binds and stops at once.
             state.load_error = f"model failed to load: {e}"
-            logging.getLogger("tailgate").exception("model failed to load")
+            logging.getLogger("tailgate").exception("model failed to load; shutting down")
+            failed.append(e)
+            server.should_exit = True
 
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.drain_timeout, access_log=False)
@@ -89,6 +99,8 @@ def serve(args, lookup) -> int:
 
     threading.Thread(target=load, name="tailgate-load", daemon=True).start()
     server.run()
+    if failed:
+        return 1
     if state.engine is not None:
         state.engine.stop()
         if state.engine.error is not None:
