@@ -371,6 +371,53 @@ def test_a_stream_preempted_twice_is_taken_last():
     assert s.book.glob.used == 0
 
 
+# ---- the door under the walk ---------------------------------------------------------------
+def test_a_released_cohort_walks_together_and_its_leftovers_go_without_a_new_window():
+    s, _ = make(slots=8, door_ms=100, max_prompts=2, chunk=64)
+    live = req(10, max_tokens=200)
+    s.submit(live)
+    s.step(0.0)
+    cohort = [req(100, max_tokens=50) for _ in range(3)]
+    for r in cohort:
+        s.submit(r)
+    events = []
+    for _ in range(12):  # the clock never moves: a request asked to wait a window would wait forever
+        events += s.step(0.0)
+    # the door opened once for all three (a full cohort); MAX_PROMPTS = 2 walk first and the third
+    # joins the walk as soon as there is room, without a second wait at the door
+    assert set(scheduled(events)) == {r.id for r in cohort}
+
+
+def test_an_arrival_joins_a_running_walk_instead_of_waiting_it_out():
+    s, ex = make(slots=4, chunk=64)
+    s.submit(req(10, max_tokens=100))
+    s.step(0.0)
+    long = req(200, max_tokens=4)
+    s.submit(long)
+    s.step(0.0)  # the walk's first round
+    short = req(10, max_tokens=4)
+    s.submit(short)
+    ev = s.step(0.0)
+    assert scheduled(ev) == [short.id] and s.walk[-1].req is short  # admitted while the long prompt still walks
+    rows = [sum(n for n, start, _ in step if n > 1 or start == 0) for step in ex.segments]
+    assert max(rows) <= 64  # the live stream's stall stays one chunk
+
+
+def test_a_preempted_stream_does_not_wait_at_the_door():
+    s, _ = make(slots=4, global_pages=11, door_ms=2000)  # 10 usable pages; a 2 s door
+    a, b, c = (req(10, max_tokens=60) for _ in range(3))
+    for i, r in enumerate((a, b, c)):
+        r.arrival = 1.0 + i
+        s.submit(r)
+    events = []
+    while s.has_work():  # the clock never moves: the door would hold c until the roster is empty
+        events += s.step(0.0)
+    assert c.preemptions == 1
+    back = next(i for i, e in enumerate(events) if isinstance(e, Token) and e.request_id == c.id and e.cause == "recompute")
+    done_b = next(i for i, e in enumerate(events) if isinstance(e, Finished) and e.request_id == b.id)
+    assert back < done_b  # readmitted beside b as soon as a's pages came back
+
+
 class PoisonExecutor(FakeExecutor):
     """A forward pass that contains token 666 raises; a row of request `bad_row` fails to sample."""
 

@@ -76,10 +76,21 @@ class Scheduler:
         if self.prefix is not None:
             book.evict = self.prefix.evict_one
         self.metrics = EngineMetrics()
+        # ITL_TARGET_MS: each walk round's prompt rows priced in seconds by a step-cost model fitted
+        # from the steps themselves (engine/step_cost.py); the target turns the walk on, capped by
+        # MIX_CHUNK_TOKENS only when that is set. Without it no budget object exists.
+        self.pace = None
+        if config.itl_target_ms is not None:
+            from .step_cost import RoundBudget
+
+            self.pace = RoundBudget(config.itl_target_ms / 1000, config.mix_chunk_tokens, self.metrics)
+            self.chunk = self.chunk or config.max_context  # the walk is on; its width is the budget's
+            self.executor = self.pace.metered(executor, clock)
         self._events: list[tuple[Request, Event]] = []  # not yet delivered
         self._iteration: list[Event] = []  # everything this iteration emitted (the step output)
         self._cause = ("decode", 0, 0)  # the running step's kind, prompt rows, prompts
         self._preempted: dict[str, tuple[list[int], float | None]] = {}  # id -> (output so far, last token time)
+        self._passed: set[str] = set()  # queued ids the door has let through (`_door_open`)
 
     # ---- intake -------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -110,6 +121,8 @@ class Scheduler:
         if self.flight is not None and (self.flight[1].done() or not (self.roster or self.walk)):
             self._join()  # done, or the only work left: wait for it
         if self.walk:
+            if self.flight is None and self.queue:
+                self._join_walk(now)
             self._walk_round()
         else:
             if self.flight is None:  # intake stops while the lane has a prefill in flight
@@ -137,21 +150,40 @@ class Scheduler:
                     log.exception("delivery to %s failed; cancelling it", req.id)
                     req.sink_failed = req.cancelled = True
 
+    def _door_open(self, now: float) -> bool:
+        """Whether this turn may admit. The door is asked only about arrivals it has not let
+        through yet: when it opens, every request then in the queue is one cohort, and what one
+        turn cannot admit (MIX_MAX_PROMPTS, the slots) goes at the next turn, not after a fresh
+        window; a preempted request was admitted once already and never waits at the door."""
+        if self.door is None or not self.queue:
+            return True
+        head = self.queue[0]
+        if head.preemptions or head.id in self._passed:
+            return True
+        opened, reason = self.door.decide(self._door_view(), now)
+        if not opened:
+            for r in self.queue:
+                if r.held_at is None:
+                    r.held_at = now
+            return False
+        released = [r for r in self.queue if r.held_at is not None]
+        if released and reason is not None:  # count openings that let held arrivals through
+            self.metrics.door_releases[reason] += 1
+        for r in released:
+            self.metrics.door_hold.observe(now - r.held_at)
+            r.held_at = None
+        self._passed.update(r.id for r in self.queue)
+        return True
+
+    def _pop(self) -> Request:
+        r = self.queue.popleft()
+        self._passed.discard(r.id)
+        return r
+
     def intake_turn(self, now: float) -> bool:
         """Admit from the queue head; returns whether the door was open."""
-        if self.door is not None:
-            opened, reason = self.door.decide(self._door_view(), now)
-            if not opened:
-                for r in self.queue:
-                    if r.held_at is None:
-                        r.held_at = now
-                return False
-            released = [r for r in self.queue if r.held_at is not None]
-            if released and reason is not None:  # count openings that let held arrivals through
-                self.metrics.door_releases[reason] += 1
-            for r in released:
-                self.metrics.door_hold.observe(now - r.held_at)
-                r.held_at = None
+        if not self._door_open(now):
+            return False
         attempts = 0
         # Every popped request spends the turn's budget (cancelled and invalid ones too), so a
         # backlog of dead submissions cannot stall the live streams for an unbounded time.
@@ -162,7 +194,7 @@ class Scheduler:
             # queue, ahead of every later arrival.
             if self.roster and self._ready_decode_rows():
                 break
-            leader = self.queue.popleft()
+            leader = self._pop()
             attempts += 1
             if not self._admissible(leader):
                 continue
@@ -216,13 +248,26 @@ class Scheduler:
         """The leader and its gathered followers become walkers. No row budget: each round is
         bounded by the chunk width instead. Pages are reserved round by round."""
         self.walk = [self._walker(leader)]
+        self._add_walkers(attempts, [self.walk[0]])
+
+    def _join_walk(self, now: float) -> None:
+        """Arrivals join a running walk, door permitting, up to MIX_MAX_PROMPTS walkers and the
+        slots, instead of waiting it out: they take the round's rows the walkers ahead of them
+        leave (`plan_round`), so a live stream's stall stays one chunk, and a released cohort
+        walks as one."""
+        if len(self.walk) < self.cfg.mix_max_prompts and self.running < self.slots and self._door_open(now):
+            self._add_walkers(0, [])
+
+    def _add_walkers(self, attempts: int, added: list[Walker]) -> None:
         while (self.queue and len(self.walk) < self.cfg.mix_max_prompts and self.running < self.slots
                and attempts < self.slots):
-            f = self.queue.popleft()
+            f = self._pop()
             attempts += 1
             if self._admissible(f):
-                self.walk.append(self._walker(f))
-        self._announce(self.walk)
+                w = self._walker(f)
+                self.walk.append(w)
+                added.append(w)
+        self._announce(added)
 
     def _walk_round(self) -> None:
         """One round: at most `chunk` prompt rows across the walkers (oldest arrival first), plus
@@ -232,7 +277,8 @@ class Scheduler:
         self._ready_decode_rows()
         self.walk.sort(key=lambda w: w.req.arrival)  # stable: admission order among equals
         chunks = []
-        for w, take in plan_round(self.walk, self.chunk):
+        budget = self.chunk if self.pace is None else self.pace.rows(self.walk, self.roster)  # ITL_TARGET_MS
+        for w, take in plan_round(self.walk, budget):
             if w not in self.walk:  # preempted by an older walker of this round
                 continue
             if self._make_room(w, w.done + take, self_ok=False):
@@ -257,7 +303,7 @@ class Scheduler:
         rows = newcomers[0].rest  # the leader is never bounded
         while (self.queue and len(newcomers) < self.cfg.mix_max_prompts and rows < self.cfg.mix_gather_rows
                and len(newcomers) + len(self.roster) < self.slots and attempts < self.slots):
-            f = self.queue.popleft()
+            f = self._pop()
             attempts += 1
             if not self._admissible(f):
                 continue
@@ -364,6 +410,7 @@ class Scheduler:
         self.book.free(pages)
         if output:
             self._preempted[req.id] = (list(output), last_at)
+        self._passed.add(req.id)  # it was let in once: no second wait at the door
         i = 0
         while i < len(self.queue) and self.queue[i].arrival < req.arrival:
             i += 1
@@ -552,7 +599,7 @@ class Scheduler:
         for w in list(self.walk):
             self._drop_walker(w, "error", message)
         while self.queue:
-            r = self.queue.popleft()
+            r = self._pop()
             self._emit(r, Finished(r.id, self.clock(), reason="error", prompt_tokens=len(r.prompt), message=message))
         self._deliver()
 
