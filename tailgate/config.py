@@ -93,6 +93,17 @@ def parse_default_max_tokens(raw: str | None, max_context: int | None) -> int | 
     return _int_in("DEFAULT_MAX_TOKENS", raw, 1, hi, f"context | N, 1 <= N <= MAX_CONTEXT ({hi})")
 
 
+ITL_TARGET_GRAMMAR = "off | N ms, 1 <= N <= 10000"
+
+
+def parse_itl_target_ms(raw: str | None) -> int | None:
+    """off | N ms with 1 <= N <= 10000: the step time each walk round's prompt rows are priced to
+    (engine/step_cost.py). Off by default until a default is measured (docs/knobs.md)."""
+    if raw is None or raw.lower() in OFF_WORDS:
+        return None
+    return _int_in("ITL_TARGET_MS", raw, 1, 10000, ITL_TARGET_GRAMMAR)
+
+
 LANE_GRAMMAR = "off | 0 | false | shared | green:NN (1 <= NN <= 99) | cpu:N (1 <= N < cores)"
 
 
@@ -152,6 +163,11 @@ KNOBS = (
     Knob("ADMIT_COALESCE_MS", "off", DOOR_GRAMMAR,
          "admission coalesce door: hold arrivals into a deep live batch up to N ms; auto: hold only while "
          "the stall it spares live streams (learned step costs) exceeds the wait it adds"),
+    Knob("ITL_TARGET_MS", "off", ITL_TARGET_GRAMMAR,
+         "inter-token target: each walk round takes the most prompt rows whose predicted step time (a step-cost "
+         "model fitted online from the engine's own steps) stays within N ms, at least one; an idle engine "
+         "prefills at full width. Turns the walk on; MIX_CHUNK_TOKENS, when set, caps every round; refuses with "
+         "MIX_CHUNK_TOKENS=off and with ASYNC_PREFILL"),
     Knob("DEFAULT_MAX_TOKENS", f"min({DEFAULT_MAX_TOKENS}, MAX_CONTEXT)", "context | N, 1 <= N <= MAX_CONTEXT",
          "max_tokens of a request that sets none (never past the context); context: the rest of the context, "
          "as vLLM does"),
@@ -175,6 +191,9 @@ class ServingConfig:
     admit_coalesce_ms: int | str | None = None  # ms, "auto" or None (off)
     kv_cache_mb: int | str | None = "auto"  # MiB, "auto" (settled against RAM at load) or None (off)
     default_max_tokens: int | None = DEFAULT_MAX_TOKENS  # None: the rest of the context
+    # ms each walk round's predicted step time stays within (None: off). With a target,
+    # mix_chunk_tokens is the explicit cap on a round, and None there means uncapped, not walk off.
+    itl_target_ms: int | None = None
 
     def with_model_limit(self, model_max: int) -> "ServingConfig":
         """Settle MAX_CONTEXT against the model (after its metadata is read, before weights are cast)."""
@@ -229,6 +248,7 @@ def resolve(lookup: Callable[[str], str | None], cores: int | None = None,
     door = parse_admit_coalesce_ms(raw["ADMIT_COALESCE_MS"])
     kv_mb = parse_kv_cache_mb(raw["KV_CACHE_MB"])
     max_out = parse_default_max_tokens(raw["DEFAULT_MAX_TOKENS"], max_context)
+    target = parse_itl_target_ms(raw["ITL_TARGET_MS"])
     # Cross-knob rules, in one place.
     if door is not None and lane is not None:
         raise KnobError(f"{PREFIX}ADMIT_COALESCE_MS={raw['ADMIT_COALESCE_MS']!r} refuses with "
@@ -239,7 +259,20 @@ def resolve(lookup: Callable[[str], str | None], cores: int | None = None,
         # path has no second stream, so they refuse everywhere rather than run as something else.
         raise KnobError(f"{PREFIX}ASYNC_PREFILL={raw['ASYNC_PREFILL']!r}: the {lane.split(':')[0]} lane is a CUDA "
                         "stream, which tailgate does not build (accepted here: off | " + " | ".join(f"{k}:N" for k in lanes) + ")")
-    return ServingConfig(max_context, slots, gather, prompts, chunk, lane, cache, door, kv_mb, max_out)
+    if target is not None:
+        # The target prices walk rounds, so it needs the walk: it turns it on, and MIX_CHUNK_TOKENS
+        # becomes a cap on every round, kept only when given (unset: uncapped, the target decides).
+        if present("MIX_CHUNK_TOKENS") and chunk is None:
+            raise KnobError(f"{PREFIX}ITL_TARGET_MS={raw['ITL_TARGET_MS']!r} refuses with "
+                            f"{PREFIX}MIX_CHUNK_TOKENS={raw['MIX_CHUNK_TOKENS']!r}: the target prices walk rounds, "
+                            "and the walk is off (unset MIX_CHUNK_TOKENS for uncapped rounds, or give a cap)")
+        if lane is not None:
+            raise KnobError(f"{PREFIX}ITL_TARGET_MS={raw['ITL_TARGET_MS']!r} refuses with "
+                            f"{PREFIX}ASYNC_PREFILL={raw['ASYNC_PREFILL']!r}: the lane prefills every admission "
+                            "into a live batch beside it, so no walk round the target prices would carry live rows")
+        if not present("MIX_CHUNK_TOKENS"):
+            chunk = None
+    return ServingConfig(max_context, slots, gather, prompts, chunk, lane, cache, door, kv_mb, max_out, target)
 
 
 def add_knob_args(parser) -> None:

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                    20.0, 40.0, 80.0)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+# |predicted - actual| / actual of a step's time (ITL_TARGET_MS's fit; issue 26 asks p90 <= 0.15)
+ERROR_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
 
 
 @dataclass
@@ -56,6 +58,12 @@ class EngineMetrics:
     lane_prefills: int = 0  # prompts prefilled on the side lane
     # Inter-token gaps by the kind of step that ended them: why the tail is what it is.
     itl_by_cause: dict = field(default_factory=dict)  # cause -> Histogram
+    # ITL_TARGET_MS (engine/step_cost.py): the prompt rows each walk round took, how far each
+    # step's predicted time was from its measured one, and the fit itself (target_s, the last
+    # step's predicted_s / actual_s, one coefficient per cost term). Empty without a target.
+    step_prompt_rows: Histogram = field(default_factory=lambda: Histogram(ROW_BUCKETS))
+    step_cost_error: Histogram = field(default_factory=lambda: Histogram(ERROR_BUCKETS))
+    step_cost: dict = field(default_factory=dict)
 
     def gaps(self, cause: str) -> Histogram:
         """The gap histogram of steps of this kind (made at its first gap)."""

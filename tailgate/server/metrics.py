@@ -18,9 +18,10 @@ class _Families:
     def __init__(self, model: str):
         self.model, self.out = model, []
 
-    def gauge(self, name, value, doc):
-        g = GaugeMetricFamily(name, doc, labels=["model_name"])
-        g.add_metric([self.model], value)
+    def gauge(self, name, value, doc, label: str | None = None):
+        g = GaugeMetricFamily(name, doc, labels=["model_name"] + ([label] if label else []))
+        for key, v in (value.items() if label else [(None, value)]):
+            g.add_metric([self.model] + ([str(key)] if label else []), v)
         self.out.append(g)
 
     def counter(self, name, value, doc, label: str | None = None):
@@ -73,6 +74,23 @@ class TailgateCollector:
             x.histogram("tailgate:inter_token_latency_by_cause_seconds", dict(m.itl_by_cause),
                         "Engine-side gaps between a stream's tokens, by the kind of step that ended the gap "
                         "(decode, mixed, walk, prefill, recompute, lane).", label="cause")
+            x.histogram("tailgate:step_prompt_rows", m.step_prompt_rows,
+                        "Prompt rows each walk round took under ITL_TARGET_MS (what the target chose).")
+            x.histogram("tailgate:step_cost_error_ratio", m.step_cost_error,
+                        "|predicted - measured| / measured step time, per step the fitted cost model priced (ITL_TARGET_MS).")
+            if m.step_cost:  # ITL_TARGET_MS set: the target, the last step, the fit
+                sc = m.step_cost
+                x.gauge("tailgate:itl_target_seconds", sc["target_s"], "The step time walk rounds are priced to.")
+                if "actual_s" in sc:
+                    x.gauge("tailgate:step_seconds", sc["actual_s"], "The last step's measured time.")
+                if "predicted_s" in sc:
+                    x.gauge("tailgate:step_predicted_seconds", sc["predicted_s"],
+                            "The last priced step's predicted time (before it ran).")
+                terms = {k: v for k, v in sc.items() if k not in ("target_s", "actual_s", "predicted_s")}
+                if terms:
+                    x.gauge("tailgate:step_cost_coefficient", terms,
+                            "The fitted step-cost model: seconds per step (floor), per prompt / decode / sampled "
+                            "row, per 1000 query-key pairs (attn_per_1k).", label="term")
         x.histogram("vllm:time_to_first_token_seconds", st.ttft, "Time to first token.")
         x.histogram("vllm:inter_token_latency_seconds", st.itl, "Gaps between tokens.")
         x.histogram("vllm:e2e_request_latency_seconds", st.e2e, "Arrival to finish.")

@@ -194,12 +194,24 @@ def simulate(cfg: ServingConfig, cost: CostModel, jobs: list[tuple[int, int]], r
             sched.submit(req)
         sched.step(clock.t)
     m = sched.metrics
-    return results, {"iterations": m.steps, "steps": sched.executor.steps, "door_releases": dict(m.door_releases),
+    extra = {"itl_target": target_summary(m)} if sched.pace is not None else {}
+    return results, {**extra, "iterations": m.steps, "steps": sched.executor.steps, "door_releases": dict(m.door_releases),
                      "door_holds": m.door_hold.n,
                      "door_mean_hold_ms": 1000 * m.door_hold.total / max(1, m.door_hold.n),
                      "preemptions": m.preemptions, "kv_pages": {"global": sched.book.glob.capacity,
                                                                 "local": sched.book.local.capacity if sched.book.local else 0},
                      "virtual_s": clock.t, "scheduled_at": scheduled}
+
+
+def target_summary(m) -> dict:
+    """ITL_TARGET_MS's figures for a run: the prompt rows its walk rounds took, how often a step's
+    predicted time was within 5 / 15 % of its measured one, and the model's last fit."""
+    err, rows = m.step_cost_error, m.step_prompt_rows
+    within = {f"within_{int(b * 100)}pct": sum(err.counts[:err.buckets.index(b) + 1]) / max(1, err.n)
+              for b in (0.05, 0.15)}
+    return {"target_ms": 1000 * m.step_cost.get("target_s", 0.0), "rounds": rows.n,
+            "mean_round_rows": rows.total / max(1, rows.n), "priced_steps": err.n, **within,
+            "fit": {k: v for k, v in m.step_cost.items() if k not in ("target_s", "predicted_s", "actual_s")}}
 
 
 def metrics(results: list[Result], percentiles=(50, 90, 99)) -> dict:
@@ -273,6 +285,12 @@ def main(args) -> int:
     print_table(out, tuple(float(p) for p in args.metric_percentiles.split(",")))
     print(f"{out['steps']} model steps in {out['iterations']} iterations, door releases {out['door_releases']}, holds {out['door_holds']} "
           f"(mean {out['door_mean_hold_ms']:.1f} ms), preemptions {out['preemptions']}; simulated {out['virtual_s']:.1f} s in {out['sim_wall_s']} s")
+    if "itl_target" in out:
+        t = out["itl_target"]
+        fit = ", ".join(f"{k} {1000 * v:.4g} ms" for k, v in t["fit"].items())
+        print(f"ITL target {t['target_ms']:.0f} ms: {t['rounds']} walk rounds of {t['mean_round_rows']:.1f} prompt rows on "
+              f"average; step time predicted within 5 % / 15 % for {100 * t['within_5pct']:.0f} % / "
+              f"{100 * t['within_15pct']:.0f} % of {t['priced_steps']} priced steps; fit: {fit}")
     if args.save_result:
         with open(args.save_result, "w") as f:
             json.dump({k: v for k, v in out.items() if k != "sim_wall_s"}, f, indent=1, sort_keys=True)

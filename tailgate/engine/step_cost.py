@@ -1,0 +1,275 @@
+"""The inter-token target (TAILGATE_ITL_TARGET_MS): each walk round's prompt rows priced in
+seconds by a step-cost model the engine fits online from its own steps.
+
+A fixed walk width (MIX_CHUNK_TOKENS) bounds a stall in *rows*, while a live stream feels *time*:
+a 64-row round costs several decode steps on one CPU (AMD EPYC Zen 5, issue 26) and less than one
+on another (AMX Xeon). With a target, each round takes the largest number of prompt rows whose
+predicted step time stays within the target, given the live rows already in the step (their
+decode rows, their contexts, the sampled rows):
+- at least one prompt row always moves (no starvation; a target below the live batch's own step
+  time degenerates to one row a round, the tightest the walk can be);
+- with no live rows the target is ignored (nobody to protect): the walk takes every walker's
+  rest at once, or MIX_CHUNK_TOKENS rows when that is set (a cap on every round);
+- until the model has seen a few steps with prompt rows, at two widths or beside decode-only
+  steps (`ready`), rounds with live rows take the fixed width (MIX_CHUNK_TOKENS, else the default 64): the engine's
+  behaviour without a target, whose rounds are also what teaches the model a prompt row's price.
+
+The model is the simulator's cost form (`sim/cost.py`):
+
+    seconds = floor + prompt_row * prompt rows + decode_row * decode rows
+              + sampled_row * sampled rows + attn_per_1k * (query-key pairs / 1000)
+
+fitted by least squares with exponential forgetting over two accumulators of the normal
+equations, one for decode-only steps and one for steps that carry prompt rows, each forgetting
+only when a step of its own kind arrives: a long stretch of decode steps does not wash out what
+the walk rounds taught about prompt rows (a single forgetting window would, and then price
+prompt rows at ~0 and let the next round run long). A term the data price negative is dropped
+and the rest refitted (as `sim.cost.fit`); a tiny ridge keeps collinear terms (every decode row
+is also a sampled row) solvable. Plain Python (no numpy, no torch) and no clock: the scheduler's
+clock measures each step (`MeteredExecutor`) and passes the seconds in.
+"""
+from __future__ import annotations
+
+import math
+
+from ..config import DEFAULT_CHUNK
+
+TERMS = ("floor", "prompt_row", "decode_row", "sampled_row", "attn_per_1k")
+# The fit's units: a typical step's features are ~1 in them (1 step, 64 prompt rows, 16 decode
+# and sampled rows, 10 000 query-key pairs), so one ridge weight means the same for every term.
+_SCALE = (1.0, 64.0, 16.0, 16.0, 10.0)
+
+
+def step_features(segments) -> tuple[int, int, int, float]:
+    """(prompt rows, decode rows, sampled rows, query-key pairs / 1000) of a step's segments,
+    counted as `sim.cost.CostModel.features` counts them: a row of a multi-token segment (or of a
+    segment at position 0) is a prompt row, a one-token segment is a decode row."""
+    prompt = decode = sampled = pairs = 0
+    for s in segments:
+        n, st = len(s.tokens), s.start
+        if n > 1 or st == 0:
+            prompt += n
+        else:
+            decode += 1
+        if s.sample:
+            sampled += 1
+        pairs += n * st + n * (n + 1) // 2
+    return prompt, decode, sampled, pairs / 1000
+
+
+def _solve(M: list[list[float]], v: list[float]) -> list[float]:
+    """M x = v for a small dense system (Gaussian elimination, partial pivoting; M is symmetric
+    positive definite here, the ridge sees to that). Plain Python: at 5 unknowns it is several
+    times faster than a numpy call's overhead, and it runs once every few steps."""
+    n = len(v)
+    a = [row[:] + [v[i]] for i, row in enumerate(M)]
+    for c in range(n):
+        p = max(range(c, n), key=lambda r: abs(a[r][c]))
+        a[c], a[p] = a[p], a[c]
+        piv = a[c][c]
+        for r in range(c + 1, n):
+            f = a[r][c] / piv
+            if f:
+                ar, ac = a[r], a[c]
+                for j in range(c, n + 1):
+                    ar[j] -= f * ac[j]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (a[r][n] - sum(a[r][j] * x[j] for j in range(r + 1, n))) / a[r][r]
+    return x
+
+
+class StepCostModel:
+    """Predicted step seconds from a step's features, refitted from every measured step.
+
+    `forget` is each accumulator's per-step forgetting factor (0.98: the last ~50 steps of each
+    kind carry most of the weight); `min_steps` of each kind make it `ready`; the coefficients are
+    re-solved at most every `refit_every` observations (or on `refit()`): a handful of steps
+    barely moves a fit that remembers ~100, and the solve is most of the model's cost."""
+
+    def __init__(self, forget: float = 0.98, ridge: float = 1e-4, min_steps: int = 3, refit_every: int = 4):
+        if not 0 < forget <= 1:
+            raise ValueError(f"forget must be in (0, 1], got {forget}")
+        self.forget, self.ridge, self.min_steps, self.refit_every = forget, ridge, min_steps, refit_every
+        # The normal equations of each kind of step: [decode-only, with prompt rows].
+        self._A = [[[0.0] * 5 for _ in range(5)] for _ in range(2)]
+        self._b = [[0.0] * 5 for _ in range(2)]
+        self.seen = [0, 0]
+        self._width: int | None = None  # the first prompt-row count seen...
+        self._varied = False  # ...and whether another has been seen since
+        self._coef: tuple[float, ...] | None = None  # per TERMS, in seconds
+        self._stale = 0  # observations since the last solve
+
+    def observe(self, features, seconds: float) -> None:
+        """One measured step: its features (`step_features`) and how long it took."""
+        if not (seconds > 0 and math.isfinite(seconds)):
+            return
+        p, d, s, k = features
+        x = (1.0, p / _SCALE[1], d / _SCALE[2], s / _SCALE[3], k / _SCALE[4])
+        kind = 1 if p else 0
+        A, b, r = self._A[kind], self._b[kind], self.forget
+        for i in range(5):
+            xi, row = x[i], A[i]
+            b[i] = r * b[i] + seconds * xi
+            for j in range(5):
+                row[j] = r * row[j] + xi * x[j]
+        self.seen[kind] += 1
+        self._stale += 1
+        if p:
+            if self._width is None:
+                self._width = p
+            self._varied = self._varied or p != self._width
+
+    @property
+    def ready(self) -> bool:
+        """Seen `min_steps` steps with prompt rows, and prompt rows at two widths (a decode-only
+        step is width 0): a prompt row's price is the contrast between them, which the floor
+        would otherwise absorb. Decode-only steps are not required: under a steady walk (arrivals
+        join the running walk) they can be rare for minutes."""
+        return self.seen[1] >= self.min_steps and (self.seen[0] > 0 or self._varied)
+
+    def refit(self) -> tuple[float, ...]:
+        """Solve the normal equations now; a term the data price negative is dropped and the
+        rest refitted (as `sim.cost.fit`)."""
+        A0, A1 = self._A
+        M = [[A0[i][j] + A1[i][j] + (self.ridge if i == j else 0.0) for j in range(5)] for i in range(5)]
+        v = [self._b[0][i] + self._b[1][i] for i in range(5)]
+        keep = list(range(5))
+        theta = [0.0] * 5
+        while keep:
+            sub = _solve([[M[i][j] for j in keep] for i in keep], [v[i] for i in keep])
+            if min(sub) >= 0:
+                for i, c in zip(keep, sub):
+                    theta[i] = c
+                break
+            keep.pop(min(range(len(sub)), key=sub.__getitem__))
+        self._coef = tuple(t / sc for t, sc in zip(theta, _SCALE))
+        self._stale = 0
+        return self._coef
+
+    def _current(self) -> tuple[float, ...]:
+        if self._coef is None or self._stale >= self.refit_every:
+            return self.refit()
+        return self._coef
+
+    @property
+    def coefficients(self) -> dict[str, float]:
+        """Seconds per unit of each term (TERMS), as the next prediction uses them."""
+        return dict(zip(TERMS, self._current()))
+
+    def predict(self, features) -> float:
+        f, p, d, s, k = self._current()
+        prompt, decode, sampled, kpairs = features
+        return f + p * prompt + d * decode + s * sampled + k * kpairs
+
+
+class RoundBudget:
+    """The prompt rows of each walk round under a target of `target_s` seconds a step (module
+    doc). `cap` is MIX_CHUNK_TOKENS when set explicitly (None: uncapped)."""
+
+    def __init__(self, target_s: float, cap: int | None, metrics=None, model: StepCostModel | None = None,
+                 fallback: int = DEFAULT_CHUNK):
+        self.target, self.cap = target_s, cap
+        self.model = model or StepCostModel()
+        self.fallback = cap or fallback
+        self.metrics = metrics
+        self.predicted: float | None = None  # the last round's predicted step seconds (None: not priced)
+        if metrics is not None:
+            metrics.step_cost["target_s"] = target_s
+
+    def rows(self, walkers, live) -> int:
+        """The budget `walk.plan_round` spreads over `walkers` (admission order; each with
+        `done`, `rest`, `tokens`) this round, with `live` rows riding it (each with
+        `pages.frontier`, the position its next token is fed at)."""
+        total = sum(w.rest for w in walkers)
+        widest = total if self.cap is None else min(self.cap, total)
+        self.predicted = None
+        if not live:  # nobody to protect: full width
+            take = widest
+        elif not self.model.ready:
+            take = min(self.fallback, widest)
+        else:
+            take = self._largest_within(walkers, live, widest)
+        if self.metrics is not None and take > 0:
+            self.metrics.step_prompt_rows.observe(take)
+        return take
+
+    def round_features(self, walkers, live_n: int, live_kpairs: float, budget: int):
+        """The features of a round that spreads `budget` rows as `walk.plan_round` does."""
+        prompt = decode = 0
+        sampled, pairs = live_n, 0
+        for w in walkers:
+            if budget <= 0:
+                break
+            n = min(w.rest, budget)
+            if n <= 0:
+                continue
+            budget -= n
+            st = w.done
+            if n > 1 or st == 0:
+                prompt += n
+            else:
+                decode += 1
+            if st + n == len(w.tokens):
+                sampled += 1
+            pairs += n * st + n * (n + 1) // 2
+        return prompt, decode + live_n, sampled, live_kpairs + pairs / 1000
+
+    def _largest_within(self, walkers, live, widest: int) -> int:
+        if widest <= 0:
+            return 0
+        n = len(live)
+        kpairs = sum(a.pages.frontier + 1 for a in live) / 1000
+        model = self.model
+
+        def cost(b: int) -> float:
+            return model.predict(self.round_features(walkers, n, kpairs, b))
+
+        lo = 1  # at least one row moves, whatever it costs
+        if cost(widest) <= self.target:
+            lo = widest
+        else:
+            hi = widest - 1
+            while lo < hi:  # the largest budget priced within the target (cost grows with rows)
+                mid = (lo + hi + 1) // 2
+                if cost(mid) <= self.target:
+                    lo = mid
+                else:
+                    hi = mid - 1
+        self.predicted = cost(lo)
+        return lo
+
+    def metered(self, executor, clock) -> "MeteredExecutor":
+        return MeteredExecutor(executor, self.model, clock, self.metrics)
+
+
+class MeteredExecutor:
+    """The scheduler's executor, wrapped: every step is priced before it runs, timed with the
+    scheduler's clock around `run` (as `Scheduler._run` times it for the door), and fed to the
+    model; |predicted - actual| / actual goes to the metrics. A step that raises teaches nothing.
+    Everything else (`release`, `launch`, `join`, `close`, the sim's `steps`) is the wrapped one's."""
+
+    def __init__(self, inner, model: StepCostModel, clock, metrics=None):
+        self.inner, self.model, self.clock, self.metrics = inner, model, clock, metrics
+
+    def run(self, segments, rows):
+        x = step_features(segments)
+        predicted = self.model.predict(x) if self.model.ready else None
+        t0 = self.clock()
+        out = self.inner.run(segments, rows)
+        took = self.clock() - t0
+        self.model.observe(x, took)
+        m = self.metrics
+        if m is not None:
+            if predicted is not None and took > 0:
+                m.step_cost_error.observe(abs(predicted - took) / took)
+                m.step_cost["predicted_s"] = predicted
+            m.step_cost["actual_s"] = took
+            if self.model.ready:
+                m.step_cost.update(self.model.coefficients)
+        return out
+
+    def __getattr__(self, name):
+        if name == "inner":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)

@@ -1,0 +1,363 @@
+"""ITL_TARGET_MS: the step-cost model fitted online, the round budget it prices, the knob, and the
+policy in the scheduler and the simulator (fake executors on a fake clock; no model, no sleeping)."""
+from __future__ import annotations
+
+import random
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from tailgate.config import KnobError, ServingConfig, resolve
+from tailgate.engine.metrics import EngineMetrics
+from tailgate.engine.pages import KVBook
+from tailgate.engine.plan import Segment
+from tailgate.engine.request import Finished, Request, Sampled
+from tailgate.engine.scheduler import Scheduler
+from tailgate.engine.step_cost import TERMS, MeteredExecutor, RoundBudget, StepCostModel, step_features
+from tailgate.sim import run as sim
+from tailgate.sim.cost import CostModel, load_preset
+
+VOCAB = 1000
+# The truth the fakes run on: every term non-zero, so each must be found.
+TRUE = CostModel(floor=0.010, prompt_row=0.0005, decode_row=0.002, sampled_row=0.0003, attn_per_1k=0.004)
+
+
+def true_seconds(features, cost: CostModel = TRUE) -> float:
+    p, d, s, k = features
+    return cost.floor + cost.prompt_row * p + cost.decode_row * d + cost.sampled_row * s + cost.attn_per_1k * k
+
+
+def random_step(r: random.Random) -> tuple[int, int, int, float]:
+    """Features of a plausible step: decode rows at some context, sometimes a walk chunk."""
+    d = r.randint(0, 16)
+    p = r.choice([0, 0, r.randint(2, 256)]) if d else r.randint(2, 512)
+    s = d + r.randint(0, 2 if p else 0)  # walkers' final chunks are sampled too
+    k = (d * r.randint(16, 1000) + p * r.randint(0, 600) + p * (p + 1) // 2) / 1000
+    return p, d, s, k
+
+
+# ---- the model ----------------------------------------------------------------------------
+def test_the_fit_converges_to_a_known_linear_cost():
+    m, r = StepCostModel(), random.Random(1)
+    for _ in range(300):
+        x = random_step(r)
+        m.observe(x, true_seconds(x))
+    got = m.refit()
+    for term, want, have in zip(TERMS, (TRUE.floor, TRUE.prompt_row, TRUE.decode_row, TRUE.sampled_row,
+                                        TRUE.attn_per_1k), got):
+        assert have == pytest.approx(want, rel=0.02), term
+    x = (64, 8, 8, 20.0)
+    assert m.predict(x) == pytest.approx(true_seconds(x), rel=1e-3)
+
+
+def test_the_fit_follows_the_machine_when_it_slows_down():
+    m, r = StepCostModel(), random.Random(2)
+    for _ in range(200):
+        x = random_step(r)
+        m.observe(x, true_seconds(x))
+    slow = CostModel(*(2 * v for v in (TRUE.floor, TRUE.prompt_row, TRUE.decode_row, TRUE.sampled_row,
+                                       TRUE.attn_per_1k)))
+    for _ in range(400):  # ~130 steps of each kind: the forgetting window several times over
+        x = random_step(r)
+        m.observe(x, true_seconds(x, slow))
+    m.refit()
+    for _ in range(20):
+        x = random_step(r)
+        assert m.predict(x) == pytest.approx(true_seconds(x, slow), rel=0.03)
+
+
+def test_a_prompt_rows_price_survives_a_long_stretch_of_decode_only_steps():
+    m, r = StepCostModel(), random.Random(3)
+    for _ in range(100):
+        x = random_step(r)
+        m.observe(x, true_seconds(x))
+    for _ in range(5000):  # minutes of decode with nobody arriving
+        d = r.randint(1, 16)
+        x = (0, d, d, d * r.randint(16, 1000) / 1000)
+        m.observe(x, true_seconds(x))
+    x = (128, 8, 8, 30.0)
+    assert m.predict(x) == pytest.approx(true_seconds(x), rel=0.01)
+
+
+def test_a_cold_model_waits_for_prompt_rows_at_two_widths_before_it_prices_a_round():
+    m = StepCostModel(min_steps=3)
+    for _ in range(3):
+        m.observe((64, 4, 4, 3.0), 0.05)  # one width only: the floor and a row's price are confounded
+    assert not m.ready
+    m.observe((32, 4, 4, 2.0), 0.04)
+    assert m.ready
+    cold = StepCostModel(min_steps=3)
+    for _ in range(3):
+        cold.observe((64, 4, 4, 3.0), 0.05)
+    cold.observe((0, 4, 4, 1.0), 0.02)  # a decode-only step is the other width
+    assert cold.ready
+    m.observe((8, 1, 1, 0.1), float("nan"))  # a broken measurement teaches nothing
+    m.observe((8, 1, 1, 0.1), 0.0)
+    assert m.seen == [0, 4]
+
+
+# ---- the budget ---------------------------------------------------------------------------
+def walker(length: int, done: int = 0):
+    return SimpleNamespace(tokens=[1] * length, done=done, rest=length - done)
+
+
+def live(*contexts: int):
+    return [SimpleNamespace(pages=SimpleNamespace(frontier=c)) for c in contexts]
+
+
+def fitted(cost: CostModel = TRUE) -> StepCostModel:
+    m, r = StepCostModel(), random.Random(4)
+    for _ in range(300):
+        x = random_step(r)
+        m.observe(x, true_seconds(x, cost))
+    return m
+
+
+@pytest.mark.parametrize("target_ms", [18, 25, 40, 80, 200])
+def test_the_budget_is_the_most_rows_whose_predicted_step_stays_within_the_target(target_ms):
+    b = RoundBudget(target_ms / 1000, None, model=fitted())
+    walkers, rows = [walker(300, done=40), walker(500)], live(100, 700, 350)
+    take = b.rows(walkers, rows)
+    kp = sum(c + 1 for c in (100, 700, 350)) / 1000
+
+    def priced(n):
+        return b.model.predict(b.round_features(walkers, 3, kp, n))
+
+    assert take >= 1
+    assert priced(take) <= target_ms / 1000 or take == 1
+    assert take == 800 or priced(take + 1) > target_ms / 1000  # the largest that fits (or everything)
+    assert b.predicted == pytest.approx(priced(take))
+    # the truth agrees with the model's price to within 1 %
+    assert true_seconds(b.round_features(walkers, 3, kp, take)) == pytest.approx(b.predicted, rel=0.01)
+
+
+def test_a_target_below_the_live_batchs_own_step_still_moves_one_prompt_row():
+    b = RoundBudget(0.005, None, model=fitted())  # the floor alone is 10 ms
+    assert b.rows([walker(300)], live(100, 200)) == 1
+    assert b.predicted > 0.005
+
+
+def test_with_no_live_rows_the_target_is_ignored_and_only_an_explicit_chunk_caps_the_round():
+    ws = [walker(300), walker(200, done=50)]
+    assert RoundBudget(0.001, None, model=fitted()).rows(ws, []) == 450
+    assert RoundBudget(0.001, 128, model=fitted()).rows(ws, []) == 128
+    # an explicit chunk also caps a priced round, however generous the target
+    assert RoundBudget(10.0, 128, model=fitted()).rows(ws, live(10)) == 128
+
+
+def test_a_cold_budget_takes_the_fixed_width_and_counts_every_round():
+    metrics = EngineMetrics()
+    b = RoundBudget(0.020, None, metrics)
+    assert not b.model.ready
+    assert b.rows([walker(300)], live(10)) == 64  # the default walk width
+    assert RoundBudget(0.020, 96, EngineMetrics()).rows([walker(300)], live(10)) == 96
+    assert metrics.step_prompt_rows.n == 1 and metrics.step_prompt_rows.total == 64
+    assert metrics.step_cost["target_s"] == 0.020
+
+
+def test_the_metered_executor_prices_times_and_teaches_every_step_and_passes_the_rest_through():
+    now = [0.0]
+
+    class Inner:
+        steps, lane = 0, "the inner one's"
+
+        def run(self, segments, rows):
+            now[0] += true_seconds(step_features(segments))
+            self.steps += 1
+            return [Sampled(7) for s in segments if s.sample]
+
+    metrics, model = EngineMetrics(), fitted()
+    ex = MeteredExecutor(Inner(), model, lambda: now[0], metrics)
+    segs = [Segment([1] * 30, 0, None, sample=True), Segment([5], 40, None), Segment([5], 90, None)]
+    assert len(ex.run(segs, [None] * 3)) == 3
+    assert ex.steps == 1 and ex.lane == "the inner one's"
+    assert metrics.step_cost["actual_s"] == pytest.approx(true_seconds((30, 2, 3, (30 * 31 // 2 + 41 + 91) / 1000)))
+    assert metrics.step_cost["predicted_s"] == pytest.approx(metrics.step_cost["actual_s"], rel=0.01)
+    assert metrics.step_cost_error.n == 1 and metrics.step_cost_error.counts[0] == 1  # within 1 %
+    assert set(TERMS) <= set(metrics.step_cost) and model.seen[1] > 0
+
+
+# ---- the knob -----------------------------------------------------------------------------
+def table(**kw):
+    return lambda name: kw.get(name)
+
+
+def test_the_target_is_off_unless_given_and_turns_the_walk_on_uncapped_unless_a_chunk_is_given():
+    assert resolve(table()).itl_target_ms is None and resolve(table()).mix_chunk_tokens == 64
+    for off in ("off", "OFF", "0", ""):
+        assert resolve(table(ITL_TARGET_MS=off)).itl_target_ms is None
+    cfg = resolve(table(ITL_TARGET_MS="50"))
+    assert (cfg.itl_target_ms, cfg.mix_chunk_tokens) == (50, None)  # the budget decides; no cap
+    cfg = resolve(table(ITL_TARGET_MS="50", MIX_CHUNK_TOKENS="256", MAX_CONTEXT="1024"))
+    assert (cfg.itl_target_ms, cfg.mix_chunk_tokens) == (50, 256)
+    assert resolve(table(ITL_TARGET_MS="1")).itl_target_ms == 1
+    assert resolve(table(ITL_TARGET_MS="10000")).itl_target_ms == 10000
+
+
+@pytest.mark.parametrize("bad", ["auto", "fast", "-5", "5ms", "0.5", "10001", " 50", "50 ", "+50", "5_0", "٥٠",
+                                 "５０", "\t50", "9" * 5000, " ", " off"])
+def test_the_itl_target_refuses_garbage_naming_the_knob_the_value_and_the_grammar(bad):
+    with pytest.raises(KnobError) as e:
+        resolve(table(ITL_TARGET_MS=bad))
+    assert f"TAILGATE_ITL_TARGET_MS={bad!r}" in str(e.value) and "accepted: off | N ms, 1 <= N <= 10000" in str(e.value)
+
+
+def test_the_target_refuses_with_the_walk_switched_off_and_with_the_lane():
+    with pytest.raises(KnobError, match=re.escape("TAILGATE_MIX_CHUNK_TOKENS='off'")):
+        resolve(table(ITL_TARGET_MS="50", MIX_CHUNK_TOKENS="off"))
+    with pytest.raises(KnobError, match=re.escape("TAILGATE_ASYNC_PREFILL='cpu:1'")):
+        resolve(table(ITL_TARGET_MS="50", ASYNC_PREFILL="cpu:1"), cores=2)
+
+
+def test_the_serve_and_sim_commands_take_the_flag():
+    import argparse
+
+    from tailgate.config import cli_lookup
+    from tailgate.server.args import add_serve_args
+
+    p = argparse.ArgumentParser()
+    add_serve_args(p)
+    assert resolve(cli_lookup(p.parse_args(["--itl-target-ms", "40"]))).itl_target_ms == 40
+    p = argparse.ArgumentParser()
+    sim.add_args(p)
+    assert resolve(cli_lookup(p.parse_args(["--itl-target-ms", "40"]))).itl_target_ms == 40
+
+
+# ---- in the scheduler ---------------------------------------------------------------------
+class ScriptedExecutor:
+    """Each step moves a fake clock by TRUE's price of the step; records (seconds, prompt rows,
+    decode rows, whether the budget's model was ready when the round was planned)."""
+
+    def __init__(self):
+        self.now, self.steps, self.sched = 0.0, [], None
+
+    def run(self, segments, rows):
+        f = CostModel.features(TRUE, segments)
+        dt = TRUE.step_seconds(segments)
+        self.now += dt
+        self.steps.append((dt, f[0], f[1], self.sched.pace.predicted))
+        self.sched.pace.predicted = None  # consumed: a decode round after it is not a priced round
+        return [Sampled(7) for s in segments if s.sample]
+
+    def release(self, request_id):
+        pass
+
+
+def engine(target_ms: int, chunk: int | None = None, slots: int = 4):
+    ex = ScriptedExecutor()
+    cfg = ServingConfig(max_context=1024, decode_slots=slots, mix_max_prompts=4, mix_chunk_tokens=chunk,
+                        itl_target_ms=target_ms)
+    s = Scheduler(ex, KVBook(slots * 64 + 1, None, None), cfg, VOCAB, clock=lambda: ex.now)
+    ex.sched = s
+    return s, ex
+
+
+def req(n, max_tokens, at=1.0):
+    return Request(prompt=list(range(1, n + 1)), max_tokens=max_tokens, arrival=at)
+
+
+def run_all(s, ex, arrivals):
+    """arrivals: [(time, request)]; each is submitted once the fake clock reaches it."""
+    pending = sorted(arrivals, key=lambda a: a[0])
+    events = []
+    while pending or s.has_work():
+        while pending and pending[0][0] <= ex.now:
+            s.submit(pending.pop(0)[1])
+        if not s.has_work():
+            ex.now = pending[0][0]
+            continue
+        events += s.step()
+    return events
+
+
+def test_every_priced_walk_round_beside_live_streams_runs_within_the_target():
+    s, ex = engine(target_ms=30)
+    a = req(10, 400, at=0.0)
+    late = [(0.1 * i, req(150 + 20 * i, 40, at=0.1 * i)) for i in range(1, 6)]
+    events = run_all(s, ex, [(0.0, a)] + late)
+    assert sum(1 for e in events if isinstance(e, Finished) and e.reason == "length") == 6
+    priced = [(dt, p, d) for dt, p, d, pred in ex.steps if pred is not None]
+    assert priced and all(pred <= 0.030 for dt, p, d, pred in ex.steps if pred is not None)
+    # and the truth agrees: the first rounds after a cold start are priced from a handful of steps
+    assert all(dt <= 0.030 * 1.02 for dt, p, d in priced)
+    assert all(dt <= 0.030 * (1 + 1e-3) for dt, p, d in priced[len(priced) // 2:])
+    # the budget used the room: every priced round is within one prompt row's price of the
+    # target unless it took a walker's whole rest
+    assert sum(1 for dt, p, d in priced if dt >= 0.030 - 0.0005 - 0.004 * 0.7) >= len(priced) // 2
+    cold = [(dt, p, d) for dt, p, d, pred in ex.steps if pred is None and p and d]
+    assert len(cold) <= 3  # the fixed-width rounds before the model is ready
+    assert s.metrics.step_prompt_rows.n >= len(priced) and s.book.glob.used == 0
+
+
+def test_a_target_below_the_decode_step_moves_one_prompt_row_a_round_and_every_prompt_finishes():
+    s, ex = engine(target_ms=5)  # the floor alone is 10 ms
+    events = run_all(s, ex, [(0.0, req(10, 300, at=0.0)), (0.05, req(40, 5, at=0.05)), (0.5, req(120, 5, at=0.5))])
+    assert sum(1 for e in events if isinstance(e, Finished) and e.reason == "length") == 3
+    priced = [(p, d) for dt, p, d, pred in ex.steps if pred is not None]
+    # one prompt row a round: the live stream's row and a one-row chunk (past position 0: a decode row)
+    assert len(priced) >= 50 and set(priced) == {(0, 2)}
+
+
+def test_an_idle_engine_prefills_at_full_width_under_a_target():
+    s, ex = engine(target_ms=1)
+    s.submit(req(300, 2, at=0.0))
+    s.submit(req(200, 2, at=0.0))
+    s.step()
+    assert ex.steps[0][1:3] == (500, 0)  # both prompts whole, one step, whatever the target
+    s, ex = engine(target_ms=1, chunk=128)
+    s.submit(req(300, 2, at=0.0))
+    while s.has_work():
+        s.step()
+    assert [st[1] for st in ex.steps[:3]] == [128, 128, 44]  # an explicit chunk caps it
+
+
+def test_without_a_target_no_budget_exists_and_the_executor_is_the_one_given():
+    ex = ScriptedExecutor()
+    s = Scheduler(ex, KVBook(65, None, None), ServingConfig(max_context=1024, decode_slots=4, mix_chunk_tokens=64),
+                  VOCAB, clock=lambda: 0.0)
+    assert s.pace is None and s.executor is ex
+
+
+# ---- in the simulator ---------------------------------------------------------------------
+def sim_run(target: str, **knobs):
+    cfg = resolve(table(ITL_TARGET_MS=target, DECODE_SLOTS="8", **knobs)).with_model_limit(32768)
+    jobs = sim.workload(48, 256, 48, 0.0, 0)
+    res, s = sim.simulate(cfg, load_preset("local"), jobs, concurrency=8)
+    return sim.metrics(res, (50, 90, 99)), s
+
+
+def test_a_tighter_target_gives_a_lower_itl_p99_under_the_simulator():
+    loose, s_loose = sim_run("200")
+    tight, s_tight = sim_run("110")
+    assert tight["p99_itl_ms"] < loose["p99_itl_ms"]
+    assert tight["p90_itl_ms"] <= 110 * 1.01 and loose["p90_itl_ms"] <= 200 * 1.01
+    assert tight["mean_ttft_ms"] > loose["mean_ttft_ms"]  # what the tail costs: arrivals walk in slower
+    t = s_tight["itl_target"]
+    assert t["target_ms"] == 110 and t["within_5pct"] > 0.95 and t["rounds"] > 0
+    assert t["fit"]["prompt_row"] == pytest.approx(load_preset("local").prompt_row, rel=0.05)
+    assert "itl_target" not in sim_run("off")[1]
+
+
+# ---- /metrics -------------------------------------------------------------------------------
+def test_the_rows_the_target_chose_and_the_fits_error_are_exported_on_metrics():
+    from tailgate.engine.metrics import EngineSnapshot, Histogram
+    from tailgate.server.metrics import registry_for, render
+
+    s, ex = engine(target_ms=30)
+    run_all(s, ex, [(0.0, req(10, 200, at=0.0))] + [(0.1 * i, req(150, 20, at=0.1 * i)) for i in range(1, 4)])
+    m = s.metrics
+    state = SimpleNamespace(served_name="m", ready=True, engine=SimpleNamespace(snapshot=EngineSnapshot(metrics=m)),
+                            ttft=Histogram(), itl=Histogram(), e2e=Histogram(), queue_time=Histogram())
+    text = render(registry_for(state)).decode()
+
+    def sample(name):
+        return float(re.search("^" + re.escape(name) + r"(?:\{[^}]*\})? (\S+)$", text, re.M).group(1))
+
+    assert sample("tailgate:step_prompt_rows_count") == m.step_prompt_rows.n > 0
+    assert sample("tailgate:step_prompt_rows_sum") == m.step_prompt_rows.total
+    assert sample("tailgate:step_cost_error_ratio_count") == m.step_cost_error.n > 0
+    assert sample("tailgate:itl_target_seconds") == 0.030
+    assert sample("tailgate:step_seconds") == pytest.approx(ex.steps[-1][0])
+    assert 'tailgate:step_cost_coefficient{model_name="m",term="prompt_row"}' in text
+    assert sample("tailgate:step_predicted_seconds") > 0
