@@ -149,3 +149,14 @@ def test_a_prefix_resumes_only_if_the_sliding_pages_its_queries_see_are_held(fro
     assert cache._window_held(e, resume_pages) is held
     got, n = cache.lookup(toks[:resume_pages * 16] + [1])
     assert (n == resume_pages * 16) is held
+
+
+def test_a_prompt_rejected_as_too_big_gives_back_the_cached_pages_it_attached():
+    s, _ = make(k=4, slots=2, global_pages=9)  # 8 usable pages, the walk off
+    a = prompt(32, 1)
+    run(s, Request(a, 2))  # cached: 2 pages held by the entry
+    big = Request(a + prompt(120, 5), 2)  # starts at a's pages, needs 10 in all: never fits
+    ev = run(s, big)
+    assert any(isinstance(e, Rejected) for e in ev)
+    s.prefix.clear()
+    assert s.book.glob.used == 0  # the two attached references went back with the rejection

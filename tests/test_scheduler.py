@@ -465,3 +465,19 @@ def test_a_row_that_fails_to_sample_fails_alone():
     assert finished(events, bad.id).reason == "error" and "bad row" in finished(events, bad.id).message
     assert finished(events, good.id).reason == "length"
     assert s.book.glob.used == 0
+
+
+def test_cancels_count_and_keep_their_reason_in_the_queue_and_mid_walk():
+    s, _ = make(slots=2, chunk=64)
+    s.submit(req(10, max_tokens=50))
+    s.step(0.0)
+    walker, queued = req(200, max_tokens=4), req(10, max_tokens=4)
+    s.submit(walker)
+    s.step(0.0)  # walker mid-walk; the roster is now full with it, so `queued` waits
+    s.submit(queued)
+    walker.cancelled, walker.cancel_as = True, "stop"  # a stop string matched on its stream
+    queued.cancelled = True
+    events = drain(s)
+    assert finished(events, walker.id).reason == "stop" and finished(events, queued.id).reason == "abort"
+    assert s.metrics.finished["abort"] == 1 and s.metrics.finished["stop"] == 1
+    assert s.book.glob.used == 0

@@ -207,6 +207,9 @@ class Scheduler:
                 if live:
                     self._requeue(lead)  # someone live will free pages: wait at the head
                     break
+                self.book.free(lead.pages)  # prefix pages it attached
+                self.executor.release(leader.id)  # a preempted one's sampler state
+                self._preempted.pop(leader.id, None)
                 self._reject(leader, self._never_fits(lead))
                 continue
             if self.lane and live:
@@ -320,7 +323,8 @@ class Scheduler:
         if req.cancelled:
             done = self._preempted.pop(req.id, ([], None))[0]
             self.executor.release(req.id)
-            self._emit(req, Finished(req.id, self.clock(), reason="abort", prompt_tokens=len(req.prompt),
+            self.metrics.finished[req.cancel_as] += 1  # a queued abort counts like a live one
+            self._emit(req, Finished(req.id, self.clock(), reason=req.cancel_as, prompt_tokens=len(req.prompt),
                                      completion_tokens=len(done)))
             return False
         why = self._invalid(req)
@@ -591,8 +595,13 @@ class Scheduler:
 
     def fail_all(self, message: str) -> None:
         """Fatal path: finish every queued and live request with an error and deliver it."""
-        if self.flight is not None:
-            w, self.flight = self.flight[0], None
+        if self.flight is not None:  # its pages come back only once the lane worker stops writing them
+            w, flight = self.flight
+            self.flight = None
+            try:
+                self.executor.join(flight)
+            except Exception:
+                pass  # it failed too: its pages are still not written any more
             self._close(w.req, w.pages, len(w.resumed), "error", message)
         for a in list(self.roster):
             self._finish(a, "error", message)
@@ -607,7 +616,7 @@ class Scheduler:
         for a in [a for a in self.roster if a.req.cancelled]:
             self._finish(a, a.req.cancel_as)  # pages return at once
         for w in [w for w in self.walk if w.req.cancelled]:
-            self._drop_walker(w, "abort")
+            self._drop_walker(w, w.req.cancel_as)
 
     def _reject(self, req: Request, why: str) -> None:
         self.metrics.finished["rejected"] += 1
