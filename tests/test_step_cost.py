@@ -210,6 +210,24 @@ def test_the_target_refuses_with_the_walk_switched_off_and_with_the_lane():
         resolve(table(ITL_TARGET_MS="50", ASYNC_PREFILL="cpu:1"), cores=2)
 
 
+@pytest.mark.parametrize("env,flag", [({"TAILGATE_ITL_TARGET_MS": "fast"}, []),
+                                      ({}, ["--itl-target-ms", "20000"]),
+                                      ({"TAILGATE_ITL_TARGET_MS": "50", "TAILGATE_MIX_CHUNK_TOKENS": "off"}, [])])
+def test_serve_refuses_a_bad_target_before_any_weights_load(env, flag, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TAILGATE_")}
+    p = subprocess.run([sys.executable, "-m", "tailgate.cli", "serve", "--model", str(tmp_path / "missing.gguf"), *flag],
+                       env={**clean, **env, "TAILGATE_CACHE_DIR": str(tmp_path)}, capture_output=True, text=True,
+                       timeout=120)
+    value = env.get("TAILGATE_ITL_TARGET_MS") or flag[1]
+    assert p.returncode == 2, p.stderr
+    assert f"TAILGATE_ITL_TARGET_MS={value!r}" in p.stderr and "missing.gguf" not in p.stderr, p.stderr
+    assert not any(tmp_path.iterdir())
+
+
 def test_the_serve_and_sim_commands_take_the_flag():
     import argparse
 
@@ -361,3 +379,31 @@ def test_the_rows_the_target_chose_and_the_fits_error_are_exported_on_metrics():
     assert sample("tailgate:step_seconds") == pytest.approx(ex.steps[-1][0])
     assert 'tailgate:step_cost_coefficient{model_name="m",term="prompt_row"}' in text
     assert sample("tailgate:step_predicted_seconds") > 0
+
+
+# ---- on the real model --------------------------------------------------------------------
+def test_under_a_target_a_walked_prompt_is_token_exact_vs_serial_and_its_rounds_are_priced(loaded, rig):
+    from harness import Harness, ids
+    from tailgate.engine.request import Token
+    from tailgate.model import serial
+
+    r = rig("gemma3-270m", "fp32")
+    long_prompt, short = ids(600, 3), ids(20, 4)  # 600 rows cross the 512-token sliding window
+    want = [serial.generate(r.runner, r.book, p, 6) for p in (short, long_prompt)]
+    with Harness(loaded("gemma3-270m"), dtype="fp32", DECODE_SLOTS="4", ITL_TARGET_MS="10000") as h:
+        live = h.submit(short, max_tokens=400)
+        assert h.wait(lambda: len(h.tokens(live)) >= 8)  # decode-only steps for the fit
+        # The target, set from this host's own decode step (a shared 2-core host runs it in 30 to
+        # 300 ms): 2.5 decode steps leave room for a few dozen fp32 prompt rows a round, so the
+        # prompt walks in several rounds of widths the budget picks (no chunk: uncapped).
+        h.sched.pace.target = 2.5 * h.sched.metrics.step_cost["actual_s"]
+        walker = h.submit(long_prompt, max_tokens=6)
+        assert h.wait(lambda: h.done(walker))
+        h.engine.abort(live)
+        assert h.wait(lambda: h.done(live))
+        assert h.tokens(walker) == want[1] and h.tokens(live)[:6] == want[0]
+        walk = [e for evs in h.steps for e in evs if isinstance(e, Token) and e.request_id == live.id
+                and e.cause == "walk"]
+        assert len(walk) >= 3 and sum(e.prompt_rows for e in walk) == 600  # every round rode the live row
+        m = h.sched.metrics
+        assert m.step_prompt_rows.n >= len(walk) and m.step_cost_error.n > 0 and m.step_cost["prompt_row"] > 0
