@@ -93,14 +93,18 @@ def parse_default_max_tokens(raw: str | None, max_context: int | None) -> int | 
     return _int_in("DEFAULT_MAX_TOKENS", raw, 1, hi, f"context | N, 1 <= N <= MAX_CONTEXT ({hi})")
 
 
-ITL_TARGET_GRAMMAR = "off | N ms, 1 <= N <= 10000"
+ITL_TARGET_GRAMMAR = "off | auto | N ms, 1 <= N <= 10000"
 
 
-def parse_itl_target_ms(raw: str | None) -> int | None:
-    """off | N ms with 1 <= N <= 10000: the step time each walk round's prompt rows are priced to
-    (engine/step_cost.py). Off by default until a default is measured (docs/knobs.md)."""
+def parse_itl_target_ms(raw: str | None) -> int | str | None:
+    """off | auto | N ms with 1 <= N <= 10000: the step time each walk round's prompt rows are
+    priced to (engine/step_cost.py); auto: a multiple of the live batch's own predicted decode
+    step (`step_cost.AUTO_FACTOR`), so the target follows the batch depth and the CPU. Off by
+    default until a default is measured (docs/knobs.md)."""
     if raw is None or raw.lower() in OFF_WORDS:
         return None
+    if raw.lower() == "auto":
+        return "auto"
     return _int_in("ITL_TARGET_MS", raw, 1, 10000, ITL_TARGET_GRAMMAR)
 
 
@@ -165,7 +169,7 @@ KNOBS = (
          "the stall it spares live streams (learned step costs) exceeds the wait it adds"),
     Knob("ITL_TARGET_MS", "off", ITL_TARGET_GRAMMAR,
          "inter-token target: each walk round takes the most prompt rows whose predicted step time (a step-cost "
-         "model fitted online from the engine's own steps) stays within N ms, at least one; an idle engine "
+         "model fitted online from the engine's own steps) stays within N ms (auto: 2x the live batch's own predicted decode step), at least one; an idle engine "
          "prefills at full width. Turns the walk on; MIX_CHUNK_TOKENS, when set, caps every round; refuses with "
          "MIX_CHUNK_TOKENS=off and with ASYNC_PREFILL"),
     Knob("DEFAULT_MAX_TOKENS", f"min({DEFAULT_MAX_TOKENS}, MAX_CONTEXT)", "context | N, 1 <= N <= MAX_CONTEXT",
@@ -193,7 +197,7 @@ class ServingConfig:
     default_max_tokens: int | None = DEFAULT_MAX_TOKENS  # None: the rest of the context
     # ms each walk round's predicted step time stays within (None: off). With a target,
     # mix_chunk_tokens is the explicit cap on a round, and None there means uncapped, not walk off.
-    itl_target_ms: int | None = None
+    itl_target_ms: int | str | None = None  # N ms, "auto", or None (off)
 
     def with_model_limit(self, model_max: int) -> "ServingConfig":
         """Settle MAX_CONTEXT against the model (after its metadata is read, before weights are cast)."""

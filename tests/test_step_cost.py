@@ -14,7 +14,7 @@ from tailgate.engine.pages import KVBook
 from tailgate.engine.plan import Segment
 from tailgate.engine.request import Finished, Request, Sampled
 from tailgate.engine.scheduler import Scheduler
-from tailgate.engine.step_cost import TERMS, MeteredExecutor, RoundBudget, StepCostModel, step_features
+from tailgate.engine.step_cost import AUTO_FACTOR, TERMS, MeteredExecutor, RoundBudget, StepCostModel, step_features
 from tailgate.sim import run as sim
 from tailgate.sim.cost import CostModel, load_preset
 
@@ -132,6 +132,18 @@ def test_the_budget_is_the_most_rows_whose_predicted_step_stays_within_the_targe
     assert true_seconds(b.round_features(walkers, 3, kp, take)) == pytest.approx(b.predicted, rel=0.01)
 
 
+@pytest.mark.parametrize("contexts", [(100,), (100, 700, 350), tuple(range(50, 850, 50))])
+def test_auto_prices_a_round_to_a_multiple_of_the_live_batchs_own_decode_step(contexts):
+    b = RoundBudget(None, None, model=fitted())  # ITL_TARGET_MS=auto
+    walkers, rows = [walker(300, done=40), walker(500)], live(*contexts)
+    kp = sum(c + 1 for c in contexts) / 1000
+    decode = b.model.predict(b.round_features([], len(rows), kp, 0))
+    take = b.rows(walkers, rows)
+    target = AUTO_FACTOR * decode
+    assert b.predicted <= target and b.model.predict(b.round_features(walkers, len(rows), kp, take + 1)) > target
+    assert take > 1  # a factor over the batch's own step always leaves room for prompt rows
+
+
 def test_a_target_below_the_live_batchs_own_step_still_moves_one_prompt_row():
     b = RoundBudget(0.005, None, model=fitted())  # the floor alone is 10 ms
     assert b.rows([walker(300)], live(100, 200)) == 1
@@ -193,14 +205,15 @@ def test_the_target_is_off_unless_given_and_turns_the_walk_on_uncapped_unless_a_
     assert (cfg.itl_target_ms, cfg.mix_chunk_tokens) == (50, 256)
     assert resolve(table(ITL_TARGET_MS="1")).itl_target_ms == 1
     assert resolve(table(ITL_TARGET_MS="10000")).itl_target_ms == 10000
+    assert resolve(table(ITL_TARGET_MS="Auto")).itl_target_ms == "auto"
 
 
-@pytest.mark.parametrize("bad", ["auto", "fast", "-5", "5ms", "0.5", "10001", " 50", "50 ", "+50", "5_0", "٥٠",
+@pytest.mark.parametrize("bad", ["AUTO ", "fast", "-5", "5ms", "0.5", "10001", " 50", "50 ", "+50", "5_0", "٥٠",
                                  "５０", "\t50", "9" * 5000, " ", " off"])
 def test_the_itl_target_refuses_garbage_naming_the_knob_the_value_and_the_grammar(bad):
     with pytest.raises(KnobError) as e:
         resolve(table(ITL_TARGET_MS=bad))
-    assert f"TAILGATE_ITL_TARGET_MS={bad!r}" in str(e.value) and "accepted: off | N ms, 1 <= N <= 10000" in str(e.value)
+    assert f"TAILGATE_ITL_TARGET_MS={bad!r}" in str(e.value) and "accepted: off | auto | N ms, 1 <= N <= 10000" in str(e.value)
 
 
 def test_the_target_refuses_with_the_walk_switched_off_and_with_the_lane():

@@ -83,7 +83,8 @@ class Scheduler:
         if config.itl_target_ms is not None:
             from .step_cost import RoundBudget
 
-            self.pace = RoundBudget(config.itl_target_ms / 1000, config.mix_chunk_tokens, self.metrics)
+            t = config.itl_target_ms
+            self.pace = RoundBudget(None if t == "auto" else t / 1000, config.mix_chunk_tokens, self.metrics)
             self.chunk = self.chunk or config.max_context  # the walk is on; its width is the budget's
             self.executor = self.pace.metered(executor, clock)
         self._events: list[tuple[Request, Event]] = []  # not yet delivered

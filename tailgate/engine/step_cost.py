@@ -35,6 +35,17 @@ import math
 from ..config import DEFAULT_CHUNK
 
 TERMS = ("floor", "prompt_row", "decode_row", "sampled_row", "attn_per_1k")
+# ITL_TARGET_MS=auto: a round may take this many times the live batch's own decode step,
+# predicted at the batch's current depth and contexts, so one setting follows c4 and c16 and a CPU
+# where a prompt row costs more. Chosen in the simulator on the `local` preset (AMD EPYC Zen 3's
+# calibrated costs), random 256 in / 64 out, closed loop, 64 requests, factor: tok/s, TTFT p50,
+# ITL p99 against the 64-row walk (c8: 55.3 / 806 ms / 239 ms; c16: 58.3 / 1057 / 301):
+#   1.5: c8 39.7 / 10654 / 106, c16 39.7 / 23994 / 106 (rounds of ~7 rows: the walk crawls)
+#   2.0: c8 54.4 / 1089 / 141,  c16 57.9 / 2357 / 267
+#   3.0: c8 55.3 / 806 / 214,   c16 58.7 / 789 / 403
+# 2.0 is the knee: the tail cut by 41 % / 11 % for a TTFT of 1.35x / 2.2x. Not yet measured on a
+# real engine (/tmp/sweep.py-style: `tailgate sim --cost local --itl-target-ms auto`).
+AUTO_FACTOR = 2.0
 # The fit's units: a typical step's features are ~1 in them (1 step, 64 prompt rows, 16 decode
 # and sampled rows, 10 000 query-key pairs), so one ridge weight means the same for every term.
 _SCALE = (1.0, 64.0, 16.0, 16.0, 10.0)
@@ -165,7 +176,8 @@ class StepCostModel:
 
 class RoundBudget:
     """The prompt rows of each walk round under a target of `target_s` seconds a step (module
-    doc). `cap` is MIX_CHUNK_TOKENS when set explicitly (None: uncapped)."""
+    doc); `target_s` None is `auto`: AUTO_FACTOR x the predicted decode-only step of the round's
+    live rows. `cap` is MIX_CHUNK_TOKENS when set explicitly (None: uncapped)."""
 
     def __init__(self, target_s: float, cap: int | None, metrics=None, model: StepCostModel | None = None,
                  fallback: int = DEFAULT_CHUNK):
@@ -174,7 +186,7 @@ class RoundBudget:
         self.fallback = cap or fallback
         self.metrics = metrics
         self.predicted: float | None = None  # the last round's predicted step seconds (None: not priced)
-        if metrics is not None:
+        if metrics is not None and target_s is not None:
             metrics.step_cost["target_s"] = target_s
 
     def rows(self, walkers, live) -> int:
@@ -225,14 +237,19 @@ class RoundBudget:
         def cost(b: int) -> float:
             return model.predict(self.round_features(walkers, n, kpairs, b))
 
+        target = self.target
+        if target is None:  # auto: a multiple of this batch's own decode step
+            target = AUTO_FACTOR * model.predict(self.round_features([], n, kpairs, 0))
+            if self.metrics is not None:
+                self.metrics.step_cost["target_s"] = target
         lo = 1  # at least one row moves, whatever it costs
-        if cost(widest) <= self.target:
+        if cost(widest) <= target:
             lo = widest
         else:
             hi = widest - 1
             while lo < hi:  # the largest budget priced within the target (cost grows with rows)
                 mid = (lo + hi + 1) // 2
-                if cost(mid) <= self.target:
+                if cost(mid) <= target:
                     lo = mid
                 else:
                     hi = mid - 1
