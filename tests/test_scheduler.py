@@ -322,9 +322,9 @@ def drain(s, submits=()):
 
 def test_a_stream_that_fits_alone_is_never_killed_by_a_walker_holding_pages():
     # The pools hold one 256-token request (16 pages + the null page); a 16 + 200-token stream is
-    # live when a 200-token prompt walks in 64 rows a round: the walker takes pages the stream
-    # needs later. It used to be killed ("KV pools exhausted") at its token 113; now the younger
-    # walker gives its pages back and walks again once the stream is done.
+    # live when a 200-token prompt arrives. It used to walk in at once, take pages the stream needed
+    # later, and the stream was killed ("KV pools exhausted") at its token 113. Now the walker waits
+    # for room (its prompt does not fit beside the stream) and both finish whole.
     s, ex = make(slots=2, global_pages=17, chunk=64)
     old, new = req(16, max_tokens=200), req(200, max_tokens=8)
     old.arrival, new.arrival = 1.0, 2.0
@@ -332,8 +332,29 @@ def test_a_stream_that_fits_alone_is_never_killed_by_a_walker_holding_pages():
     assert finished(events, old.id).reason == "length" and finished(events, new.id).reason == "length"
     assert sum(isinstance(e, Token) and e.request_id == old.id for e in events) == 200
     assert sum(isinstance(e, Token) and e.request_id == new.id for e in events) == 8
-    assert s.metrics.preemptions >= 1 and new.preemptions >= 1 and old.preemptions == 0
     assert sum(isinstance(e, Scheduled) and e.request_id == new.id for e in events) == 1
+    assert s.book.glob.used == 0
+
+
+def test_when_the_pools_run_dry_a_younger_walker_gives_its_pages_to_an_older_stream():
+    s, ex = make(slots=2, global_pages=17, chunk=64)
+    old, new = req(16, max_tokens=100), req(120, max_tokens=8)
+    old.arrival, new.arrival = 1.0, 2.0
+    s.submit(old)
+    for _ in range(14):  # old at 30 tokens: 2 pages, its second nearly full
+        s.step(0.0)
+    s.submit(new)
+    s.step(0.0)  # new's first 64 rows: it holds 4 pages
+    assert s.walk and s.walk[0].req is new and len(s.walk[0].pages.global_pages) == 4
+    other = s.book.glob.take(s.book.glob.available)  # something else holds every free page
+    events = []
+    while not new.preemptions:  # old needs its third page: only the walker holds any to give
+        events += s.step(0.0)
+    assert finished(events, old.id) is None and not s.walk and new in s.queue
+    s.book.glob.give(other)
+    events += drain(s)
+    assert finished(events, old.id).reason == "length" and finished(events, new.id).reason == "length"
+    assert sum(isinstance(e, Token) and e.request_id == new.id for e in events) == 8
     assert s.book.glob.used == 0
 
 

@@ -251,8 +251,12 @@ class Scheduler:
     def _start_walk(self, leader: Request, attempts: int) -> None:
         """The leader and its gathered followers become walkers. No row budget: each round is
         bounded by the chunk width instead. Pages are reserved round by round."""
-        self.walk = [self._walker(leader)]
-        self._add_walkers(attempts, [self.walk[0]])
+        lead = self._walker(leader)
+        if not self._room_for(lead):
+            self._requeue(lead)  # live rows will free pages: it waits at its place in the queue
+            return
+        self.walk = [lead]
+        self._add_walkers(attempts, [lead])
 
     def _join_walk(self, now: float) -> None:
         """Arrivals join a running walk, door permitting, up to MIX_MAX_PROMPTS walkers and the
@@ -269,9 +273,24 @@ class Scheduler:
             attempts += 1
             if self._admissible(f):
                 w = self._walker(f)
+                if not self._room_for(w):
+                    self._requeue(w)
+                    break
                 self.walk.append(w)
                 added.append(w)
         self._announce(added)
+
+    def _room_for(self, w: Walker) -> bool:
+        """Whether a walker's whole prompt fits the global pool beside what is already promised:
+        the other walkers' pages still to come and a page for each live row. A walker admitted
+        without that room walks, takes the pages an older stream needs next, is preempted and
+        walks again (issue 25's thrash: 3-5x the useful prompt rows). With nothing live it always
+        goes (a prompt that cannot fit even alone is refused by its first round)."""
+        if not (self.roster or self.walk):
+            return True
+        promised = len(self.roster) + sum(pages_for(len(o.tokens)) - len(o.pages.global_pages) for o in self.walk)
+        free = self.book.glob.available + (self.prefix.pages if self.prefix is not None else 0)  # cached pages go first
+        return pages_for(len(w.tokens)) - len(w.pages.global_pages) + promised <= free
 
     def _walk_round(self) -> None:
         """One round: at most `chunk` prompt rows across the walkers (oldest arrival first), plus
