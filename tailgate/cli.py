@@ -108,7 +108,7 @@ def cmd_check(args) -> int:
         torch.set_num_threads(args.threads)
     try:
         res = check_against_hf(args.against_hf, greedy_tokens=args.greedy_tokens, kernels=args.kernels,
-                               log=lambda m: print(f"[{m}]", file=sys.stderr))
+                               log=lambda m: print(f"[{m}]", file=sys.stderr), model=args.model)
     except ValueError as e:  # an unsupported config: named, before any weights load
         print(f"tailgate: {e}", file=sys.stderr)
         return 2
@@ -157,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     ck = sub.add_parser("check", help="our logits vs HF transformers' for a checkpoint directory (fp32)")
     ck.add_argument("--against-hf", required=True, metavar="DIR", help="HF checkpoint directory (config.json, "
                     "*.safetensors, tokenizer.json)")
+    ck.add_argument("--model", default=None, metavar="PATH", help="what tailgate loads instead of DIR: a .gguf "
+                    "file of the same weights (HF still runs DIR)")
     ck.add_argument("--greedy-tokens", type=uint_arg(), default=16)
     ck.add_argument("--kernels", default="auto", help="our fp32 kernels: auto (what serve --dtype fp32 runs) | torch")
     ck.add_argument("--threads", type=uint_arg(), default=0, help="torch threads (0 = torch's default)")

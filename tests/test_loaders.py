@@ -40,8 +40,8 @@ def test_an_hf_directory_of_the_same_weights_gives_the_same_logits(name, rig, hf
 
 
 def test_an_unknown_architecture_is_refused_by_name(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mistral", "hidden_size": 8}))
-    with pytest.raises(ValueError, match="unsupported model_type 'mistral'"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba", "hidden_size": 8}))
+    with pytest.raises(ValueError, match="unsupported model_type 'mamba'"):
         load_model(str(tmp_path))
 
 

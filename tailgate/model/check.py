@@ -101,8 +101,12 @@ def compare(ours: torch.Tensor, ref: torch.Tensor) -> SeqResult:
                      diff.max().item(), regret, kl)
 
 
-def check_against_hf(directory: str | Path, greedy_tokens: int = 16, kernels: str = "auto", log=print) -> CheckResult:
-    """`kernels`: our fp32 plan ("auto": what `serve --dtype fp32` runs here; "torch": plain torch ops)."""
+def check_against_hf(directory: str | Path, greedy_tokens: int = 16, kernels: str = "auto", log=print,
+                     model: str | Path | None = None) -> CheckResult:
+    """`kernels`: our fp32 plan ("auto": what `serve --dtype fp32` runs here; "torch": plain torch ops).
+    `model`: what tailgate loads (default: the same directory), e.g. a GGUF file of the same weights.
+    The family (config reading, weight names, forward) is the registry's (`model/families/`), found
+    from the directory's config.json."""
     from transformers import AutoModelForCausalLM
 
     from ..engine.pages import KVBook, pool_pages
@@ -129,7 +133,7 @@ def check_against_hf(directory: str | Path, greedy_tokens: int = 16, kernels: st
     del hf, out
     gc.collect()
     log("tailgate: loading the same directory in fp32")
-    m = load_model(str(directory), log=log)
+    m = load_model(str(model or directory), log=log)
     pages = pool_pages(max(len(s) for s in seqs) + greedy_tokens + 16, 1, m.spec.sliding_window)
     runner = ModelRunner(m.spec, m.weights, pages, dtype="fp32", device="cpu", kernels=kernels)
     book = KVBook(pages["global"], pages.get("local"), m.spec.sliding_window)

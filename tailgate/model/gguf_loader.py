@@ -11,28 +11,11 @@ import struct
 import numpy as np
 import torch
 
-from .spec import ModelSpec, gemma3_layer_sliding
+from . import families
+from .spec import ModelSpec
 
 # GGUF tensor types the two packaged models use (and their close relatives).
 SUPPORTED_QTYPES = {"F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "Q2_K", "Q3_K"}
-
-_LAYER_NAMES = {
-    "attn_norm": "attn_norm",
-    "attn_q": "q",
-    "attn_k": "k",
-    "attn_v": "v",
-    "attn_output": "o",
-    "attn_q_norm": "q_norm",
-    "attn_k_norm": "k_norm",
-    "post_attention_norm": "post_attn_norm",
-    "ffn_norm": "ffn_norm",
-    "ffn_gate": "gate",
-    "ffn_up": "up",
-    "ffn_down": "down",
-    "post_ffw_norm": "post_ffn_norm",
-}
-_GLOBAL_NAMES = {"token_embd": "embed", "output_norm": "final_norm", "output": "lm_head"}
-
 
 def _field(reader, key, default=None):
     f = reader.fields.get(key)
@@ -117,8 +100,7 @@ def read_header_spec(path) -> ModelSpec:
 
 def _spec(field, names: set[str]) -> ModelSpec:
     arch = field("general.architecture")
-    if arch not in ("gemma3", "llama"):
-        raise ValueError(f"unsupported GGUF architecture {arch!r}: tailgate serves gemma3 and llama")
+    family = families.for_gguf_arch(arch)
     g = lambda k, d=None: field(f"{arch}.{k}", d)  # noqa: E731
     n_layers = int(g("block_count"))
     hidden = int(g("embedding_length"))
@@ -133,40 +115,31 @@ def _spec(field, names: set[str]) -> ModelSpec:
         rope_theta=float(g("rope.freq_base", 10000.0)), max_position=int(g("context_length", 8192)),
         tie_embeddings="output.weight" not in names,
     )
-    if arch == "gemma3":
-        scaling = g("rope.scaling.factor")
-        return ModelSpec(
-            arch="gemma3", **common,
-            # llama.cpp hard-codes the local base for Gemma 3; HF's config calls it rope_local_base_freq.
-            rope_local_theta=10000.0,
-            sliding_window=int(g("attention.sliding_window", 512)),
-            layer_sliding=gemma3_layer_sliding(n_layers),
-            rope_scaling_factor=float(scaling) if scaling else 1.0,
-            # Gemma 3 scales queries by query_pre_attn_scalar ** -0.5, which equals head_dim for
-            # every released size but 27B; GGUF does not record it separately.
-            query_scale=head_dim ** -0.5,
-            final_softcap=g("final_logit_softcapping"),
-            attn_softcap=g("attn_logit_softcapping"),
-        )
-    return ModelSpec(arch="llama", **common)
+    return family.read_gguf(common, g)
 
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Invert llama.cpp's q/k permutation (interleaved RoPE pairs -> HF's rotate-half halves)."""
-    out, inp = w.shape
-    return w.reshape(n_head, out // n_head // 2, 2, inp).swapaxes(1, 2).reshape(out, inp)
+    """Invert llama.cpp's q/k permutation (interleaved RoPE pairs -> HF's rotate-half halves), of a
+    weight [out, in] or a bias [out]."""
+    out = w.shape[0]
+    return w.reshape(n_head, out // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def internal_name(gguf_name: str) -> str:
-    base = gguf_name.removesuffix(".weight")
+def internal_name(gguf_name: str, family: families.Family | None = None) -> str:
+    """Our name for a GGUF tensor: `blk.N.<layer name>` (a projection's `.bias` too) or one of the
+    family's top-level tensors (Llama 3's `rope_freqs`: its RoPE frequency divisors)."""
+    bias = gguf_name.endswith(".bias")
+    base = gguf_name.removesuffix(".bias") if bias else gguf_name.removesuffix(".weight")
     if base.startswith("blk."):
         _, idx, rest = base.split(".", 2)
-        if rest not in _LAYER_NAMES:
-            raise ValueError(f"unknown GGUF tensor {gguf_name!r}")
-        return f"layers.{idx}.{_LAYER_NAMES[rest]}"
-    if base not in _GLOBAL_NAMES:
-        raise ValueError(f"unknown GGUF tensor {gguf_name!r}")
-    return _GLOBAL_NAMES[base]
+        ours = families.GGUF_LAYER.get(rest)
+        if ours is not None and (not bias or ours in families.BIASED):
+            return f"layers.{idx}.{ours}" + (".bias" if bias else "")
+    else:
+        top = family.gguf_top if family is not None else families.GGUF_TOP
+        if base in top and not bias:
+            return top[base]
+    raise ValueError(f"unknown GGUF tensor {gguf_name!r}")
 
 
 def read_tensors(reader, spec: ModelSpec, progress=None) -> dict[str, torch.Tensor]:
@@ -177,12 +150,14 @@ def read_tensors(reader, spec: ModelSpec, progress=None) -> dict[str, torch.Tens
     if bad:
         raise ValueError(f"unsupported GGUF tensor type(s) {bad}; supported: {sorted(SUPPORTED_QTYPES)}")
     out = {}
+    family = families.get(spec.arch)
     tensors = reader.tensors if progress is None else progress(reader.tensors)
     for t in tensors:
-        name = internal_name(t.name)
+        name = internal_name(t.name, family)
         a = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        if spec.arch == "llama" and name.endswith((".q", ".k")):
-            a = _unpermute(a, spec.n_heads if name.endswith(".q") else spec.n_kv_heads)
+        kind = name.split(".")[2] if name.startswith("layers.") else ""
+        if family.gguf_unpermute and kind in ("q", "k"):  # the weight and, where there is one, its bias
+            a = _unpermute(a, spec.n_heads if kind == "q" else spec.n_kv_heads)
         out[name] = torch.from_numpy(np.ascontiguousarray(a))
     return out
 
@@ -190,18 +165,20 @@ def read_tensors(reader, spec: ModelSpec, progress=None) -> dict[str, torch.Tens
 def read_tokenizer_meta(reader) -> dict:
     """BOS/EOS handling and the chat template, as the GGUF metadata records them."""
     arch = _field(reader, "general.architecture")
+    family = families.for_gguf_arch(arch)
     tokens = _field(reader, "tokenizer.ggml.tokens")
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     eos_ids = [int(eos)] if eos is not None else []
     # Gemma's chat turns end with <end_of_turn>; HF's generation_config lists it as an EOS too.
-    if arch == "gemma3" and "<end_of_turn>" in tokens:
-        eos_ids.append(tokens.index("<end_of_turn>"))
+    for end in family.turn_ends:
+        if end in tokens and tokens.index(end) not in eos_ids:
+            eos_ids.append(tokens.index(end))
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
     add_bos = _field(reader, "tokenizer.ggml.add_bos_token")
     return {
         "bos_id": int(bos) if bos is not None else None,
         "eos_ids": eos_ids,
-        "add_bos": bool(add_bos) if add_bos is not None else arch == "gemma3",
+        "add_bos": bool(add_bos) if add_bos is not None else family.add_bos,
         "chat_template": _field(reader, "tokenizer.chat_template"),
-        "family": arch,
+        "family": family.name,
     }

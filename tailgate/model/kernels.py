@@ -309,3 +309,21 @@ class Linear:
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.w, None, "none", [], "")
         return F.linear(x, self.w)
+
+
+class BiasedLinear(Linear):
+    """A `Linear` plus a bias vector (Qwen2's fused q/k/v; Llama's optional attention/MLP biases),
+    added to whatever the chosen kernel returns (q8, weight-only int8/int4, oneDNN prepacked or
+    F.linear alike), in the kernel output's own dtype: one elementwise pass over the product. Only
+    matrices that have a bias are built as this class, so bias-free models' calls stay as they were."""
+
+    __slots__ = ("bias",)
+
+    def __init__(self, w: torch.Tensor, plan: KernelPlan, group: str, bias: torch.Tensor):
+        super().__init__(w, plan, group)
+        if bias.shape != (self.out_features,):
+            raise ValueError(f"bias of shape {tuple(bias.shape)} for a matrix of {self.out_features} outputs")
+        self.bias = bias.float().contiguous()  # fp32, as the checkpoint's (HF adds it in fp32)
+
+    def raw(self, x: torch.Tensor) -> torch.Tensor:
+        return super().raw(x).add_(self.bias)

@@ -1,6 +1,8 @@
 """Building blocks shared by the model files: RMSNorm, RoPE, paged attention."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -49,18 +51,40 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype, scale: float = 1.0,
-                fraction: float = 1.0):
+                fraction: float = 1.0, llama3: tuple = (), divisors: torch.Tensor | None = None):
     """cos/sin [T, 1, head_dim] for rotate-half RoPE, computed in fp32 then cast, like HF.
 
     `fraction` < 1 is Gemma 4's "proportional" RoPE: only the first fraction * head_dim / 2
     angles turn (frequencies still spaced over the whole head); the rest get frequency 0
-    (cos 1, sin 0), so the same rotate-half kernels apply."""
+    (cos 1, sin 0), so the same rotate-half kernels apply. `llama3` (factor, low_freq_factor,
+    high_freq_factor, original_max_position_embeddings) remaps the frequencies as HF's
+    `_compute_llama3_parameters`; `divisors` (a GGUF's `rope_freqs`, one per frequency) divides
+    them as llama.cpp does (the same remap, as the converter wrote it)."""
     angles = int(fraction * head_dim // 2)
     exps = torch.arange(0, 2 * angles, 2, dtype=torch.int64, device=positions.device).float() / head_dim
-    inv = torch.cat([1.0 / (theta ** exps), torch.zeros(head_dim // 2 - angles, device=positions.device)])
+    inv = 1.0 / (theta ** exps)
+    if llama3:
+        inv = _llama3_frequencies(inv, *llama3)
+    if divisors is not None:
+        inv = inv / divisors.float()
+    inv = torch.cat([inv, torch.zeros(head_dim // 2 - angles, device=positions.device)])
     freqs = (positions.float() / scale)[:, None] * inv[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+
+
+def _llama3_frequencies(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
+                        old_context_len: float) -> torch.Tensor:
+    """Llama 3.1's frequency remap, HF's `_compute_llama3_parameters` operation for operation (the
+    same fp32 bits): long wavelengths slow down by `factor`, short ones stay, those between blend."""
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

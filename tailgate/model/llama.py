@@ -1,4 +1,7 @@
-"""Llama family (SmolLM2): RMSNorm, SwiGLU, RoPE, GQA, tied or untied head."""
+"""Llama-shaped families (`families/llama.py`: Llama 1-3.x, Qwen2/2.5, Qwen3, Mistral): RMSNorm,
+SwiGLU, RoPE (Llama 3's frequency remap where the spec or a GGUF's `rope_freqs` says), GQA, tied or
+untied head; Qwen3's per-head q/k norms where the weights have them; projection biases ride in
+their `kernels.BiasedLinear`; sliding layers (Mistral) read their window through the step context."""
 from __future__ import annotations
 
 import torch
@@ -14,7 +17,8 @@ from .spec import ModelSpec
 def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Tensor:
     """Run every row of the step; return logits (runtime dtype) for `ctx.sample_rows` only."""
     h = w["embed"][ctx.tokens]
-    cos, sin = rope_tables(ctx.positions, spec.head_dim, spec.rope_theta, h.dtype)
+    cos, sin = rope_tables(ctx.positions, spec.head_dim, spec.rope_theta, h.dtype, spec.rope_scaling_factor,
+                           llama3=spec.rope_llama3, divisors=w.get("rope_freqs"))
     T, hq, hkv, d = h.shape[0], spec.n_heads, spec.n_kv_heads, spec.head_dim
     op = ops(ctx)
     for i in range(spec.n_layers):
@@ -23,8 +27,8 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
         # The norms write what the next matmul reads (`takes`) and the fused norm_rope reads qkv as
         # the matmul left it: casts spared on bf16 dense weights, the same bits (gemma3.py).
         qkv = raw(op.rms_norm(h, w[p + "attn_norm"], spec.eps, takes(w[p + "qkv"], T)), w[p + "qkv"])
-        q = op.norm_rope(qkv, 0, hq, d, None, spec.eps, cos, sin)
-        k = op.norm_rope(qkv, hq * d, hkv, d, None, spec.eps, cos, sin)
+        q = op.norm_rope(qkv, 0, hq, d, w.get(p + "q_norm"), spec.eps, cos, sin)  # Qwen3 has q/k norms
+        k = op.norm_rope(qkv, hq * d, hkv, d, w.get(p + "k_norm"), spec.eps, cos, sin)
         a = paged_attention(q, k, qkv[:, (hq + hkv) * d:].view(T, hkv, d), k_pool, v_pool, ctx.families[fam],
                             ctx.decode_rows, spec.scale, ctx.native)
         h = h + linear(a.reshape(T, hq * d), w[p + "o"])

@@ -4,13 +4,18 @@ from __future__ import annotations
 import torch
 
 from ..engine.plan import Segment
-from . import gemma3, gemma4, llama
+from . import families
 from .context import build_context
 from .kv_cache import KVCache
-from .kernels import KernelPlan, Linear, choose
+from .kernels import BiasedLinear, KernelPlan, Linear, choose
 from .spec import ModelSpec
 
-_FORWARD = {"gemma3": gemma3.forward, "gemma4": gemma4.forward, "llama": llama.forward}
+
+def _fused_bias(raw: dict[str, torch.Tensor], parts: list[str]) -> torch.Tensor | None:
+    """The biases of matrices fused into one (zeros for a part without one); None when none has one."""
+    if not any(n + ".bias" in raw for n in parts):
+        return None
+    return torch.cat([raw[n + ".bias"].float() if n + ".bias" in raw else torch.zeros(raw[n].shape[0]) for n in parts])
 
 
 def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, plan: KernelPlan) -> dict:
@@ -22,19 +27,27 @@ def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, plan: KernelP
     other matrices (Gemma 4's per-layer inputs, router, experts) are plain tensors.
     A KV-sharing Gemma 4 layer has no K/V weights and a k = v layer no V: the fused qkv holds
     what the layer has, and the model file knows where each part starts.
+    A matrix with a bias (`<name>.bias`: Qwen2's q/k/v) becomes a `kernels.BiasedLinear`, the
+    fused ones with their parts' biases concatenated; the others stay plain `Linear`s.
     """
     dtype, device = plan.dtype, torch.device(plan.device)
     w = {}
     cast = lambda t: t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
     fused = set()
+    biases = {}
     for i in range(spec.n_layers):
         p = f"layers.{i}."
         parts = [p + n for n in ("q", "k", "v") if p + n in raw]
         w[p + "qkv"] = cast(torch.cat([raw[n] for n in parts], 0))
         w[p + "gate_up"] = cast(torch.cat([raw[p + "gate"], raw[p + "up"]], 0))
-        fused.update(parts + [p + "gate", p + "up"])
+        for name, group in ((p + "qkv", parts), (p + "gate_up", [p + "gate", p + "up"])):
+            biases[name] = _fused_bias(raw, group)
+            fused.update(group + [n + ".bias" for n in group])
     for k, t in raw.items():
         if k in fused or k == "lm_head":
+            continue
+        if k.endswith(".bias"):  # an unfused matrix's bias (o, down): with its Linear below
+            biases[k.removesuffix(".bias")] = t.float()
             continue
         if k == "ple_embed" and t.element_size() < torch.empty(0, dtype=dtype).element_size():
             # Gemma 4's per-layer embedding table is only gathered from (2.35 B values on E2B):
@@ -46,12 +59,13 @@ def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, plan: KernelP
             continue
         w[k] = t.to(device=device, dtype=torch.float32) if t.dim() <= 1 else cast(t)
     w["head"] = cast(raw["lm_head"]) if "lm_head" in raw else w["embed"]
-    if spec.arch == "gemma4":  # unit weights for Gemma 4's scale-free norms (values, router input)
-        for d in set(spec.layer_head_dim):
-            w[f"unit.{d}"] = torch.ones(d, device=device)
-        w["unit.hidden"] = torch.ones(spec.hidden, device=device)
+    family = families.get(spec.arch)
+    if family.extra_weights is not None:  # e.g. Gemma 4's unit weights for its scale-free norms
+        w.update(family.extra_weights(spec, device))
     for k in [k for k in w if k.rpartition(".")[2] in ("qkv", "o", "gate_up", "down") or k == "head"]:
-        w[k] = Linear(w[k], plan, "head" if k == "head" else "layers")
+        group = "head" if k == "head" else "layers"
+        b = biases.get(k)
+        w[k] = Linear(w[k], plan, group) if b is None else BiasedLinear(w[k], plan, group, b.to(device))
     return w
 
 
@@ -68,7 +82,7 @@ class ModelRunner:
         self.windows = {"global": None}
         if spec.has_sliding:
             self.windows["local"] = spec.sliding_window
-        self._forward = _FORWARD[spec.arch]
+        self._forward = families.get(spec.arch).forward_fn
 
     @torch.inference_mode()
     def step(self, segments: list[Segment]) -> torch.Tensor:

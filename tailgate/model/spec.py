@@ -3,12 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SUPPORTED_ARCHS = ("gemma3", "gemma4", "llama")
-
 
 @dataclass(frozen=True)
 class ModelSpec:
-    arch: str  # "gemma3" | "gemma4" | "llama"
+    arch: str  # a registered family's name (`model/families/`)
     vocab_size: int
     hidden: int
     n_layers: int
@@ -24,6 +22,9 @@ class ModelSpec:
     sliding_window: int | None = None
     layer_sliding: tuple[bool, ...] = ()
     rope_scaling_factor: float = 1.0  # linear scaling of global-layer positions (Gemma 3 4B+)
+    # Llama 3.x `rope_type: "llama3"`: (factor, low_freq_factor, high_freq_factor,
+    # original_max_position_embeddings), HF's frequency remap; () = none.
+    rope_llama3: tuple[float, ...] = ()
     query_scale: float | None = None  # None -> head_dim ** -0.5
     final_softcap: float | None = None
     attn_softcap: float | None = None
@@ -46,8 +47,9 @@ class ModelSpec:
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
-        if self.arch not in SUPPORTED_ARCHS:
-            raise ValueError(f"unsupported architecture {self.arch!r}; tailgate serves {', '.join(SUPPORTED_ARCHS)}")
+        from .families import get
+
+        get(self.arch)  # refuses a family nobody registered
         if not self.layer_sliding:
             object.__setattr__(self, "layer_sliding", (False,) * self.n_layers)
         for name, default in (("layer_head_dim", self.head_dim), ("layer_kv_heads", self.n_kv_heads)):
