@@ -1,8 +1,19 @@
-"""Tokenizer + chat template. BOS is added by us, exactly once, as the model's metadata asks."""
+"""Tokenizer + chat template. BOS is added by us, exactly once, as the model's metadata asks.
+
+Chat templates are rendered by HF transformers' own renderer
+(`transformers.utils.chat_template_utils.render_jinja_template`: its sandboxed Jinja environment
+with `trim_blocks` / `lstrip_blocks`, loop controls, `strftime_now`, its `tojson`,
+`raise_exception`, the `{% generation %}` tag), with the variables `apply_chat_template` passes
+(the named special tokens, then the request's `chat_template_kwargs`), so a prompt is byte-equal to
+`tokenizer.apply_chat_template(..., tokenize=False)` and so to vLLM's. Importing that module costs
+~1 s (the `transformers` package, not torch), so it happens when a template is first compiled
+(`compile_chat_template`: the server does it at load, off the request path), never at import.
+"""
 from __future__ import annotations
 
-import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+import json
+from pathlib import Path
+
 from tokenizers import Tokenizer as _HFTokenizer
 
 # Gemma GGUF files carry no chat template; this renders Gemma's documented turn format
@@ -22,6 +33,64 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# The named special tokens `apply_chat_template` hands every template (HF's SPECIAL_TOKENS_ATTRIBUTES).
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+# Variables the renderer binds itself: a request's chat_template_kwargs cannot set them.
+RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools", "documents", "chat_template", "conversations", "tokenize",
+                                    "return_assistant_tokens_mask", "add_generation_prompt", "continue_final_message"})
+
+
+class ChatTemplateError(ValueError):
+    """A chat template that does not compile or cannot render this conversation; `param` is the
+    request field to blame."""
+
+    def __init__(self, message: str, param: str = "messages"):
+        super().__init__(message)
+        self.param = param
+
+
+def load_chat_template(raw: str) -> str:
+    """`--chat-template`'s value read as vLLM reads it: a file's text; or, when it is no readable
+    file but holds `{`, `}` or a newline, the template itself. A value that looks like a path
+    and cannot be read, a file that is not UTF-8 and an empty template are ValueErrors."""
+    try:
+        with open(raw, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{raw!r} is not UTF-8 text ({e.reason})") from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the value
+        if not any(c in raw for c in "{}\n"):
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise ValueError(f"{raw!r} looks like a file path but cannot be read ({why})") from None
+        text = raw
+    if not text.strip():
+        raise ValueError("the chat template is empty")
+    return text
+
+
+def compile_chat_template(template: str):
+    """Compile `template` in transformers' chat-template environment (cached there by its text, so
+    rendering reuses it); a ChatTemplateError says why it does not compile."""
+    import jinja2
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    try:
+        return _compile_jinja_template(template)
+    except jinja2.TemplateSyntaxError as e:
+        raise ChatTemplateError(f"the chat template does not compile: {e.message} (line {e.lineno})") from None
+    except jinja2.TemplateError as e:
+        raise ChatTemplateError(f"the chat template does not compile: {e}") from None
+
+
+def _default_template(template):
+    """A tokenizer_config.json may list named templates ([{"name", "template"}] or a dict); HF
+    uses the one named "default"."""
+    if isinstance(template, list):
+        template = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+    if isinstance(template, dict):
+        template = template.get("default")
+    return template if isinstance(template, str) and template else None
+
 
 class Tokenizer:
     def __init__(self, path: str, meta: dict):
@@ -32,13 +101,37 @@ class Tokenizer:
         # Without a template of its own: Gemma 3's turn format, or ChatML for Llama; Gemma 4's format
         # differs from both, so a Gemma 4 directory without a template serves no chat.
         family = meta.get("family")
-        template = meta.get("chat_template") or \
+        self.chat_template = _default_template(meta.get("chat_template")) or \
             (GEMMA_TEMPLATE if family == "gemma3" else None if family == "gemma4" else CHATML_TEMPLATE)
-        env = ImmutableSandboxedEnvironment(trim_blocks=False, lstrip_blocks=False)
-        env.globals["raise_exception"] = _raise
-        self._template = env.from_string(template) if template is not None else None
-        self.bos_token = self._tok.id_to_token(self.bos_id) if self.bos_id is not None else ""
+        self._compiled: str | None = None  # the template text last compiled
+        self._template_error: str | None = None  # why the model's own template cannot render
+        self.special_tokens = self._special_tokens(path, meta)
+        self.bos_token = self.special_tokens.get("bos_token", "")
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+
+    def _special_tokens(self, path: str, meta: dict) -> dict[str, str]:
+        """The named special tokens as HF's tokenizer has them: the loader's `special_tokens`;
+        else an HF directory's tokenizer_config.json beside tokenizer.json; else (a GGUF
+        conversion) the tokens of the BOS id and of the first EOS id (the file's own)."""
+        given = meta.get("special_tokens")
+        if isinstance(given, dict):
+            return {k: str(v) for k, v in given.items() if k in SPECIAL_TOKEN_NAMES and v is not None}
+        cfg = Path(path).with_name("tokenizer_config.json")
+        if cfg.is_file():
+            tc = json.loads(cfg.read_text(encoding="utf-8"))
+            out = {}
+            for k in SPECIAL_TOKEN_NAMES:
+                v = tc.get(k)
+                v = v.get("content") if isinstance(v, dict) else v
+                if isinstance(v, str):
+                    out[k] = v
+            return out
+        out = {}
+        for k, i in (("bos_token", self.bos_id), ("eos_token", self.eos_ids[0] if self.eos_ids else None)):
+            t = self._tok.id_to_token(i) if i is not None else None
+            if t is not None:
+                out[k] = t
+        return out
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=False).ids
@@ -53,23 +146,58 @@ class Tokenizer:
     def id_to_token(self, i: int) -> str | None:
         return self._tok.id_to_token(i)
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        if self._template is None:
-            raise ValueError("this model's directory has no chat template (tokenizer_config.json "
-                             "chat_template or chat_template.jinja); use /v1/completions")
+    def set_chat_template(self, template: str) -> None:
+        """Serve `template` instead of the model's (`--chat-template`); ChatTemplateError if it
+        does not compile."""
+        compile_chat_template(template)
+        self.chat_template, self._compiled, self._template_error = template, template, None
+
+    def compile_chat_template(self) -> str | None:
+        """Compile the template now, once (the server does this at load, so no request pays the
+        import); returns why chat cannot be served (no template, or one that does not compile),
+        or None. A model's own template that does not compile leaves completions served."""
+        if self.chat_template is None:
+            return "this model's directory has no chat template (tokenizer_config.json chat_template or " \
+                   "chat_template.jinja); use /v1/completions or --chat-template"
+        if self._compiled != self.chat_template:
+            try:
+                compile_chat_template(self.chat_template)
+                self._template_error = None
+            except ChatTemplateError as e:
+                self._template_error = f"this model's chat template cannot be used ({e}); use --chat-template"
+            self._compiled = self.chat_template
+        return self._template_error
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    continue_final_message: bool = False, template_kwargs: dict | None = None) -> str:
+        """The prompt text for `messages`, byte-equal to HF's `apply_chat_template(messages,
+        tokenize=False, add_generation_prompt=..., continue_final_message=..., **template_kwargs)`."""
+        why = self.compile_chat_template()
+        if why is not None:
+            raise ChatTemplateError(why)
+        kwargs = dict(template_kwargs or {})
+        reserved = sorted(RESERVED_TEMPLATE_VARS & kwargs.keys())
+        if reserved:
+            raise ChatTemplateError(f"'chat_template_kwargs' cannot set {', '.join(reserved)}", "chat_template_kwargs")
+        if continue_final_message and add_generation_prompt:
+            raise ChatTemplateError("'continue_final_message' and 'add_generation_prompt' cannot both be true",
+                                    "continue_final_message")
+        from transformers.utils.chat_template_utils import render_jinja_template
+
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token, eos_token="")
-        except jinja2.TemplateError as e:
-            raise ValueError(f"chat template failed: {e}") from e
+            rendered, _ = render_jinja_template(
+                conversations=[messages], chat_template=self.chat_template, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, **{**self.special_tokens, **kwargs})
+        except Exception as e:  # raise_exception(), a template bug this conversation hits, an undefined call
+            if continue_final_message and "continue_final_message" in str(e):
+                raise ChatTemplateError(f"'continue_final_message': {str(e).split(chr(10))[0]}",
+                                        "continue_final_message") from e
+            raise ChatTemplateError(f"chat template failed: {e}") from e
+        return rendered[0]
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         # The template writes <bos> itself when the model wants one; encode() will not add a second.
         return self.encode(self.render_chat(messages, add_generation_prompt), add_bos=self.add_bos)
-
-
-def _raise(msg):
-    raise jinja2.TemplateError(msg)
 
 
 def convert_gguf_tokenizer(gguf_path: str, out_path: str) -> None:

@@ -25,7 +25,7 @@ from .. import __version__
 from . import schema
 from .generation import Generation, ServerState
 from .metrics import CONTENT_TYPE, registry_for, render
-from .protocol import ApiError, bad, chat_prompt, parse_chat, parse_completion, validate
+from .protocol import ApiError, bad, chat_prompt, parse_chat, parse_completion, template_options, validate
 
 __all__ = ["ServerState", "create_app"]
 log = logging.getLogger("tailgate.server")
@@ -171,7 +171,7 @@ def create_app(state: ServerState) -> FastAPI:
         m = validate(schema.TokenizeRequest, await admitted_body(req))
         tok = state.model.tokenizer
         if m.messages is not None:
-            ids = (await run_in_threadpool(chat_prompt, m.messages, tok))[1]
+            ids = (await run_in_threadpool(chat_prompt, m.messages, tok, template_options(m)))[1]
         elif m.prompt is not None:
             add_bos = (m.add_special_tokens is not False) and tok.add_bos
             ids = await run_in_threadpool(tok.encode, m.prompt, add_bos)

@@ -33,6 +33,8 @@ def add_serve_args(p) -> None:
     p.add_argument("--allowed-hosts", default=None, help="comma-separated Host names to answer besides loopback "
                    "ones (a loopback server answers only those by default; `*`: any)")
     p.add_argument("--served-model-name", default=None)
+    p.add_argument("--chat-template", default=None, help="serve this chat template instead of the model's: a file, "
+                   "or the template itself (as vLLM reads it; or set TAILGATE_CHAT_TEMPLATE)")
     p.add_argument("--max-queued-requests", type=uint_arg(), default=256, help="429 beyond this many waiting requests")
     p.add_argument("--max-queued-tokens", type=uint_arg(), default=1 << 20, help="429 beyond this many waiting prompt tokens")
     p.add_argument("--max-body-mb", type=uint_arg(1), default=8, help="413 for request bodies past this many MiB")

@@ -20,6 +20,24 @@ def api_key(cli_value: str | None, environ) -> str | None:
     return cli_value if cli_value is not None else environ.get("TAILGATE_API_KEY") or None
 
 
+def chat_template(cli_value: str | None, environ) -> str | None:
+    """--chat-template, else TAILGATE_CHAT_TEMPLATE: the template's text (a file's, or the value
+    itself, as vLLM reads it), compiled in transformers' environment; ValueError naming the source
+    for a file that cannot be read or a template that does not compile."""
+    from ..model.tokenizer import compile_chat_template, load_chat_template
+
+    name, raw = ("--chat-template", cli_value) if cli_value is not None else \
+        ("TAILGATE_CHAT_TEMPLATE", environ.get("TAILGATE_CHAT_TEMPLATE") or None)
+    if raw is None:
+        return None
+    try:
+        text = load_chat_template(raw)
+        compile_chat_template(text)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+    return text
+
+
 def allowed_hosts(bind: str, extra: str | None) -> frozenset | None:
     """Host header names a server answers. Bound to loopback: only loopback names (a web page
     that rebinds its own DNS name to 127.0.0.1 must not reach it), plus --allowed-hosts. Bound
@@ -32,10 +50,22 @@ def allowed_hosts(bind: str, extra: str | None) -> frozenset | None:
     return frozenset(names | {bind.strip("[]").lower()}) if names else None
 
 
+def _import_template_renderer() -> None:
+    try:
+        import transformers.utils.chat_template_utils  # noqa: F401
+    except Exception:  # compile_chat_template reports it where it matters
+        pass
+
+
 def serve(args, lookup) -> int:
     import uvicorn
 
     cfg = resolve(lookup)  # refuses bad knobs before anything loads (KnobError -> exit 2 in cli)
+    try:  # a template file that cannot be read, or a template that does not compile: before any weights
+        template = chat_template(getattr(args, "chat_template", None), os.environ)
+    except ValueError as e:
+        print(f"tailgate: {e}", file=sys.stderr)
+        return 2
     from ..model.kernels import choose
 
     plan = choose(args.dtype, args.kernels, args.device)  # KernelError -> exit 2, nothing loaded
@@ -63,6 +93,10 @@ def serve(args, lookup) -> int:
 
     def load():
         try:
+            # transformers' template renderer takes ~1 s to import (not torch): import it beside the
+            # weights' load, so compiling the template below costs milliseconds.
+            warm = threading.Thread(target=_import_template_renderer, name="tailgate-template", daemon=True)
+            warm.start()
             import torch
 
             from ..assemble import build_engine
@@ -71,6 +105,11 @@ def serve(args, lookup) -> int:
                 torch.set_num_threads(args.threads)
             engine, model, settled = build_engine(args.model, cfg, dtype=args.dtype, device=args.device,
                                                    kernels=args.kernels, log=logging.getLogger("tailgate").info)
+            warm.join()
+            if template is not None:
+                model.tokenizer.set_chat_template(template)
+            elif (why := model.tokenizer.compile_chat_template()) is not None:
+                logging.getLogger("tailgate").warning("chat requests will get a 400: %s", why)
             state.model, state.cfg = model, settled
             engine.on_death.append(died)
             engine.start()

@@ -39,12 +39,15 @@ _REFUSED_IF_SET = ("suffix", "tools", "tool_choice", "functions", "function_call
                    "guided_choice", "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern",
                    "structured_outputs", "prompt_logprobs", "audio", "prediction", "lora_request", "response_format",
                    "logit_bias", "bad_words", "allowed_token_ids", "truncate_prompt_tokens", "chat_template",
-                   "chat_template_kwargs", "documents", "mm_processor_kwargs", "logits_processors", "priority",
+                   "documents", "mm_processor_kwargs", "logits_processors", "priority",
                    "kv_transfer_params", "vllm_xargs", "cache_salt", "modalities", "reasoning_effort",
                    "web_search_options", "parallel_tool_calls")
+# Chat's template fields mean nothing to a completion: refused there like the above.
+_CHAT_ONLY = ("chat_template_kwargs",)
 # Fields we accept only at the value that means what we do.
-_REFUSED_UNLESS = {"use_beam_search": False, "length_penalty": 1, "continue_final_message": False,
-                   "spaces_between_special_tokens": True, "return_tokens_as_token_ids": False}
+_REFUSED_UNLESS = {"use_beam_search": False, "length_penalty": 1, "spaces_between_special_tokens": True,
+                   "return_tokens_as_token_ids": False}
+_COMPLETION_UNLESS = {"continue_final_message": False}
 # add_special_tokens: completions add the model's BOS, chat relies on the template (vLLM's defaults).
 _SPECIAL_TOKENS = {"completion": True, "chat": False}
 
@@ -96,11 +99,13 @@ def _pick(*values, default=None):
 
 
 def parse_common(body: dict, kind: str, vocab_size: int) -> tuple[GenRequest, BaseModel]:
-    for k in _REFUSED_IF_SET:
+    for k in _REFUSED_IF_SET + (_CHAT_ONLY if kind == "completion" else ()):
         v = body.get(k)
         if _is_set(v) and not (k == "response_format" and isinstance(v, dict) and v.get("type") == "text"):
             raise bad(f"'{k}' is not supported by this server", k)
-    for k, ok in {**_REFUSED_UNLESS, "add_special_tokens": _SPECIAL_TOKENS[kind]}.items():
+    unless = {**_REFUSED_UNLESS, **(_COMPLETION_UNLESS if kind == "completion" else {}),
+              "add_special_tokens": _SPECIAL_TOKENS[kind]}
+    for k, ok in unless.items():
         v = body.get(k)
         if v is not None and (isinstance(v, bool) != isinstance(ok, bool) or v != ok):
             raise bad(f"'{k}': only {str(ok).lower()} is supported by this server, got {v!r}", k)
@@ -163,24 +168,52 @@ def _message_text(m: ChatMessage) -> str:
     c = m.content
     if c is None or isinstance(c, str):
         return c or ""
-    return "".join(p.text for p in c)
+    return "\n".join(p.text for p in c)  # text parts joined as vLLM joins them for a template that takes strings
 
 
-def chat_prompt(messages: list[ChatMessage], tokenizer, add_generation_prompt: bool = True) -> tuple[str, list[int]]:
+@dataclass
+class TemplateOptions:
+    """How a request asks its messages to be rendered (vLLM's fields)."""
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    kwargs: dict = field(default_factory=dict)  # chat_template_kwargs: extra variables for the template
+
+
+def template_options(m) -> TemplateOptions:
+    """A validated chat (or tokenize) request's template fields. As in vLLM, chat_template_kwargs
+    may also carry add_generation_prompt / continue_final_message, and then they win."""
+    o = TemplateOptions(_pick(m.add_generation_prompt, default=True), bool(m.continue_final_message),
+                        dict(m.chat_template_kwargs or {}))
+    for name in ("add_generation_prompt", "continue_final_message"):
+        if name in o.kwargs:
+            v = o.kwargs.pop(name)
+            if not isinstance(v, bool):
+                raise bad(f"'chat_template_kwargs.{name}': Input should be a valid boolean", "chat_template_kwargs")
+            setattr(o, name, v)
+    if o.add_generation_prompt and o.continue_final_message:
+        raise bad("'continue_final_message' needs 'add_generation_prompt': false (they cannot both be true)",
+                  "continue_final_message")
+    return o
+
+
+def chat_prompt(messages: list[ChatMessage], tokenizer,
+                options: TemplateOptions | None = None) -> tuple[str, list[int]]:
     """The chat template's text for `messages` and its token ids."""
+    o = options or TemplateOptions()
     clean = []
     for m in messages:
         clean.append({"role": "system" if m.role == "developer" else m.role, "content": _message_text(m)})
     try:
-        text = tokenizer.render_chat(clean, add_generation_prompt=add_generation_prompt)
-    except ValueError as e:
-        raise bad(str(e), "messages") from e
+        text = tokenizer.render_chat(clean, add_generation_prompt=o.add_generation_prompt,
+                                     continue_final_message=o.continue_final_message, template_kwargs=o.kwargs)
+    except ValueError as e:  # ChatTemplateError names its field; anything else is the messages'
+        raise bad(str(e), getattr(e, "param", "messages")) from e
     return text, tokenizer.encode(text, add_bos=tokenizer.add_bos)
 
 
 def parse_chat(body: dict, tokenizer, vocab_size: int) -> GenRequest:
     g, m = parse_common(body, "chat", vocab_size)
-    text, ids = chat_prompt(m.messages, tokenizer, _pick(m.add_generation_prompt, default=True))
+    text, ids = chat_prompt(m.messages, tokenizer, template_options(m))
     g.prompts, g.prompt_texts = [ids], [text]
     if m.logprobs:
         g.logprobs = _pick(m.top_logprobs, default=0)

@@ -8,7 +8,7 @@ The response models document `/openapi.json`; the routes build the same shapes a
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -81,14 +81,20 @@ class ChatMessage(_Strict):
     content: str | list[TextPart] | None = None
 
 
-class ChatCompletionRequest(_Sampling):
+class _ChatTemplateFields(_Strict):
+    """vLLM's chat-template fields (chat and tokenize)."""
+    add_generation_prompt: bool | None = Field(None, description="default true")
+    continue_final_message: bool | None = Field(None, description="needs add_generation_prompt false")
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description="extra variables for the chat template")
+
+
+class ChatCompletionRequest(_Sampling, _ChatTemplateFields):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool | None = None
     top_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
-    add_generation_prompt: bool | None = None
 
 
-class TokenizeRequest(_Strict):
+class TokenizeRequest(_ChatTemplateFields):
     """`prompt` or `messages`."""
     model_config = ConfigDict(json_schema_extra={"anyOf": [{"required": ["prompt"]}, {"required": ["messages"]}]})
     prompt: str | None = None
