@@ -102,6 +102,34 @@ def test_the_shipped_models_chat_prompts_are_byte_equal_to_hf(name, hf_tokenizer
         tok.render_chat(CONVERSATION * 3)
 
 
+def test_an_hf_directorys_template_and_special_tokens_are_the_ones_hf_reads(tmp_path):
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers.models import WordLevel
+    from transformers import AutoTokenizer
+
+    from tailgate.model.hf_loader import read_tokenizer_meta
+    from tailgate.model.tokenizer import Tokenizer
+
+    words = ["<unk>", "<s>", "</s>", "<pad>", "hi"]
+    raw = RawTokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    raw.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": {"__type": "AddedToken", "content": "</s>", "special": True},
+        "unk_token": "<unk>", "pad_token": "<pad>", "chat_template": "{{ 'from tokenizer_config' }}"}))
+    jinja = "{{ bos_token }}{% for m in messages %}[{{ m.content }}]{{ eos_token }}{% endfor %}{{ pad_token }}" \
+        "{{ unk_token }}"
+    (tmp_path / "chat_template.jinja").write_text(jinja)  # HF reads this one first
+    tok = Tokenizer(str(tmp_path / "tokenizer.json"), read_tokenizer_meta(tmp_path, SimpleNamespace(arch="llama")))
+    hf = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert tok.chat_template == hf.chat_template == jinja
+    assert tok.special_tokens == hf.special_tokens_map
+    msgs = [{"role": "user", "content": "hi"}]
+    assert tok.render_chat(msgs) == hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == \
+        "<s>[hi]</s><pad><unk>"
+
+
 def test_a_chat_template_comes_from_a_file_or_inline_as_vllm_reads_it(tmp_path):
     f = tmp_path / "t.jinja"
     f.write_text(ISSUE_EXAMPLE)

@@ -99,10 +99,8 @@ def read_tokenizer_meta(directory: Path, spec: ModelSpec) -> dict:
     for end in family.turn_ends:  # e.g. Gemma's <end_of_turn>: HF's generation_config lists it as EOS
         if tid(end) is not None and tid(end) not in eos_ids:
             eos_ids.append(tid(end))
-    template = tc.get("chat_template")
-    jinja = directory / "chat_template.jinja"
-    if template is None and jinja.exists():
-        template = jinja.read_text()
+    jinja = directory / "chat_template.jinja"  # HF reads it first: it wins over tokenizer_config.json's
+    template = jinja.read_text(encoding="utf-8") if jinja.exists() else tc.get("chat_template")
     return {
         "bos_id": tid(tc.get("bos_token")),
         "eos_ids": [int(e) for e in eos_ids],
