@@ -81,6 +81,19 @@ def start_server(timeout: float = 300, args=(), **env):
         time.sleep(0.05)
 
 
+def chat_on_directory(d, messages, max_tokens: int) -> tuple[dict, str]:
+    """Serve the checkpoint directory `d`, send one chat completion, stop the server: (the response
+    body, the directory's own chat template from tokenizer_config.json)."""
+    p, base, _ = start_server(args=["--model", str(d)])
+    try:
+        r = httpx.post(base + "/v1/chat/completions", json={"model": d.name, "messages": messages,
+                                                            "max_tokens": max_tokens}, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json(), json.loads((d / "tokenizer_config.json").read_text())["chat_template"]
+    finally:
+        stop_server(p)
+
+
 def metric(base, name: str, **labels) -> float:
     """One sample of /metrics: the line of family `name` whose labels include `labels`; 0 if none."""
     for line in httpx.get(base + "/metrics").text.splitlines():

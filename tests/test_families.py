@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import httpx
 import jinja2
 import pytest
 import torch
@@ -18,7 +17,7 @@ from tailgate.model.hf_loader import read_spec
 from tailgate.model.kernels import BiasedLinear, Linear, runnable_plans
 from tailgate.model.weights import load_model
 import families_tiny
-from live import start_server, stop_server
+from live import chat_on_directory
 
 NAMES = list(families_tiny.FAMILIES)
 GGUF = [n for n in NAMES if families_tiny.FAMILIES[n][3]]
@@ -95,21 +94,14 @@ def test_the_gguf_form_matches_hf(tiny, name, tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", NAMES)
 def test_a_family_directory_serves_chat_over_http_with_its_template(tiny, name):
     d = tiny(name)
-    p, base, _ = start_server(args=["--model", str(d)])
-    try:
-        messages = [{"role": "user", "content": "Name three rivers."}]
-        r = httpx.post(base + "/v1/chat/completions", json={"model": d.name, "messages": messages, "max_tokens": 4},
-                       timeout=60)
-        assert r.status_code == 200, r.text
-        body = r.json()
-        assert body["usage"]["completion_tokens"] == 4 and body["choices"][0]["message"]["content"]
-        tc = json.loads((d / "tokenizer_config.json").read_text())
-        text = jinja2.Template(tc["chat_template"]).render(messages=messages, add_generation_prompt=True,
-                                                          bos_token=tc["bos_token"] or "")
-        tok = load_model(str(d), log=lambda _: None).tokenizer
-        assert body["usage"]["prompt_tokens"] == len(tok.encode(text, add_bos=False))  # its template, not ChatML
-    finally:
-        stop_server(p)
+    messages = [{"role": "user", "content": "Name three rivers."}]
+    body, template = chat_on_directory(d, messages, 4)
+    assert body["usage"]["completion_tokens"] == 4 and body["choices"][0]["message"]["content"]
+    tc = json.loads((d / "tokenizer_config.json").read_text())
+    text = jinja2.Template(template).render(messages=messages, add_generation_prompt=True,
+                                            bos_token=tc["bos_token"] or "")
+    tok = load_model(str(d), log=lambda _: None).tokenizer
+    assert body["usage"]["prompt_tokens"] == len(tok.encode(text, add_bos=False))  # its template, not ChatML
 
 
 def test_a_bias_rides_every_kernel_a_plan_can_choose():

@@ -5,7 +5,6 @@ import json
 import subprocess
 import sys
 
-import httpx
 import jinja2
 import pytest
 import torch
@@ -18,7 +17,7 @@ from tailgate.model.kv_cache import token_bytes
 from tailgate.model.weights import load_model
 import gemma4_tiny
 from harness import Harness, ids
-from live import start_server
+from live import chat_on_directory
 
 
 @pytest.fixture(scope="module")
@@ -179,22 +178,12 @@ def test_gemma4_gather_mixed_steps_and_the_walk_are_token_exact_vs_serial(everyt
 
 def test_a_gemma4_directory_serves_over_http_with_its_chat_template(tiny, everything):
     d = tiny("everything")
-    p, base, _ = start_server(args=["--model", str(d)])
-    try:
-        messages = [{"role": "user", "content": "Name three rivers."}]
-        r = httpx.post(base + "/v1/chat/completions", json={"model": d.name, "messages": messages, "max_tokens": 6},
-                       timeout=60)
-        assert r.status_code == 200, r.text
-        body = r.json()
-        assert body["usage"]["completion_tokens"] == 6 and body["choices"][0]["message"]["content"]
-        meta = json.loads((d / "tokenizer_config.json").read_text())
-        text = jinja2.Template(meta["chat_template"]).render(messages=messages, bos_token="<bos>",
-                                                             add_generation_prompt=True)
-        assert text.startswith("<bos>A tiny Gemma 4.")  # the directory's template, not the built-in one
-        assert body["usage"]["prompt_tokens"] == len(everything.tokenizer.encode(text, add_bos=False))
-    finally:
-        p.terminate()
-        p.wait(30)
+    messages = [{"role": "user", "content": "Name three rivers."}]
+    body, template = chat_on_directory(d, messages, 6)
+    assert body["usage"]["completion_tokens"] == 6 and body["choices"][0]["message"]["content"]
+    text = jinja2.Template(template).render(messages=messages, bos_token="<bos>", add_generation_prompt=True)
+    assert text.startswith("<bos>A tiny Gemma 4.")  # the directory's template, not the built-in one
+    assert body["usage"]["prompt_tokens"] == len(everything.tokenizer.encode(text, add_bos=False))
 
 
 def test_a_gemma4_directory_without_a_chat_template_refuses_chat_not_guesses(tiny):
