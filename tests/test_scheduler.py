@@ -502,3 +502,15 @@ def test_cancels_count_and_keep_their_reason_in_the_queue_and_mid_walk():
     assert finished(events, walker.id).reason == "stop" and finished(events, queued.id).reason == "abort"
     assert s.metrics.finished["abort"] == 1 and s.metrics.finished["stop"] == 1
     assert s.book.glob.used == 0
+
+
+def test_every_model_step_leaves_one_record_of_its_kind_and_rows_in_the_step_log():
+    s, ex = make()
+    for r in (req(), req(), req()):
+        s.submit(r)
+    s.step(0.0)
+    log = list(s.step_log)
+    assert [r.seq for r in log] == list(range(len(ex.plans))) == [0, 1, 2]
+    assert [(r.kind, r.prompt_rows, r.prompts, r.decode_rows) for r in log] == [
+        ("prefill", 10, 1, 0), ("mixed", 20, 2, 1), ("decode", 0, 0, 3)]
+    assert log[0].as_dict()["kind"] == "prefill"

@@ -84,6 +84,7 @@ class EngineSnapshot:
     kv_usage: float = 0.0
     kv_pages_used: int = 0
     metrics: EngineMetrics = field(default_factory=EngineMetrics)
+    steps: tuple = ()  # the last model steps (engine/plan.py StepRecord), oldest first
 
 
 def snapshot(scheduler, inbox: int = 0) -> EngineSnapshot:
@@ -91,4 +92,4 @@ def snapshot(scheduler, inbox: int = 0) -> EngineSnapshot:
     return EngineSnapshot(running=scheduler.running, waiting=inbox + len(scheduler.queue), held=scheduler.held,
                           kv_usage=round(book.usage(), 6),
                           kv_pages_used=book.glob.used + (book.local.used if book.local else 0),
-                          metrics=copy.deepcopy(scheduler.metrics))
+                          metrics=copy.deepcopy(scheduler.metrics), steps=tuple(scheduler.step_log))

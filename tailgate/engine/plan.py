@@ -23,3 +23,22 @@ class Segment:
     @property
     def end(self) -> int:
         return self.start + len(self.tokens)
+
+
+@dataclass(frozen=True, slots=True)  # one per model step; immutable, so readers on other threads share it
+class StepRecord:
+    """What one model step was, after it ran: the engine's step timeline (the dashboard's bars,
+    `EngineSnapshot.steps`). `seq` counts model steps from 0, so a reader can ask for the ones it
+    has not seen yet."""
+
+    seq: int
+    at: float  # engine clock when the step started
+    duration_s: float
+    kind: str  # decode | mixed | walk | prefill | recompute | lane
+    decode_rows: int
+    prompt_rows: int
+    prompts: int
+    preempted: int = 0  # requests preempted while this step was planned
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}

@@ -18,13 +18,16 @@ from .door import DoorView, make_door
 from .prefix import PrefixCache
 from .metrics import EngineMetrics
 from .pages import KVBook, SeqPages, pages_for
-from .plan import Segment
+from .plan import Segment, StepRecord
 from .request import Event, Finished, Rejected, Request, RowSample, Sampled, Scheduled, Token
 from .walk import Walker, plan_round
 
 log = logging.getLogger("tailgate.engine")
 # A request preempted this many times is taken last when pages must be freed (`_make_room`).
 MAX_PREEMPTIONS = 2
+# Model steps kept in `Scheduler.step_log`: at ~10-50 ms a step, 256 cover the last few seconds,
+# what a live view redraws from (one record is ~100 bytes).
+STEP_LOG = 256
 
 
 class Executor(Protocol):
@@ -92,6 +95,11 @@ class Scheduler:
         self._cause = ("decode", 0, 0)  # the running step's kind, prompt rows, prompts
         self._preempted: dict[str, tuple[list[int], float | None]] = {}  # id -> (output so far, last token time)
         self._passed: set[str] = set()  # queued ids the door has let through (`_door_open`)
+        # The last STEP_LOG model steps (the step timeline); `_preempted_seen` is the preemption
+        # count at the previous record, so each record says how many its planning took.
+        self.step_log: deque[StepRecord] = deque(maxlen=STEP_LOG)
+        self._step_seq = 0
+        self._preempted_seen = 0
 
     # ---- intake -------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -477,12 +485,20 @@ class Scheduler:
             log.warning("a step of %d segments failed (%r); retrying them one by one", len(segs), e)
             per_seg = self._run_alone(segs, samples)
         now = self.clock()
+        self._record(t0, now, kind, len(rows), prompt_rows, len(chunks))
         if self.door is not None:
             self.door.observe_step(now - t0, prompt_rows, len(rows))
         for (w, take), out in zip(chunks, per_seg):
             self._absorb(w, take, out, now)
         self._settle(rows, per_seg[len(chunks):], now, advance=True)
         self._deliver()
+
+    def _record(self, t0: float, t1: float, kind: str, decode_rows: int, prompt_rows: int, prompts: int) -> None:
+        pre = self.metrics.preemptions
+        self.step_log.append(StepRecord(self._step_seq, t0, t1 - t0, kind, decode_rows, prompt_rows, prompts,
+                                        pre - self._preempted_seen))
+        self._step_seq += 1
+        self._preempted_seen = pre
 
     def _absorb(self, w: Walker, take: int, out, now: float) -> None:
         """A prompt chunk's KV is written: advance the walker; its final chunk's token (`out`)
@@ -531,6 +547,7 @@ class Scheduler:
         """Wait for the lane's prefill; then its first token, exactly as a synchronous prefill's."""
         w, flight = self.flight
         self.flight = None
+        t0 = self.clock()
         try:
             out = self.executor.join(flight)[0]
         except Exception as e:
@@ -539,6 +556,7 @@ class Scheduler:
             self._close(w.req, w.pages, len(w.resumed), w.req.cancel_as, "")
         else:
             self._cause = ("lane", len(w.tokens) - w.done, 1)
+            self._record(t0, self.clock(), "lane", 0, len(w.tokens) - w.done, 1)  # the wait the engine saw
             self._absorb(w, len(w.tokens) - w.done, out, self.clock())
         self._deliver()
 
