@@ -225,12 +225,29 @@ def metrics(results: list[Result], percentiles=(50, 90, 99)) -> dict:
 def run(args) -> dict:
     cfg = resolve(cli_lookup(args), lanes=("cpu", "green"))  # the seed's SM-capped lane is priced too
     cost = resolve_cost(args.cost)
+    if args.cost_scale != 1.0:
+        from dataclasses import replace
+
+        from .cost import TERMS
+
+        cost = replace(cost, **{t: getattr(cost, t) * args.cost_scale for t in TERMS})
     cfg = cfg.with_model_limit(args.model_max_context)
     jobs = workload(args.num_prompts, args.random_input_len, args.random_output_len, args.random_range_ratio,
                     args.seed)
     t0 = time.perf_counter()
-    results, sched = simulate(cfg, cost, jobs, args.request_rate, args.burstiness, args.max_concurrency, args.seed,
-                              jitter=args.jitter)
+    if args.replicas > 1 or args.random_prefix_len:  # a fleet (sim/fleet.py); prompts that share tokens
+        from ..fleet.policy import RouterPolicy
+        from .fleet import prefix_workload, simulate_fleet
+
+        fjobs = prefix_workload(args.num_prompts, args.random_input_len, args.random_output_len,
+                                args.random_prefix_len, args.prefix_groups, args.seed)
+        results, sched = simulate_fleet(cfg, cost, fjobs, args.replicas, RouterPolicy(args.router, seed=args.seed),
+                                        args.request_rate, args.burstiness, args.max_concurrency, args.seed,
+                                        jitter=args.jitter)
+        sched["scheduled_at"] = None
+    else:
+        results, sched = simulate(cfg, cost, jobs, args.request_rate, args.burstiness, args.max_concurrency,
+                                  args.seed, jitter=args.jitter)
     wall = time.perf_counter() - t0
     pcts = tuple(float(p) for p in args.metric_percentiles.split(","))
     sched.pop("scheduled_at")
@@ -283,8 +300,13 @@ def main(args) -> int:
         print(f"tailgate: {e}", file=sys.stderr)
         return 2
     print_table(out, tuple(float(p) for p in args.metric_percentiles.split(",")))
-    print(f"{out['steps']} model steps in {out['iterations']} iterations, door releases {out['door_releases']}, holds {out['door_holds']} "
-          f"(mean {out['door_mean_hold_ms']:.1f} ms), preemptions {out['preemptions']}; simulated {out['virtual_s']:.1f} s in {out['sim_wall_s']} s")
+    if "replicas" in out:  # a fleet
+        print(f"{out['replicas']} replicas, router {out['router']}: requests per replica {out['requests_per_replica']}, "
+              f"reasons {out['route_reasons']}, prefix cache served {100 * out['prefix_hit_ratio']:.1f} % of prompt "
+              f"tokens, preemptions {out['preemptions']}; simulated {out['virtual_s']:.1f} s in {out['sim_wall_s']} s")
+    else:
+        print(f"{out['steps']} model steps in {out['iterations']} iterations, door releases {out['door_releases']}, holds {out['door_holds']} "
+              f"(mean {out['door_mean_hold_ms']:.1f} ms), preemptions {out['preemptions']}; simulated {out['virtual_s']:.1f} s in {out['sim_wall_s']} s")
     if "itl_target" in out:
         t = out["itl_target"]
         fit = ", ".join(f"{k} {1000 * v:.4g} ms" for k, v in t["fit"].items())
@@ -307,5 +329,16 @@ def add_args(p) -> None:
     p.add_argument("--model-max-context", type=int, default=32768, help="the simulated model's position limit")
     add_workload_args(p)
     p.add_argument("--jitter", type=float, default=0.0, help="relative std dev of each step's cost (seeded)")
+    from ..server.args import uint_arg
+
+    fl = p.add_argument_group("fleet (sim/fleet.py)")
+    fl.add_argument("--replicas", type=uint_arg(1), default=1, help="engine replicas behind the router")
+    fl.add_argument("--router", default="prefix", choices=["prefix", "least-loaded", "random"],
+                    help="the fleet's routing policy (fleet/policy.py, what serve --replicas runs)")
+    fl.add_argument("--random-prefix-len", type=uint_arg(), default=0, help="tokens of shared system prompt")
+    fl.add_argument("--prefix-groups", type=uint_arg(1), default=1, help="distinct system prompts, each request "
+                    "under one drawn uniformly")
+    fl.add_argument("--cost-scale", type=float, default=1.0, help="multiply every step's price: N replicas "
+                    "splitting one machine's cores take ~N times as long a step (linear: an assumption)")
     p.add_argument("--save-result", default=None, help="the metrics as JSON (sorted keys; same seed, same bytes)")
     add_knob_args(p)
