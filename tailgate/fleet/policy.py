@@ -32,10 +32,9 @@ CAPACITY = 4096
 # How many more requests (running + waiting) the cached replica may hold than the least loaded
 # before its cache stops being worth the wait. Swept on the simulator (2 replicas of this CPU's
 # calibrated model at half speed each, 12 system prompts of 1024 tokens, 1152 in / 64 out,
-# PREFIX_CACHE 8 and 64, closed loop c4/c8/c16; scripts/experiments/fleet_imbalance.py): 0-2 send
-# ~10 % more prompts off their cache and lose up to 8 % throughput at c16; no limit keeps the most
-# hits but gives the worst ITL p99 at c16 (1.40 / 1.42 s vs 1.27 s at 4); 4 is within 5 % of the
-# best throughput in every cell but PREFIX_CACHE=64 c4 (-12 %, where 0-2 route better).
+# PREFIX_CACHE 8 and 64, closed loop c4/c8/c16; scripts/experiments/fleet_imbalance.py): 0-2 give
+# the most throughput at c4 (12 % over 4) but up to 16 % less at c16; no limit gives the worst ITL
+# p99 at c16 (1.40 / 1.42 s vs 1.27 s at 4); 4 is within 5 % of the best throughput at c8 and c16.
 IMBALANCE = 4
 
 
