@@ -1,6 +1,6 @@
-"""Per-request generation state: one HTTP generation fans out into engine requests (n choices per
-prompt), hears their events on one queue, and turns them into OpenAI response shapes. Also the
-server-wide state the routes share (`ServerState`)."""
+"""Per-request generation lifecycle: one HTTP generation fans out into engine requests (n choices per
+prompt), hears their events on one queue, and delivers them collected or streamed; what the
+responses look like is its `Shape`'s (shapes.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -10,36 +10,13 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 
-from ..engine.metrics import Histogram
 from ..engine.request import Finished, Rejected, Request, Scheduled, Token
 from .protocol import ApiError, GenRequest, bad
+from .shapes import shape_for
+from .state import ServerState
 from .text import TextStream
 
 log = logging.getLogger("tailgate.server")
-
-
-@dataclass
-class ServerState:
-    served_name: str
-    api_key: str | None = None
-    max_queued_requests: int = 256
-    max_queued_tokens: int = 1 << 20
-    max_body_bytes: int = 8 << 20  # 413 beyond this: a 4096-token prompt is ~20-40 KB of JSON
-    engine: object = None  # set once the model is loaded
-    model: object = None
-    cfg: object = None
-    load_error: str | None = None
-    kernels: dict | None = None  # the KernelPlan chosen at start (`/version` shows it)
-    allowed_hosts: frozenset | None = None  # Host header names served (None: any; see main.allowed_hosts)
-    pending: dict = field(default_factory=dict)  # request id -> prompt tokens, until Scheduled
-    ttft: Histogram = field(default_factory=Histogram)
-    itl: Histogram = field(default_factory=Histogram)
-    e2e: Histogram = field(default_factory=Histogram)
-    queue_time: Histogram = field(default_factory=Histogram)
-
-    @property
-    def ready(self) -> bool:
-        return self.engine is not None
 
 
 @dataclass
@@ -65,6 +42,7 @@ class Generation:
         self.choices: list[Choice] = []
         self.prompt_tokens = sum(len(p) for p in g.prompts)
         self.cached_tokens = 0  # of those, served from the prefix cache (summed over choices, as prompt_tokens)
+        self.shape = shape_for(g, state.model.tokenizer)
 
     def start(self) -> None:
         st, g = self.state, self.g
@@ -160,45 +138,15 @@ class Generation:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": comp,
                 "total_tokens": self.prompt_tokens + comp, "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
-    # ---- response shapes ------------------------------------------------------------------
-    def logprobs_block(self, c: Choice, items: list) -> dict | None:
-        if c.req.logprobs is None:
-            return None
-        tok = self.state.model.tokenizer
-        piece = lambda t: tok.decode([t], skip_special=False)  # noqa: E731
-        if self.g.kind == "chat":
-            return {"content": [{"token": piece(t), "logprob": lp, "bytes": list(piece(t).encode()),
-                                 "top_logprobs": [{"token": piece(a), "logprob": b, "bytes": list(piece(a).encode())}
-                                                  for a, b in top]} for t, lp, top in items]}
-        return {"tokens": [piece(t) for t, _, _ in items], "token_logprobs": [lp for _, lp, _ in items],
-                "top_logprobs": [{piece(a): b for a, b in top} for _, _, top in items],
-                "text_offset": []}
-
+    # ---- response shapes (the Shape's) ------------------------------------------------------
     def chunk(self, c: Choice, text: str, items: list, finish: str | None, first: bool = False) -> dict:
-        if self.g.kind == "chat":
-            delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-            ch = {"index": c.index, "delta": delta, "logprobs": self.logprobs_block(c, items), "finish_reason": finish}
-            obj = "chat.completion.chunk"
-        else:
-            ch = {"index": c.index, "text": text, "logprobs": self.logprobs_block(c, items), "finish_reason": finish}
-            obj = "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.state.served_name,
-                "choices": [ch]}
+        return {"id": self.id, "object": self.shape.object_chunk, "created": self.created,
+                "model": self.state.served_name, "choices": [self.shape.chunk_choice(c, text, items, finish, first)]}
 
     def full(self) -> dict:
-        choices = []
-        for c in self.choices:
-            text = c.stream.final_text
-            if self.g.kind == "chat":
-                choices.append({"index": c.index, "message": {"role": "assistant", "content": text},
-                                "logprobs": self.logprobs_block(c, c.logprobs), "finish_reason": c.finish})
-            else:
-                if self.g.echo:
-                    text = self.g.prompt_texts[c.index // self.g.n] + text
-                choices.append({"index": c.index, "text": text, "logprobs": self.logprobs_block(c, c.logprobs),
-                                "finish_reason": c.finish})
-        return {"id": self.id, "object": "chat.completion" if self.g.kind == "chat" else "text_completion",
-                "created": self.created, "model": self.state.served_name, "choices": choices, "usage": self.usage()}
+        return {"id": self.id, "object": self.shape.object_full, "created": self.created,
+                "model": self.state.served_name, "choices": [self.shape.full_choice(c) for c in self.choices],
+                "usage": self.usage()}
 
     # ---- delivery ---------------------------------------------------------------------------
     async def collect(self, is_disconnected) -> bool:
@@ -229,12 +177,9 @@ class Generation:
         """The server-sent events of a streaming response, ending with `data: [DONE]`."""
         sse = lambda obj: f"data: {json.dumps(obj)}\n\n"  # noqa: E731
         try:
-            if self.g.kind == "chat":
-                for c in self.choices:
-                    yield sse(self.chunk(c, "", [], None, first=True))
-            elif self.g.echo:
-                for c in self.choices:
-                    yield sse(self.chunk(c, self.g.prompt_texts[c.index // self.g.n], [], None))
+            for c in self.choices:
+                if (opening := self.shape.opening(c)) is not None:
+                    yield sse(self.chunk(c, opening[0], [], None, first=opening[1]))
             while self.live():
                 batch = [await self.queue.get()]
                 while not self.queue.empty():  # events of one engine step arrive together
@@ -270,8 +215,7 @@ class Generation:
                     yield sse(failed.body())
                     break
             if self.g.include_usage:
-                yield sse({"id": self.id, "object": "chat.completion.chunk" if self.g.kind == "chat" else
-                           "text_completion", "created": self.created, "model": self.state.served_name,
+                yield sse({"id": self.id, "object": self.shape.object_chunk, "created": self.created, "model": self.state.served_name,
                            "choices": [], "usage": self.usage()})
             yield "data: [DONE]\n\n"
         finally:

@@ -1,0 +1,1 @@
+"""The HTTP routes, one APIRouter per concern; `app.create_app` includes them."""

@@ -1,0 +1,43 @@
+"""OpenAI's completions and chat completions: parse, admit, stream or collect."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from .. import schema
+from ..generation import Generation
+from ..guards import ERRORS, admitted_body, check_model, openapi_body, server_state
+from ..protocol import parse_chat, parse_completion
+
+router = APIRouter()
+
+
+async def generate(req: Request, kind: str):
+    body = await admitted_body(req)
+    state = server_state(req)
+    parse = parse_completion if kind == "completion" else parse_chat
+    # Tokenizing a long prompt (or many) takes milliseconds: off the event loop, so the
+    # streams it serves keep flowing.
+    g = await run_in_threadpool(parse, body, state.model.tokenizer, state.model.spec.vocab_size)
+    check_model(state, g.model)
+    gen = Generation(state, g)
+    gen.start()
+    if g.stream:
+        return StreamingResponse(gen.sse(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    if not await gen.collect(req.is_disconnected):
+        return Response(status_code=499)
+    return JSONResponse(gen.full())
+
+
+@router.post("/v1/completions", openapi_extra=openapi_body(schema.CompletionRequest),
+             responses={200: {"model": schema.CompletionResponse}, **ERRORS})
+async def completions(req: Request):
+    return await generate(req, "completion")
+
+
+@router.post("/v1/chat/completions", openapi_extra=openapi_body(schema.ChatCompletionRequest),
+             responses={200: {"model": schema.ChatCompletionResponse}, **ERRORS})
+async def chat(req: Request):
+    return await generate(req, "chat")

@@ -1,0 +1,31 @@
+"""The server-wide state every route shares: what is served, its limits, the engine once loaded,
+and the latency histograms /metrics reads."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..engine.metrics import Histogram
+
+
+@dataclass
+class ServerState:
+    served_name: str
+    api_key: str | None = None
+    max_queued_requests: int = 256
+    max_queued_tokens: int = 1 << 20
+    max_body_bytes: int = 8 << 20  # 413 beyond this: a 4096-token prompt is ~20-40 KB of JSON
+    engine: object = None  # set once the model is loaded
+    model: object = None
+    cfg: object = None
+    load_error: str | None = None
+    kernels: dict | None = None  # the KernelPlan chosen at start (`/version` shows it)
+    allowed_hosts: frozenset | None = None  # Host header names served (None: any; see main.allowed_hosts)
+    pending: dict = field(default_factory=dict)  # request id -> prompt tokens, until Scheduled
+    ttft: Histogram = field(default_factory=Histogram)
+    itl: Histogram = field(default_factory=Histogram)
+    e2e: Histogram = field(default_factory=Histogram)
+    queue_time: Histogram = field(default_factory=Histogram)
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None
