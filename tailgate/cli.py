@@ -94,6 +94,23 @@ def cmd_bench_kernels(args) -> int:
 
 def cmd_serve(args) -> int:
     from .config import cli_lookup
+
+    if args.replicas > 1:
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            print("tailgate: --replicas needs Ray Serve, the `ray` extra: pip install .[ray] "
+                  "(or bash scripts/setup --ray)", file=sys.stderr)
+            return 2
+        from .fleet.launch import serve_fleet
+
+        args.router = args.router or "prefix"
+        return serve_fleet(args, cli_lookup(args))
+    for flag, value in (("--ray-address", args.ray_address), ("--router", args.router)):
+        if value is not None:
+            print(f"tailgate: {flag} {value!r} needs --replicas N with N > 1 (one replica is served without Ray)",
+                  file=sys.stderr)
+            return 2
     from .server.main import serve
 
     return serve(args, cli_lookup(args))

@@ -41,3 +41,13 @@ def add_serve_args(p) -> None:
     p.add_argument("--drain-timeout", type=uint_arg(), default=30, help="seconds SIGTERM waits for in-flight requests")
     p.add_argument("--log-level", default="info")
     add_knob_args(p)
+    # The fleet (tailgate/fleet/, docs/scale-out.md): N > 1 runs N engine replicas on Ray Serve, the
+    # `ray` extra; with N = 1 nothing of Ray is imported.
+    fl = p.add_argument_group("fleet (tailgate/fleet/; needs the ray extra: pip install .[ray])")
+    fl.add_argument("--replicas", type=uint_arg(1), default=1, help="engine replicas behind this endpoint, each "
+                    "with cores/N threads and its own KV cache (N > 1: Ray Serve)")
+    fl.add_argument("--ray-address", default=None, help="join this Ray cluster (default: start a local one, "
+                    "stopped with the command)")
+    fl.add_argument("--router", default=None, choices=["prefix", "least-loaded", "random", "pow2"],
+                    help="how a request picks its replica (default prefix: longest cached prefix unless "
+                    "out of balance; pow2: Ray Serve's own power-of-two choices)")

@@ -1,0 +1,201 @@
+"""The fleet's one HTTP endpoint: an ASGI app (run by uvicorn in the `tailgate serve --replicas N`
+process) that forwards every request, as it came, to an engine replica through the deployment's
+Serve handle (whose router, `fleet/router.py`, picks the replica), and streams the replica's answer
+back. Only /metrics (every replica's, merged) and /health (the fleet's) are answered here.
+
+Why not Serve's own HTTP proxy: it would put a second hop (proxy actor, then an ingress replica)
+in front of the engines on a 2-core machine, and the front needs fleet-wide /metrics and /health
+and control over retries anyway; replacement of dead replicas, routing and scaling stay Serve's.
+
+Faults: a request whose replica is lost before its response started (nothing sent to the client
+yet) is sent again, to another replica (the router forgot the dead one), up to `attempts` times;
+a response that had started (a stream) ends with an OpenAI error event and `data: [DONE]`, as the
+single-process server ends a stream whose generation failed. No request waits on a dead replica.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from ..server.protocol import ApiError
+
+log = logging.getLogger("tailgate.fleet")
+LOCAL = ("/metrics", "/health")
+
+
+def route_key(path: str, body: bytes):
+    """What the router matches prefixes on: the prompt's token ids or text, or the chat messages'
+    text in order; "" when the body has none (the replica answers it with the error)."""
+    if not path.startswith("/v1/") or not body:
+        return ""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return ""
+    if not isinstance(obj, dict):
+        return ""
+    p = obj.get("prompt")
+    if isinstance(p, list) and p and isinstance(p[0], (list, str)):
+        p = p[0]  # a batch: the first prompt places it
+    if isinstance(p, str):
+        return p
+    if isinstance(p, list) and all(isinstance(t, int) for t in p):
+        return tuple(p)
+    msgs = obj.get("messages")
+    if isinstance(msgs, list):
+        parts = []
+        for m in msgs:
+            c = m.get("content") if isinstance(m, dict) else None
+            if isinstance(c, list):
+                c = "".join(x.get("text", "") for x in c if isinstance(x, dict))
+            parts.append(f"{m.get('role', '') if isinstance(m, dict) else ''}\x1f{c or ''}\x1e")
+        return "".join(parts)
+    return ""
+
+
+class Front:
+    """`handle`: the engine deployment's DeploymentHandle; `fleet`: a zero-argument callable
+    giving {"running": n, "target": N, "replicas": [unique ids]} (Serve's status);
+    `routes`: a zero-argument callable giving the router's counts by reason."""
+
+    def __init__(self, handle, fleet, routes, max_body_bytes: int, attempts: int = 3, metrics_timeout: float = 10.0):
+        self.handle, self.fleet, self.routes = handle, fleet, routes
+        self.max_body_bytes, self.attempts, self.metrics_timeout = max_body_bytes, attempts, metrics_timeout
+        self.counts = {"retries": 0, "stream_errors": 0}
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if path in LOCAL and scope["method"] in ("GET", "HEAD"):
+            return await self._local(path, scope, send)
+        try:
+            body = await self._body(scope, receive)
+        except ApiError as e:
+            return await self._reply(send, e.status, json.dumps(e.body()).encode(), e.headers)
+        await self._forward(scope, receive, send, body)
+
+    async def _body(self, scope, receive) -> bytes:
+        declared = dict(scope["headers"]).get(b"content-length", b"").decode("latin-1")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise ApiError(413, f"request body of {declared} bytes exceeds the server's {self.max_body_bytes} "
+                                "(tailgate serve --max-body-mb)")
+        raw = bytearray()
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                raise ApiError(499, "client disconnected")
+            raw += msg.get("body", b"")
+            if len(raw) > self.max_body_bytes:
+                raise ApiError(413, f"request body exceeds the server's {self.max_body_bytes} bytes "
+                                    "(tailgate serve --max-body-mb)")
+            if not msg.get("more_body", False):
+                return bytes(raw)
+
+    async def _forward(self, scope, receive, send, body: bytes) -> None:
+        key = route_key(scope["path"], body)
+        args = (scope["method"], scope["path"], scope.get("query_string", b""), list(scope["headers"]), body)
+        left = asyncio.Event()
+
+        async def watch():  # the client hanging up cancels the replica's call (its engine requests abort)
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            left.set()
+
+        watcher = asyncio.ensure_future(watch())
+        started, sse, last = False, False, None
+        try:
+            for attempt in range(self.attempts):
+                gen = self.handle.options(stream=True).remote(*args, route_key=key)
+                try:
+                    async for item in _until(gen, left):
+                        if isinstance(item, tuple):
+                            _, status, headers = item
+                            sse = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                                      for k, v in headers)
+                            await send({"type": "http.response.start", "status": status, "headers": headers})
+                            started = True
+                        else:
+                            await send({"type": "http.response.body", "body": item, "more_body": True})
+                    if left.is_set():
+                        return
+                    if started:
+                        await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # the replica was lost (died, unavailable) or failed the call
+                    last = e
+                    if started:
+                        break
+                    self.counts["retries"] += 1
+                    log.warning("request to a lost replica, not started: retrying elsewhere (%d/%d): %r",
+                                attempt + 1, self.attempts, e)
+            if not started:
+                err = ApiError(503, f"no replica could take the request after {self.attempts} attempts: {last!r}")
+                return await self._reply(send, 503, json.dumps(err.body()).encode())
+            self.counts["stream_errors"] += 1
+            log.warning("replica lost mid-response: %r", last)
+            if sse:
+                err = ApiError(503, f"the replica serving this stream was lost: {last!r}; retry the request")
+                msg = f"data: {json.dumps(err.body())}\n\ndata: [DONE]\n\n".encode()
+                await send({"type": "http.response.body", "body": msg, "more_body": False})
+            else:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            watcher.cancel()
+
+    async def _local(self, path: str, scope, send) -> None:
+        fleet = await asyncio.to_thread(self.fleet)
+        if path == "/health":
+            n, target = fleet["running"], fleet["target"]
+            status = "ok" if n >= target else ("degraded" if n else "unavailable")
+            body = {"status": status, "replicas": {"running": n, "target": target}, "members": fleet.get("members", [])}
+            return await self._reply(send, 200 if n else 503, json.dumps(body).encode())
+        from .metrics import render
+
+        async def one(rid):
+            try:
+                return await asyncio.wait_for(self.handle.metrics.remote(pin=rid), self.metrics_timeout)
+            except Exception as e:  # a replica gone between the status and the call: it has no figures
+                log.warning("no metrics from replica %s: %r", rid, e)
+                return None
+
+        got = await asyncio.gather(*(one(r) for r in fleet["replicas"]))
+        texts = dict(x for x in got if x is not None)
+        text = render(texts, self.routes(), self.counts, {"running": fleet["running"], "target": fleet["target"]})
+        await self._reply(send, 200, text, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")])
+
+    @staticmethod
+    async def _reply(send, status: int, body: bytes, headers=None) -> None:
+        if isinstance(headers, dict) or headers is None:  # an error body: JSON, plus the error's own headers
+            headers = [(b"content-type", b"application/json")] + list((headers or {}).items())
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(bytes(k, "latin-1") if isinstance(k, str) else k,
+                                 bytes(v, "latin-1") if isinstance(v, str) else v) for k, v in
+                                headers]})
+        await send({"type": "http.response.body", "body": body})
+
+
+async def _until(gen, left: asyncio.Event):
+    """The replica's items until it ends or the client leaves (then the call is cancelled)."""
+    it = gen.__aiter__()
+    while True:
+        nxt = asyncio.ensure_future(it.__anext__())
+        stop = asyncio.ensure_future(left.wait())
+        await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not nxt.done():
+            nxt.cancel()
+            gen.cancel()
+            return
+        try:
+            yield nxt.result()
+        except StopAsyncIteration:
+            return

@@ -1,0 +1,122 @@
+"""`tailgate serve --replicas N [--ray-address ADDR] [--router ...]`: the single-process server's
+checks (knobs, chat template, kernels, the model's shapes, the KV budget: all before Ray starts or
+any weights load), then Ray (a local instance started and stopped with the command, or the cluster
+at ADDR), the engine deployment of N replicas with the fleet's router, and the front on --port."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from ..config import resolve, usable_cores
+
+APP, DEPLOYMENT = "tailgate", "engine"
+ROUTERS = ("prefix", "least-loaded", "random", "pow2")
+
+
+def replica_spec(args, cfg, plan, template: str | None) -> dict:
+    from ..model.weights import served_name
+    from ..server.main import api_key
+
+    return {"model": args.model, "config": cfg, "dtype": args.dtype, "device": args.device, "kernels": args.kernels,
+            "kernel_plan": plan.as_dict(), "chat_template": template,
+            "threads": args.threads or max(1, usable_cores() // args.replicas),
+            "served_name": args.served_model_name or served_name(args.model), "api_key": api_key(args.api_key, os.environ),
+            "max_queued_requests": args.max_queued_requests, "max_queued_tokens": args.max_queued_tokens,
+            "max_body_bytes": args.max_body_mb << 20}
+
+
+def deploy(spec: dict, replicas: int, router: str, cpus_per_replica: float, drain_s: int):
+    """Run the engine deployment; returns its handle."""
+    from ray import serve
+    from ray.serve.config import RequestRouterConfig
+
+    from .replica import EngineReplica
+
+    opts = {}
+    if router != "pow2":  # pow2: Serve's own default router, the baseline the A/B compares against
+        opts["request_router_config"] = RequestRouterConfig(
+            request_router_class="tailgate.fleet.router.TailgateRouter", request_router_kwargs={"policy": router})
+    # The engine queues (and refuses past --max-queued-requests with a 429), so Serve never should:
+    # a replica Serve called full would make the router back off instead of placing the request.
+    dep = serve.deployment(EngineReplica, name=DEPLOYMENT, num_replicas=replicas,
+                           max_ongoing_requests=spec["max_queued_requests"] + 1024,
+                           ray_actor_options={"num_cpus": cpus_per_replica},
+                           health_check_period_s=2.0, health_check_timeout_s=60.0,
+                           graceful_shutdown_timeout_s=float(drain_s), **opts)
+    return serve.run(dep.bind(spec), name=APP, route_prefix=None)
+
+
+def fleet_status(target: int):
+    """A callable giving the fleet as Serve's controller sees it: replicas running, the target,
+    and the running replicas' ids (the front's /metrics asks each of them)."""
+    from ray.serve.context import _get_global_client
+
+    def status() -> dict:
+        details = _get_global_client().get_serve_details()
+        dep = (details.get("applications", {}).get(APP, {}).get("deployments", {}).get(DEPLOYMENT, {}))
+        live = [r for r in dep.get("replicas", []) if r.get("state") == "RUNNING"]
+        return {"running": len(live), "target": target, "replicas": [r["replica_id"] for r in live],
+                "members": [{"id": r["replica_id"], "pid": r.get("pid"), "node_ip": r.get("node_ip")} for r in live]}
+    return status
+
+
+def serve_fleet(args, lookup) -> int:
+    import uvicorn
+
+    from ..assemble import check_kv_budget
+    from ..model.kernels import choose
+    from ..model.weights import read_spec, resolve_model_path
+    from ..server.app import HostCheck
+    from ..server.main import allowed_hosts, chat_template
+
+    cfg = resolve(lookup)
+    try:
+        template = chat_template(getattr(args, "chat_template", None), os.environ)
+    except ValueError as e:
+        print(f"tailgate: {e}", file=sys.stderr)
+        return 2
+    plan = choose(args.dtype, args.kernels, args.device)
+    path = resolve_model_path(args.model)
+    try:
+        spec = read_spec(path)
+    except (ValueError, KeyError, OSError) as e:
+        print(f"tailgate: cannot serve {path}: {e if isinstance(e, ValueError) else repr(e)}", file=sys.stderr)
+        return 2
+    check_kv_budget(spec, cfg.with_model_limit(spec.max_position), plan.kv)
+    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import ray
+    from ray import serve
+
+    rspec = replica_spec(args, cfg, plan, template)
+    # A local Ray gets this machine's cores, shared out (fractions allowed); a cluster places each
+    # replica on a node with its thread count free.
+    cpus = float(rspec["threads"]) if args.ray_address else usable_cores() / args.replicas
+    ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=True,
+             **({} if args.ray_address else {"num_cpus": usable_cores()}))
+    try:
+        serve.start(proxy_location="Disabled")
+        handle = deploy(rspec, args.replicas, args.router, cpus, args.drain_timeout)
+        from .front import Front
+
+        routes = (lambda: {}) if args.router == "pow2" else _routes
+        front = Front(handle, fleet_status(args.replicas), routes, rspec["max_body_bytes"])
+        hosts = allowed_hosts(args.host, args.allowed_hosts)
+        app = HostCheck(front, hosts) if hosts is not None else front
+        logging.getLogger("tailgate").info("fleet of %d replicas (%d thread(s) each, router %s) on http://%s:%d",
+                                           args.replicas, rspec["threads"], args.router, args.host, args.port)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, loop="asyncio", http="h11",
+                    timeout_graceful_shutdown=args.drain_timeout, access_log=False)
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+    return 0
+
+
+def _routes() -> dict:
+    from .registry import route_totals
+
+    return route_totals()
