@@ -162,8 +162,8 @@ KNOBS = (
          "decode keeps stepping on the rest (one in flight; intake waits); shared/green:NN are the seed's CUDA "
          "lanes and refuse here; refuses with the door"),
     Knob("PREFIX_CACHE", "off", "off | K, 1 <= K <= 1024",
-         "keep up to K prompts' KV pages (shared once their prefill is done); a prompt resumes at its longest cached prefix (LRU; "
-         "evicted under page pressure before any live request)"),
+         "remember up to K prompts' full KV pages as hashed blocks (and a preempted request's, for its recompute); a prompt "
+         "resumes at its longest cached prefix (LRU; cached pages pin nothing: an allocation evicts idle ones only when none is free)"),
     Knob("ADMIT_COALESCE_MS", "off", DOOR_GRAMMAR,
          "admission coalesce door: hold arrivals into a deep live batch up to N ms; auto: hold only while "
          "the stall it spares live streams (learned step costs) exceeds the wait it adds"),

@@ -1,5 +1,6 @@
-"""The prefix cache as plain data: page sharing, LRU, eviction under pressure, the sliding window.
-(Token-exactness on the real model: tests/test_engine_gates.py.)"""
+"""The prefix cache as hashed blocks, as plain data: chained block keys, page sharing, lazy LRU
+eviction, entries (K), the sliding window, recompute after preemption. (Token-exactness on the
+real model: tests/test_engine_gates.py; under random schedules: tests/test_scheduler_random.py.)"""
 from __future__ import annotations
 
 import pytest
@@ -12,9 +13,9 @@ from test_scheduler import FakeExecutor
 from tailgate.engine.scheduler import Scheduler
 
 
-def make(k=4, slots=4, global_pages=None, chunk=None):
+def make(k=4, slots=4, global_pages=None, chunk=None, local_pages=None, window=None):
     cfg = ServingConfig(max_context=256, decode_slots=slots, mix_chunk_tokens=chunk, prefix_cache=k)
-    book = KVBook(global_pages or slots * 16 + 1, None, None)
+    book = KVBook(global_pages or slots * 16 + 1, local_pages, window)
     ex = FakeExecutor()
     return Scheduler(ex, book, cfg, 1000, clock=lambda: 0.0), ex
 
@@ -36,11 +37,25 @@ def cached(events, r):
     return next(e.cached_tokens for e in events if isinstance(e, Scheduled) and e.request_id == r.id)
 
 
+def prefill(book, cache, toks, owner="a", prompt_len=None):
+    """A sequence writes `toks` whole, the cache registers it, the sequence ends."""
+    seq = SeqPages()
+    assert book.reserve(seq, len(toks))
+    book.advance(seq, len(toks), release=False)
+    cache.written(toks, len(toks) if prompt_len is None else prompt_len, owner, seq, True)
+    book.advance(seq, 0)
+    book.free(seq)
+
+
+def hit(cache, toks, **kw):
+    return 16 * len(cache.lookup(toks, **kw))
+
+
 def test_a_resumed_prompt_shares_whole_pages_and_walks_only_its_suffix():
     s, ex = make()
     base = prompt(40)
-    run(s, Request(base, 3))  # its 2 full prompt pages (32 tokens) stay cached after it finishes
-    assert len(s.prefix) == 1 and s.book.glob.used == 2
+    run(s, Request(base, 3))  # its 2 full prompt pages (32 tokens) stay cached, idle, after it finishes
+    assert len(s.prefix) == 1 and s.book.glob.used == 0 and s.book.glob.idle == 2
     r = Request(base + prompt(10, salt=3), 3)
     ev = run(s, r)
     assert cached(ev, r) == 32 and s.metrics.prefix_hits == 32 and s.metrics.prefix_queries == 40 + 50
@@ -65,18 +80,41 @@ def test_a_token_changed_in_the_middle_stops_the_match_at_its_page():
     assert cached(run(s, r), r) == 32
 
 
-def test_a_shared_prefix_past_the_window_resumes_inside_an_entry_with_its_sliding_pages():
-    # Window 64 on the sliding layers: a plain request would have released pages 0..3 of its
-    # 136-token prompt during prefill; with the cache on they stay until the entry has them.
-    cfg = ServingConfig(max_context=256, decode_slots=4, mix_chunk_tokens=64, prefix_cache=4)
-    book = KVBook(4 * 16 + 1, 4 * 16 + 1, 64)
-    s = Scheduler(FakeExecutor(), book, cfg, 1000, clock=lambda: 0.0)
-    shared = prompt(96)
-    run(s, Request(shared + prompt(40, 1), 2))
-    r = Request(shared + prompt(40, 2), 2)
-    assert cached(run(s, r), r) == 96
-    s.prefix.clear()
-    assert book.glob.used == 0 and book.local.used == 0
+def test_a_block_matches_only_under_the_same_whole_prefix_not_by_its_own_tokens():
+    book = KVBook(20, None, None)
+    cache = PrefixCache(4, book)
+    a = prompt(32, 1)
+    prefill(book, cache, a)
+    b = prompt(16, 2) + a[16:]  # page 1 holds a's page-1 tokens, after another page 0
+    assert hit(cache, b + [1]) == 0 and hit(cache, a + [1]) == 32
+
+
+def test_a_cached_page_is_evicted_only_when_an_allocation_needs_it_least_recently_released_first():
+    book = KVBook(9, None, None)  # 8 usable pages
+    cache = PrefixCache(8, book)
+    a, b = prompt(32, 1), prompt(32, 2)
+    prefill(book, cache, a)
+    prefill(book, cache, b)
+    assert book.glob.idle == 4 and book.glob.available == 8
+    seq = SeqPages()
+    assert book.reserve(seq, 4 * 16)  # the 4 free pages do: nothing cached is touched
+    assert hit(cache, a + [1]) == 32 and hit(cache, b + [1]) == 32
+    assert book.reserve(seq, 5 * 16)  # one page more: a's last page, the least recently released, goes
+    assert hit(cache, a + [1]) == 16 and hit(cache, b + [1]) == 32
+    assert cache.blocks == 3
+    book.free(seq)
+
+
+def test_a_reservation_the_pools_refuse_evicts_no_cached_page():
+    book = KVBook(9, 5, 64)  # 8 global pages, 4 sliding
+    cache = PrefixCache(8, book)
+    a = prompt(48, 1)
+    prefill(book, cache, a)  # 3 idle pages in each pool
+    seq = SeqPages()
+    assert not book.reserve(seq, 5 * 16)  # the global pool could, by evicting; the sliding pool cannot
+    assert (book.glob.idle, book.local.idle) == (3, 3) and hit(cache, a + [1]) == 48
+    assert not book.reserve(seq, 9 * 16)  # more than the global pool holds at all
+    assert (book.glob.idle, book.local.idle) == (3, 3) and hit(cache, a + [1]) == 48
 
 
 def test_the_cache_forgets_its_least_recently_used_prompt_first():
@@ -89,19 +127,88 @@ def test_the_cache_forgets_its_least_recently_used_prompt_first():
     ra, rb = Request(a + [9], 2), Request(b + [9], 2)
     assert cached(run(s, ra), ra) == 32
     assert cached(run(s, rb), rb) == 0
+    assert s.book.glob.idle == 2 * 2  # a and c: b's pages went free with its entry
 
 
-def test_cached_prefixes_are_evicted_before_a_prompt_is_requeued_or_rejected():
+def test_cached_pages_are_taken_before_a_prompt_is_requeued_or_rejected_and_only_as_many_as_it_needs():
     s, _ = make(k=8, slots=2, global_pages=9)  # 8 usable pages
     for salt in range(3):
-        run(s, Request(prompt(32, salt), 2))  # 3 entries x 2 pages = 6 pages held
-    assert s.book.glob.used == 6
-    r = Request(prompt(90, 9), 2)  # needs 6 pages with 2 free: the two oldest entries must go
+        run(s, Request(prompt(32, salt), 2))  # 3 entries x 2 pages = 6 idle pages
+    assert s.book.glob.idle == 6 and s.book.glob.used == 0
+    r = Request(prompt(90, 9), 2)  # needs 6 pages with 2 free: the 4 least recently released go
     ev = run(s, r)
     assert not any(isinstance(e, Rejected) for e in ev) and any(isinstance(e, Finished) for e in ev)
-    assert len(s.prefix) == 2 and s.metrics.preemptions == 0  # the newest old entry + r's own
-    survivor = Request(prompt(32, 2) + [9], 2)
-    assert cached(run(s, survivor), survivor) == 32
+    assert s.metrics.preemptions == 0
+    for salt, want in ((2, 32), (0, 0), (1, 0)):
+        again = Request(prompt(32, salt) + [9], 2)
+        assert cached(run(s, again), again) == want
+
+
+def test_a_sliding_page_the_window_passed_is_not_pinned_but_stays_idle_for_a_resume():
+    # Window 64: the first 136-token prompt releases its sliding pages 0..3 as the walk passes
+    # them; registered first, they go idle, not free, and the second prompt resumes at 96.
+    s, _ = make(chunk=64, local_pages=4 * 16 + 1, window=64)
+    shared = prompt(96)
+    run(s, Request(shared + prompt(40, 1), 2))
+    assert s.book.local.used == 0 and s.book.local.available == s.book.local.capacity
+    r = Request(shared + prompt(40, 2), 2)
+    assert cached(run(s, r), r) == 96
+    s.prefix.clear()
+    assert s.book.glob.idle == 0 and s.book.local.idle == 0
+
+
+@pytest.mark.parametrize("resume_pages,held", [
+    (12, True),   # a resume at 192 reads sliding pages (192 - 63) // 16 = 8 on: 8..11 are kept
+    (10, False),  # at 160 it reads pages 6..9; 6 and 7 were evicted, and every shorter hit lacks some
+    (8, False),   # at 128 it reads pages 4..7: gone
+])
+def test_a_prefix_resumes_only_as_far_as_the_sliding_pages_of_its_last_window_are_kept(resume_pages, held):
+    book = KVBook(40, 40, 64)
+    cache = PrefixCache(4, book)
+    toks = prompt(200)  # 12 full pages; the window passes pages 0..7, which go idle first
+    prefill(book, cache, toks)
+    assert hit(cache, toks[:resume_pages * 16] + [1]) == resume_pages * 16  # every sliding page still idle
+    seq = SeqPages()
+    assert book.local.take(book.local.available - 4) is not None  # evicts the 8 passed pages
+    assert hit(cache, toks[:resume_pages * 16] + [1]) == (resume_pages * 16 if held else 0)
+
+
+def test_more_long_prompts_keep_a_usable_last_window_than_their_sliding_pages_would_fill():
+    # Window 32, 20 sliding pages; four 128-token prompts write 8 sliding pages each. Pages the
+    # window passed are evicted first, so each prompt keeps pages 6-7, all a resume at 128 reads.
+    s, _ = make(k=8, local_pages=21, window=32)
+    prompts = [prompt(128, salt) for salt in range(4)]
+    for p in prompts:
+        run(s, Request(p, 1))
+    for p in prompts:
+        r = Request(p + [9], 1)
+        assert cached(run(s, r), r) == 128
+
+
+def test_a_recompute_after_preemption_rehits_its_own_prompt_and_output_pages():
+    s, ex = make(k=4, slots=3, global_pages=11)  # 10 usable pages: two 60-token requests fit, three do not
+    rs = [Request(prompt(10, i), max_tokens=50, arrival=1.0 + i) for i in range(3)]
+    events = run(s, *rs)
+    assert s.metrics.preemptions >= 1 and s.book.glob.used == 0
+    for r in rs:
+        assert [e.reason for e in events if isinstance(e, Finished) and e.request_id == r.id] == ["length"]
+    # the recompute (prompt + output so far, > 10 rows) resumed past its own cached pages
+    recomputes = [seg for step in ex.segments for seg in step if seg[2] and seg[1] > 0 and seg[0] > 1]
+    assert recomputes and s.prefix.recompute_hits == sum(start for _, start, _ in recomputes) > 0
+
+
+def test_a_preempted_requests_output_pages_are_not_served_to_another_prompt_with_the_same_text():
+    book = KVBook(20, None, None)
+    cache = PrefixCache(4, book)
+    p, out = prompt(10, 1), prompt(40, 2)
+    seq = SeqPages()
+    assert book.reserve(seq, 50)
+    book.advance(seq, 49)  # the last output token is not fed yet
+    cache.keep(p + out, len(p), "r1", seq)  # preempted: 3 full pages, every one holding output
+    book.free(seq)
+    assert hit(cache, p + out + [1]) == 0  # another request's prompt with that very text
+    assert hit(cache, p + out, prompt_len=len(p), owner="r2") == 0
+    assert hit(cache, p + out, prompt_len=len(p), owner="r1") == 48  # its own recompute
 
 
 def test_no_page_leaks_after_a_mixed_workload():
@@ -113,8 +220,9 @@ def test_no_page_leaks_after_a_mixed_workload():
         run(s, r)
     mixed = [Request(base + prompt(9, i), 4) for i in range(5)]
     run(s, *mixed)
+    assert s.book.glob.used == 0 and len(s.prefix) == 3
     s.prefix.clear()
-    assert s.book.glob.used == 0
+    assert s.book.glob.idle == 0 and s.prefix.blocks == 0
 
 
 def test_a_page_is_free_only_when_its_last_holder_gives_it_back():
@@ -131,32 +239,11 @@ def test_a_page_is_free_only_when_its_last_holder_gives_it_back():
         book.glob.give(pages[:1])
 
 
-@pytest.mark.parametrize("frontier,resume_pages,held", [
-    (60, 3, True),    # nothing released yet (a page goes once (p + 1) * 16 + 64 <= frontier)
-    (200, 8, False),  # pages 0..7 released; a resume at 128 needs pages from (128 - 63) // 16 = 4 on
-    (200, 12, True),  # a resume at 192 needs pages from (192 - 63) // 16 = 8 on: held
-])
-def test_a_prefix_resumes_only_if_the_sliding_pages_its_queries_see_are_held(frontier, resume_pages, held):
-    book = KVBook(40, 40, 64)
-    cache = PrefixCache(4, book)
-    seq = SeqPages()
-    assert book.reserve(seq, frontier)
-    book.advance(seq, frontier)
-    toks = prompt(frontier)
-    cache.add(toks, seq)
-    book.free(seq)  # the request ends; the entry keeps its references
-    e = next(iter(cache.entries.values()))
-    assert cache._window_held(e, resume_pages) is held
-    got, n = cache.lookup(toks[:resume_pages * 16] + [1])
-    assert (n == resume_pages * 16) is held
-
-
 def test_a_prompt_rejected_as_too_big_gives_back_the_cached_pages_it_attached():
     s, _ = make(k=4, slots=2, global_pages=9)  # 8 usable pages, the walk off
     a = prompt(32, 1)
-    run(s, Request(a, 2))  # cached: 2 pages held by the entry
+    run(s, Request(a, 2))  # cached: 2 idle pages
     big = Request(a + prompt(120, 5), 2)  # starts at a's pages, needs 10 in all: never fits
     ev = run(s, big)
     assert any(isinstance(e, Rejected) for e in ev)
-    s.prefix.clear()
-    assert s.book.glob.used == 0  # the two attached references went back with the rejection
+    assert s.book.glob.used == 0 and s.book.glob.idle == 2  # the attached references went back

@@ -36,6 +36,7 @@ ones every run); a failure prints its scenario (`note`) and the shrunk request's
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, event, given, note, settings
@@ -258,9 +259,14 @@ def specs(draw):
 
 
 @st.composite
-def scenarios(draw, never_fits: bool = False):
+def scenarios(draw, never_fits: bool = False, cached_pressure: bool = False):
     """A random scenario; with `never_fits`, one request always exceeds a tight global pool and the
-    prefix cache is on (the refusal and failure paths, with prefix pages attached)."""
+    prefix cache is on (the refusal and failure paths, with prefix pages attached). With
+    `cached_pressure`, the prefix cache is on under budgets of at most a few pages beyond the
+    largest request, with several long-output requests: preemptions, recomputes that re-hit their
+    own pages, and cached pages evicted under the writers that need them."""
+    if cached_pressure:
+        return draw(pressured())
     reqs = draw(st.lists(specs(), min_size=1, max_size=7))
     slots = draw(st.integers(1, 6))
     door = draw(st.sampled_from([None, None, None, 5, 50, "auto"]))
@@ -289,6 +295,21 @@ def scenarios(draw, never_fits: bool = False):
         global_pages=gpages, window=window, local_pages=lpages)
 
 
+@st.composite
+def pressured(draw):
+    reqs = [dataclasses.replace(s, max_tokens=min(MAX_CONTEXT - s.prompt_len, max(s.max_tokens, 40)),
+                                shared=max(s.shared, s.prompt_len // 2))
+            for s in draw(st.lists(specs(), min_size=3, max_size=7))]
+    biggest = max(pages_for(s.prompt_len + s.max_tokens) for s in reqs)
+    window = draw(st.none() | st.sampled_from([16, 24, 40]))
+    slots = draw(st.integers(2, 6))
+    return Scenario(
+        specs=tuple(reqs), slots=slots, max_prompts=draw(st.integers(1, slots)), gather_rows=512,
+        chunk=draw(st.sampled_from([None, 64, 16, 24])), itl_ms=None, prefix=draw(st.sampled_from([1, 4, 16])),
+        door=None, lane_polls=draw(st.sampled_from([None, 1, 2])), global_pages=biggest + draw(st.integers(0, 4)),
+        window=window, local_pages=None if window is None else biggest + draw(st.integers(0, 4)))
+
+
 @dataclass
 class Outcome:
     sc: Scenario
@@ -298,6 +319,7 @@ class Outcome:
     drained: bool = False
     sched: Scheduler | None = None
     ex: PagedKV | None = None
+    cache_faults: list[str] = field(default_factory=list)  # PrefixCache.audit() at the end, then after clear()
 
     def spec(self, r: Request) -> Spec:
         return self.sc.specs[self.reqs.index(r)]
@@ -345,7 +367,12 @@ def simulate(sc: Scenario) -> Outcome:
     event(f"lane prefills: {m.lane_prefills > 0}")
     event(f"finished error: {m.finished['error'] > 0}")
     if sched.prefix is not None:
+        event(f"recompute hits: {sched.prefix.recompute_hits > 0}")
+        out.cache_faults = sched.prefix.audit()
         sched.prefix.clear()
+        out.cache_faults += sched.prefix.audit()
+        if sched.prefix.blocks or book.glob.idle or (book.local and book.local.idle):
+            out.cache_faults.append(f"after clear: {sched.prefix.blocks} blocks, {book.glob.idle} idle pages")
     return out
 
 
@@ -379,6 +406,7 @@ def check_one_terminal_event_and_no_leak(o: Outcome) -> None:
         if r.id in o.ex.sampled:
             assert r.id in o.ex.released, f"its sampler state was never released: {describe(o, r)}"
     assert o.sched.book.glob.used == 0, f"{o.sched.book.glob.used} global pages leaked"
+    assert not o.cache_faults, o.cache_faults[:5]
     assert o.sched.book.local is None or o.sched.book.local.used == 0, f"{o.sched.book.local.used} sliding pages leaked"
 
 
@@ -433,6 +461,16 @@ def test_a_request_that_fits_the_kv_pools_alone_is_never_killed_or_rejected(sc):
 @SETTINGS
 @given(scenarios(never_fits=True))
 def test_a_request_that_can_never_fit_ends_once_and_gives_back_its_pages_while_the_rest_run_as_alone(sc):
+    o = simulate(sc)
+    check_one_terminal_event_and_no_leak(o)
+    check_tokens_as_alone(o)
+    check_page_safety(o)
+    check_fits_alone_never_killed(o)
+
+
+@SETTINGS
+@given(scenarios(cached_pressure=True))
+def test_under_kv_pressure_with_the_prefix_cache_every_request_runs_as_alone_and_no_cached_page_leaks(sc):
     o = simulate(sc)
     check_one_terminal_event_and_no_leak(o)
     check_tokens_as_alone(o)

@@ -19,7 +19,6 @@ from .prefix import PrefixCache
 from .metrics import EngineMetrics
 from .pages import KVBook, SeqPages, pages_for
 from .plan import Segment, StepRecord
-from .prompt_logprobs import PromptLogprobs, new_scores, prompt_segment
 from .request import Event, Finished, Rejected, Request, RowSample, Sampled, Scheduled, Token
 from .walk import Walker, plan_round
 
@@ -77,8 +76,6 @@ class Scheduler:
         self.flight: tuple[Walker, object] | None = None  # the lane's prefill in flight
         self.door = make_door(config.admit_coalesce_ms, config.mix_max_prompts, config.mix_chunk_tokens)
         self.prefix = PrefixCache(config.prefix_cache, book) if config.prefix_cache else None
-        if self.prefix is not None:
-            book.evict = self.prefix.evict_one
         self.metrics = EngineMetrics()
         # ITL_TARGET_MS: each walk round's prompt rows priced in seconds by a step-cost model fitted
         # from the steps themselves (engine/step_cost.py); the target turns the walk on, capped by
@@ -242,15 +239,8 @@ class Scheduler:
         """A newcomer; a preempted request comes back with its output so far to recompute."""
         resumed, last_at = self._preempted.pop(req.id, ([], None))
         w = Walker(req, SeqPages(), resumed=resumed, last_at=last_at)
-        w.scores = new_scores(req, resumed)
-        if w.scores is not None:  # every prompt row computed (its logprobs): none from the cache
-            req.status = Status.WALKING
-            return w
-        if self.prefix is not None and not resumed:  # a fresh prompt resumes at its longest cached prefix
-            entry, cached = self.prefix.lookup(req.prompt)
-            if entry is not None:
-                self.prefix.attach(entry, cached, w.pages)
-                w.done = w.cached = cached
+        if self.prefix is not None:  # a prompt, or a recompute (its own pages too), resumes at its longest cached prefix
+            w.done = w.cached = self.prefix.attach(w.tokens, len(req.prompt), req.id, w.pages)
         return w
 
     def _announce(self, walkers: list[Walker]) -> None:
@@ -302,7 +292,7 @@ class Scheduler:
         if not (self.roster or self.walk):
             return True
         promised = len(self.roster) + sum(pages_for(len(o.tokens)) - len(o.pages.global_pages) for o in self.walk)
-        free = self.book.glob.available + (self.prefix.pages if self.prefix is not None else 0)  # cached pages go first
+        free = self.book.glob.available  # idle cached pages count: a reservation evicts them
         return pages_for(len(w.tokens)) - len(w.pages.global_pages) + promised <= free
 
     def _walk_round(self) -> None:
@@ -433,9 +423,13 @@ class Scheduler:
         so far, if any, is kept and not re-emitted; its sampler state stays with the executor)."""
         if h in self.roster:
             self.roster.remove(h)
+            if self.prefix is not None:  # its written pages, prompt and output, stay cached for its recompute
+                self.prefix.keep(h.req.prompt + h.output, len(h.req.prompt), h.req.id, h.pages)
             self._park(h.req, h.pages, h.output, h.last_at)
         else:
             self.walk.remove(h)
+            if self.prefix is not None:
+                self.prefix.keep(h.tokens, len(h.req.prompt), h.req.id, h.pages)
             self._park(h.req, h.pages, h.resumed, h.last_at)
         h.req.preemptions += 1
         self.metrics.preemptions += 1
@@ -468,7 +462,7 @@ class Scheduler:
         segs, samples = [], []
         for w, take in chunks:
             toks, start, final = w.chunk(take)
-            segs.append(prompt_segment(w, toks, start, final))
+            segs.append(Segment(toks, start, w.pages, sample=final))
             if final:
                 samples.append(self._row_sample(w.req, w.resumed))
         segs += [Segment([a.output[-1]], a.pages.frontier, a.pages) for a in rows]
@@ -512,21 +506,18 @@ class Scheduler:
             self._drop_walker(w, "error", f"step failed: {out}")
             return
         final = w.done + take == len(w.tokens)
-        # With a prefix cache a prompt's sliding pages stay until its prefill is done, so the
-        # entry holds every page a later resume inside it may need; then they go as usual.
-        caching = self.prefix is not None and not w.resumed
-        self.book.advance(w.pages, take, release=not caching)
+        # The prefix cache registers the full pages just written before the window releases any
+        # sliding page, so a released one stays idle for a later resume instead of going free.
+        self.book.advance(w.pages, take, release=self.prefix is None)
+        if self.prefix is not None:
+            self.prefix.written(w.tokens, len(w.req.prompt), w.req.id, w.pages, final)
+            self.book.advance(w.pages, 0)
         w.done += take
         self.metrics.prompt_tokens += take
         if not final:
             return
-        if caching:
-            self.prefix.add(w.req.prompt, w.pages)
-            self.book.advance(w.pages, 0)
         if w in self.walk:
             self.walk.remove(w)
-        if w.scores is not None:  # the prompt's logprobs go out ahead of its first token
-            self._emit(w.req, PromptLogprobs(w.req.id, now, w.scores))
         a = Active(w.req, w.pages, queued_at=w.req.arrival, scheduled_at=now, output=list(w.resumed),
                    last_at=w.last_at)
         self.roster.append(a)  # graduates; _settle takes it out again if this token ends it
@@ -541,7 +532,7 @@ class Scheduler:
         self._announce([w])
         toks, start, _ = w.chunk(len(w.tokens) - w.done)
         try:
-            flight = self.executor.launch([prompt_segment(w, toks, start, True)],
+            flight = self.executor.launch([Segment(toks, start, w.pages, sample=True)],
                                           [self._row_sample(req, w.resumed)])
         except Exception as e:  # the lane could not start: this request fails, nothing else
             self._close(req, w.pages, len(w.resumed), "error", f"side lane failed to start: {e}")
