@@ -19,6 +19,7 @@ class Segment:
     pages: SeqPages
     sample: bool = True
     all_logits: bool = False  # logits for every row (teacher forcing, prompt logprobs)
+    score: object = None  # engine/prompt_logprobs.PromptScore: the executor scores these rows' logits
 
     @property
     def end(self) -> int:

@@ -35,6 +35,7 @@ class Request:
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None  # None: no logprobs; k >= 0: the sampled token's plus top k
+    prompt_logprobs: int | None = None  # the same for each prompt token (engine/prompt_logprobs.py)
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
     arrival: float = 0.0
     cancelled: bool = False

@@ -19,6 +19,7 @@ from .prefix import PrefixCache
 from .metrics import EngineMetrics
 from .pages import KVBook, SeqPages, pages_for
 from .plan import Segment, StepRecord
+from .prompt_logprobs import PromptLogprobs, new_scores, prompt_segment
 from .request import Event, Finished, Rejected, Request, RowSample, Sampled, Scheduled, Token
 from .walk import Walker, plan_round
 
@@ -239,6 +240,10 @@ class Scheduler:
         """A newcomer; a preempted request comes back with its output so far to recompute."""
         resumed, last_at = self._preempted.pop(req.id, ([], None))
         w = Walker(req, SeqPages(), resumed=resumed, last_at=last_at)
+        w.scores = new_scores(req, resumed)
+        if w.scores is not None:  # every prompt row computed (its logprobs): none from the cache
+            req.status = Status.WALKING
+            return w
         if self.prefix is not None:  # a prompt, or a recompute (its own pages too), resumes at its longest cached prefix
             w.done = w.cached = self.prefix.attach(w.tokens, len(req.prompt), req.id, w.pages)
         return w
@@ -462,7 +467,7 @@ class Scheduler:
         segs, samples = [], []
         for w, take in chunks:
             toks, start, final = w.chunk(take)
-            segs.append(Segment(toks, start, w.pages, sample=final))
+            segs.append(prompt_segment(w, toks, start, final))
             if final:
                 samples.append(self._row_sample(w.req, w.resumed))
         segs += [Segment([a.output[-1]], a.pages.frontier, a.pages) for a in rows]
@@ -518,6 +523,8 @@ class Scheduler:
             return
         if w in self.walk:
             self.walk.remove(w)
+        if w.scores is not None:  # the prompt's logprobs go out ahead of its first token
+            self._emit(w.req, PromptLogprobs(w.req.id, now, w.scores))
         a = Active(w.req, w.pages, queued_at=w.req.arrival, scheduled_at=now, output=list(w.resumed),
                    last_at=w.last_at)
         self.roster.append(a)  # graduates; _settle takes it out again if this token ends it
@@ -532,7 +539,7 @@ class Scheduler:
         self._announce([w])
         toks, start, _ = w.chunk(len(w.tokens) - w.done)
         try:
-            flight = self.executor.launch([Segment(toks, start, w.pages, sample=True)],
+            flight = self.executor.launch([prompt_segment(w, toks, start, True)],
                                           [self._row_sample(req, w.resumed)])
         except Exception as e:  # the lane could not start: this request fails, nothing else
             self._close(req, w.pages, len(w.resumed), "error", f"side lane failed to start: {e}")

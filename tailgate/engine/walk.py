@@ -26,6 +26,7 @@ class Walker:
     resumed: list[int] = field(default_factory=list)
     last_at: float | None = None  # a resumed stream's previous token time (its gap spans the preemption)
     cached: int = 0  # prompt tokens whose KV came from the prefix cache (done starts there)
+    scores: list | None = None  # its prompt logprobs by position, when asked (engine/prompt_logprobs.py)
     tokens: list[int] = field(init=False)  # what the walk prefills: the prompt, then any resumed output
 
     def __post_init__(self):

@@ -6,6 +6,7 @@ import torch
 from ..engine.plan import Segment
 from ..engine.request import RowSample, Sampled
 from .lane import CpuLane, LaneJob
+from .prompt_scores import scoring
 from .runner import ModelRunner
 from .sampler import apply_penalties, make_generator, sample
 
@@ -23,15 +24,18 @@ class Flight:
 class ModelExecutor:
     def __init__(self, runner: ModelRunner, lane_threads: int | None = None):
         self.runner = runner
+        # Prompt logprobs (model/prompt_scores.py): the rows of a segment that asks are scored and
+        # dropped inside the step, so what follows sees one row per sampled segment, as always.
+        self._step = scoring(runner)
         self._gens: dict[str, torch.Generator] = {}
-        self.lane = CpuLane(lane_threads, runner.step) if lane_threads else None
+        self.lane = CpuLane(lane_threads, self._step) if lane_threads else None
 
     @torch.inference_mode()  # the step's logits are inference tensors: edits must happen in the mode too
     def run(self, segments: list[Segment], rows: list[RowSample]) -> list[Sampled | Exception]:
         """One forward pass and one token per sampled row. A row whose sampling raises (its own
         knobs or history) gets its exception in its place; the other rows are unaffected. A failing
         forward pass raises: the scheduler retries its segments one by one."""
-        return self._sample_isolated(self.runner.step(segments), rows)
+        return self._sample_isolated(self._step(segments), rows)
 
     def launch(self, segments: list[Segment], rows: list[RowSample]) -> Flight:
         """Start a prefill on the side lane; the engine thread goes on stepping."""

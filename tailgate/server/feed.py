@@ -1,0 +1,93 @@
+"""The dashboard's server-sent-events feed: the engine's published snapshot (counts, KV, prefix
+hits, its last model steps) plus inter-token gaps over the last minute, pushed a few times a second.
+
+Nothing here runs on the engine thread but one `deque.append` per step: `ItlWindow.observe` is an
+`Engine.observers` callback that hands the step's event list over as it is (a deque's append and
+popleft are atomic, so no lock), and the event loop picks the gaps out of it when a feed next
+ticks. The observer is attached by the first dashboard that connects, so a server nobody watches
+pays nothing; every other figure is read from `Engine.snapshot`, which the engine thread replaces
+whole after each step (no reader ever sees a half-updated one).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import deque
+from dataclasses import asdict
+
+from ..engine.request import Token
+
+# 4 pushes a second: the timeline moves smoothly at ~40 ms steps; each push is one snapshot read
+# and a few hundred bytes per new step.
+PERIOD_S = 0.25
+WINDOW_S = 60.0  # "ITL p50/p99 over the last minute"
+# Step event lists held between two feed ticks (and before the first tick after attach): at the
+# ~10 ms a decode step of a small model takes here, 4096 steps cover 40 s, many ticks' worth.
+PENDING_STEPS = 4096
+# Gaps kept in the window: 8 streams at 100 tok/s for a minute is 48 000; past that the oldest go.
+MAX_GAPS = 100_000
+
+
+class ItlWindow:
+    """Inter-token gaps (engine clock, seconds) of the last WINDOW_S, from each Token's own `gap`
+    (the engine's measure of the gap that token ended; a stream's first token has none)."""
+
+    def __init__(self):
+        self.pending: deque = deque(maxlen=PENDING_STEPS)  # appended on the engine thread
+        self.gaps: deque = deque(maxlen=MAX_GAPS)  # (at, gap), event loop only
+        self.engine = None
+
+    def attach(self, engine) -> None:
+        if self.engine is not engine:
+            self.engine = engine
+            engine.observers.append(self.pending.append)
+
+    def _drain(self) -> None:
+        while self.pending:
+            for ev in self.pending.popleft():
+                if type(ev) is Token and ev.gap is not None:
+                    self.gaps.append((ev.at, ev.gap))
+
+    def stats(self, now: float) -> dict:
+        """p50 / p99 / count of the gaps that ended within WINDOW_S of `now` (engine clock)."""
+        self._drain()
+        while self.gaps and self.gaps[0][0] < now - WINDOW_S:
+            self.gaps.popleft()
+        values = sorted(g for _, g in self.gaps)
+        n = len(values)
+        pick = lambda q: values[min(n - 1, int(q * n))] if n else None  # noqa: E731  (nearest rank)
+        return {"n": n, "p50_s": pick(0.50), "p99_s": pick(0.99), "window_s": WINDOW_S}
+
+
+def hello(state) -> dict:
+    """The feed's first message: what does not change while the server runs."""
+    cfg = asdict(state.cfg) if state.cfg is not None else {}
+    return {"model": state.served_name, "knobs": cfg, "kernels": state.kernels or {}}
+
+
+def tick(state, window: ItlWindow, since: int) -> dict:
+    """One push: the snapshot's counts and the steps with `seq` above `since`."""
+    snap = state.engine.snapshot
+    m = snap.metrics
+    steps = [s.as_dict() for s in snap.steps if s.seq > since]
+    return {"now": state.engine.clock(), "running": snap.running, "waiting": snap.waiting, "held": snap.held,
+            "kv_usage": snap.kv_usage, "kv_pages_used": snap.kv_pages_used, "prefix_hits": m.prefix_hits,
+            "prefix_queries": m.prefix_queries, "preemptions": m.preemptions, "steps_total": m.steps,
+            "generation_tokens": m.generation_tokens, "itl": window.stats(state.engine.clock()), "steps": steps}
+
+
+async def events(state, window: ItlWindow, since: int):
+    """The SSE stream: `event: hello`, then `event: tick` every PERIOD_S until the client leaves
+    (Starlette cancels this generator when the connection drops)."""
+    sse = lambda kind, obj: f"event: {kind}\ndata: {json.dumps(obj)}\n\n"  # noqa: E731
+    window.attach(state.engine)
+    yield sse("hello", hello(state))
+    while True:
+        if state.engine.error is not None:
+            yield sse("error", {"message": f"engine failed: {state.engine.error!r}"})
+            return
+        t = tick(state, window, since)
+        if t["steps"]:
+            since = t["steps"][-1]["seq"]
+        yield sse("tick", t)
+        await asyncio.sleep(PERIOD_S)

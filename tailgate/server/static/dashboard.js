@@ -1,0 +1,90 @@
+// The live dashboard: reads /dashboard/feed (server-sent events: one "hello", then a "tick" a few
+// times a second with the engine's snapshot and the steps it has not sent yet) and draws it.
+import { bindKeyField, drawLegend, errorMessage, headers, kindColour, ms, serverSentEvents } from "./common.js";
+
+const $ = (id) => document.getElementById(id);
+const SPAN_S = 10; // the timeline's width in seconds of engine time
+const KEEP = 2048; // steps kept for drawing (the feed sends each once)
+let steps = [];
+let lastSeq = -1;
+let feed = null; // the AbortController of the open feed
+
+const esc = (s) => String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
+const table = (obj) => Object.entries(obj)
+  .map(([k, v]) => `<tr><td>${esc(k)}</td><td>${esc(v === null ? "off" : typeof v === "object" ? JSON.stringify(v) : v)}</td></tr>`)
+  .join("");
+
+function hello(h) {
+  $("model-name").textContent = h.model;
+  $("knobs").innerHTML = table(h.knobs);
+  $("kernels").innerHTML = table(h.kernels);
+}
+
+function drawTimeline(now) {
+  const visible = steps.filter((s) => s.at + s.duration_s >= now - SPAN_S);
+  const top = Math.max(0.02, ...visible.map((s) => s.duration_s)); // at least 20 ms tall
+  const x = (t) => (1000 * (t - (now - SPAN_S))) / SPAN_S;
+  $("timeline").innerHTML = visible.map((s) => {
+    const h = Math.max(2, (150 * s.duration_s) / top);
+    const w = Math.max(1.5, x(s.at + s.duration_s) - x(s.at));
+    const rows = `${s.decode_rows} decode + ${s.prompt_rows} prompt rows (${s.prompts} prompts)` +
+      (s.preempted ? `, ${s.preempted} preempted` : "");
+    return `<rect data-kind="${s.kind}" x="${x(s.at).toFixed(1)}" y="${(160 - h).toFixed(1)}" width="${w.toFixed(1)}" ` +
+      `height="${h.toFixed(1)}" fill="${kindColour(s.kind)}"><title>step ${s.seq}: ${s.kind}, ${rows}, ` +
+      `${(1000 * s.duration_s).toFixed(1)} ms</title></rect>`;
+  }).join("");
+  const s = steps[steps.length - 1];
+  if (s) {
+    $("last-step").textContent = `Last step #${s.seq}: ${s.kind}, ${s.decode_rows} decode + ${s.prompt_rows} prompt rows, ` +
+      `${(1000 * s.duration_s).toFixed(1)} ms (longest shown: ${(1000 * top).toFixed(1)} ms)`;
+  }
+}
+
+function tick(t) {
+  $("running").textContent = t.running;
+  $("waiting").textContent = t.waiting;
+  $("held").textContent = t.held;
+  $("kv").textContent = `${(100 * t.kv_usage).toFixed(1)} %`;
+  $("kv-pages").textContent = `${t.kv_pages_used} pages`;
+  $("prefix").textContent = t.prefix_queries ? `${((100 * t.prefix_hits) / t.prefix_queries).toFixed(1)} %` : "–";
+  $("prefix-tokens").textContent = `${t.prefix_hits} of ${t.prefix_queries} prompt tokens`;
+  $("itl-p50").textContent = ms(t.itl.p50_s);
+  $("itl-p99").textContent = ms(t.itl.p99_s);
+  $("itl-n").textContent = `${t.itl.n} gaps`;
+  $("steps").textContent = `${t.steps_total} · ${t.preemptions}`;
+  if (t.steps.length) {
+    steps = steps.concat(t.steps).slice(-KEEP);
+    lastSeq = t.steps[t.steps.length - 1].seq;
+  }
+  drawTimeline(t.now);
+}
+
+async function connect() {
+  feed?.abort();
+  const ctl = (feed = new AbortController());
+  $("feed-status").textContent = "connecting…";
+  try {
+    const resp = await fetch(`/dashboard/feed?since=${lastSeq}`, { headers: headers(), signal: ctl.signal });
+    if (!resp.ok) {
+      $("feed-status").textContent = await errorMessage(resp) + (resp.status === 401 ? " (enter the API key above)" : "");
+      return; // a key change reconnects
+    }
+    $("feed-status").textContent = "live";
+    for await (const { event, data } of serverSentEvents(resp)) {
+      const obj = JSON.parse(data);
+      if (event === "hello") hello(obj);
+      else if (event === "tick") tick(obj);
+      else if (event === "error") $("feed-status").textContent = obj.message;
+    }
+    $("feed-status").textContent = "the server closed the feed; reconnecting…";
+  } catch (e) {
+    if (ctl.signal.aborted) return;
+    $("feed-status").textContent = `feed lost (${e.message || e}); reconnecting…`;
+  }
+  // The server restarted or the network dropped: try again, gently.
+  setTimeout(() => { if (feed === ctl) connect(); }, 2000);
+}
+
+drawLegend($("legend"));
+bindKeyField().addEventListener("change", connect);
+connect();
