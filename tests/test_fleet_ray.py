@@ -1,0 +1,95 @@
+"""`tailgate serve --replicas 2` on this machine (Ray Serve, the `ray` extra): prompts that share a
+prefix land on the replica that cached it, different prefixes spread, and a killed replica's
+streams end with an error event while the rest of the fleet serves and Serve replaces it.
+Skipped, saying why, where Ray is not installed."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                                reason="Ray Serve is not installed (the fleet's extra: pip install .[ray], or "
+                                       "bash scripts/setup --ray); the 2-replica fleet is not exercised")
+
+HEADER = "x-tailgate-replica"
+PREFIX_A = "The history of the old harbour town begins with fishermen and salt traders. " * 16
+PREFIX_B = "A recipe for country bread asks for flour, water, salt and a little patience. " * 16
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    from live import start_server, stop_server
+
+    # The prefix cache on, so a repeat's cached_tokens show where its prefix was kept.
+    p, base, _ = start_server(timeout=600, args=["--replicas", "2"], TAILGATE_PREFIX_CACHE="16")
+    yield base
+    stop_server(p, timeout=60)
+
+
+def complete(base, prompt: str, **extra) -> httpx.Response:
+    return httpx.post(base + "/v1/completions", json={"prompt": prompt, "max_tokens": 2, "temperature": 0, **extra},
+                      timeout=300)
+
+
+def members(base) -> dict:
+    return {m["id"]: m["pid"] for m in httpx.get(base + "/health", timeout=30).json()["members"]}
+
+
+def test_shared_prefixes_land_where_cached_and_different_prefixes_spread(fleet):
+    from live import metric
+
+    n_prefix = {}
+    for name, prefix in (("a", PREFIX_A), ("b", PREFIX_B)):
+        r = httpx.post(fleet + "/tokenize", json={"prompt": prefix}, timeout=60)
+        assert r.status_code == 200 and HEADER in r.headers
+        n_prefix[name] = r.json()["count"]
+    home = {}
+    for name, prefix in (("a", PREFIX_A), ("b", PREFIX_B)):
+        first = complete(fleet, prefix + " Question 0:")
+        assert first.status_code == 200, first.text
+        home[name] = first.headers[HEADER]
+        for i in (1, 2, 3):
+            r = complete(fleet, prefix + f" Question {i}:")
+            assert r.status_code == 200, r.text
+            assert r.headers[HEADER] == home[name]
+            assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0.8 * n_prefix[name]
+    assert home["a"] != home["b"] and set(home.values()) == set(members(fleet))
+    assert metric(fleet, "tailgate:route_total", reason="prefix") >= 6
+    for rid in home.values():  # every replica's families, labelled
+        assert metric(fleet, "vllm:prefix_cache_hits_total", replica=rid) > 0
+    bad = httpx.post(fleet + "/v1/completions", json={"prompt": 5}, timeout=60)  # the app's own 400, forwarded
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt" and HEADER in bad.headers
+
+
+def test_a_killed_replica_fails_its_streams_cleanly_while_the_fleet_serves_and_recovers(fleet):
+    before = members(fleet)
+    events, victim = [], None
+    body = {"prompt": PREFIX_A + " Then:", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", fleet + "/v1/completions", json=body, timeout=300) as r:
+        assert r.status_code == 200
+        victim = r.headers[HEADER]
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            events.append(line[6:])
+            if len(events) == 2:  # streaming: kill the replica that serves it
+                os.kill(before[victim], signal.SIGKILL)
+    assert events[-1] == "[DONE]"
+    err = json.loads(events[-2])["error"]
+    assert err["code"] == 503 and "lost" in err["message"]
+    assert sum(1 for e in events[:-2] if "choices" in json.loads(e)) < 200  # cut short, not finished
+    # The rest of the fleet answers every request meanwhile (retried off the dead replica if sent there).
+    for i in range(3):
+        r = complete(fleet, PREFIX_A + f" After {i}:")
+        assert r.status_code == 200, r.text
+        assert r.headers[HEADER] != victim
+    from live import until
+
+    assert until(lambda: len(members(fleet)) == 2 and victim not in members(fleet), timeout=480)
+    assert httpx.get(fleet + "/health", timeout=30).json()["status"] == "ok"
+    assert complete(fleet, PREFIX_B + " Again:").status_code == 200
