@@ -114,9 +114,11 @@ def serve(args, lookup) -> int:
             engine.on_death.append(died)
             engine.start()
             state.engine = engine
-            logging.getLogger("tailgate").info("serving %s on http://%s:%d (max_context=%d, slots=%d, door=%s)",
-                                               state.served_name, args.host, args.port, settled.max_context,
-                                               settled.decode_slots, settled.admit_coalesce_ms or "off")
+            url = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{args.port}"
+            logging.getLogger("tailgate").info("ready: open %s/ (chat playground) and %s/dashboard (the engine "
+                                               "live); serving %s (max_context=%d, slots=%d, door=%s)", url, url,
+                                               state.served_name, settled.max_context, settled.decode_slots,
+                                               settled.admit_coalesce_ms or "off")
         except Exception as e:
             # Like vLLM: a model that cannot load ends the process non-zero (after the traceback),
             # so a supervisor restarts or reports it instead of polling a server that never serves.
