@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from ..engine.request import Finished, Rejected, Request, Scheduled, Token
 from .protocol import ApiError, GenRequest, bad
+from ..engine.prompt_logprobs import PromptLogprobs
 from .shapes import shape_for
 from .state import ServerState
 from .text import TextStream
@@ -29,6 +30,9 @@ class Choice:
     logprobs: list = field(default_factory=list)  # (token, logprob, top)
     last_at: float | None = None
     cause: dict | None = None  # stall attribution of the latest token (streamed as "tailgate")
+    prompt_logprobs: list | None = None  # the engine's PromptLogprobs entries, when asked
+    prompt_unsent: bool = False  # they arrived and no chunk has carried them yet
+    offset: int = 0  # text_offset of the next token (completions' logprobs)
 
 
 class Generation:
@@ -70,7 +74,9 @@ class Generation:
                     params = replace(params, seed=params.seed + j)
                 r = Request(prompt=p, max_tokens=max_tokens, params=params, eos_ids=frozenset(tok.eos_ids),
                             stop_token_ids=frozenset(g.stop_token_ids), ignore_eos=g.ignore_eos,
-                            min_tokens=min(g.min_tokens, max_tokens), logprobs=g.logprobs)
+                            min_tokens=min(g.min_tokens, max_tokens), logprobs=g.logprobs, prompt_logprobs=g.score_prompt)
+                if g.max_tokens == 0:  # the prompt's echo and logprobs only: one token runs and is dropped
+                    r.max_tokens, r.min_tokens = 1, 0
                 idx = len(self.choices)
                 r.sink = lambda ev, idx=idx: loop.call_soon_threadsafe(self.queue.put_nowait, (idx, ev))
                 self.choices.append(Choice(idx, r, TextStream(tok, g.stop, g.skip_special_tokens,
@@ -98,6 +104,12 @@ class Generation:
             st.queue_time.observe(ev.at - ev.queued_at)
             self.cached_tokens += ev.cached_tokens
             return None
+        if isinstance(ev, PromptLogprobs):
+            c.prompt_logprobs, c.prompt_unsent = ev.entries, True
+            return self.shape.prompt_text(c) if self.g.echo and self.g.stream else ""
+        if isinstance(ev, Token) and self.g.max_tokens == 0:
+            self._finish(c, "length", ev.at)
+            return ""
         if isinstance(ev, Token):
             (st.ttft if c.last_at is None else st.itl).observe(ev.at - (c.last_at or c.req.arrival))
             c.last_at = ev.at

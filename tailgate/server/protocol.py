@@ -71,6 +71,8 @@ class GenRequest:
     min_tokens: int = 0
     logprobs: int | None = None
     echo: bool = False
+    prompt_logprobs: int | None = None  # vLLM's field: the choice's `prompt_logprobs` list, top k
+    score_prompt: int | None = None  # the engine's ask: top k over echo's and vLLM's (None: not scored)
     stream: bool = False
     include_usage: bool = False
     skip_special_tokens: bool = True
@@ -100,6 +102,8 @@ def _pick(*values, default=None):
 
 def parse_common(body: dict, kind: str, vocab_size: int) -> tuple[GenRequest, BaseModel]:
     for k in _REFUSED_IF_SET + (_CHAT_ONLY if kind == "completion" else ()):
+        if k == "prompt_logprobs" and kind == "completion":  # served there (engine/prompt_logprobs.py)
+            continue
         v = body.get(k)
         if _is_set(v) and not (k == "response_format" and isinstance(v, dict) and v.get("type") == "text"):
             raise bad(f"'{k}' is not supported by this server", k)
@@ -159,8 +163,11 @@ def parse_completion(body: dict, tokenizer, vocab_size: int) -> GenRequest:
             g.prompt_texts.append(tokenizer.decode(item, skip_special=False))
     g.logprobs = m.logprobs
     g.echo = bool(m.echo)
-    if g.echo and g.logprobs is not None:
-        raise bad("'echo' together with 'logprobs' (prompt logprobs) is not supported", "echo")
+    # echo with logprobs scores the echoed prompt too (lm-eval-harness' loglikelihood request);
+    # vLLM's prompt_logprobs asks for them by itself. One engine pass serves both at the larger k.
+    g.prompt_logprobs = m.prompt_logprobs
+    asks = [k for k in (g.prompt_logprobs, g.logprobs if g.echo else None) if k is not None]
+    g.score_prompt = max(asks) if asks else None
     return g
 
 

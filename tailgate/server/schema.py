@@ -69,6 +69,9 @@ class CompletionRequest(_Sampling):
         Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
     logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
     echo: bool | None = None
+    max_tokens: Int(ge=0) | None = Field(None, description="0: no completion, only the prompt's echo and logprobs")
+    prompt_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = Field(
+        None, description="vLLM's: each prompt token's logprob and rank, with the top k")
 
 
 class TextPart(_Strict):

@@ -4,6 +4,8 @@ with. `Generation` (the request lifecycle) asks its shape and never branches on 
 so a new response field touches one class here."""
 from __future__ import annotations
 
+from .token_bytes import token_bytes
+
 
 class Shape:
     """What both endpoints share; subclasses fill in the kind-specific pieces."""
@@ -36,7 +38,7 @@ class ChatShape(Shape):
 
     def entry(self, t: int, lp: float) -> dict:
         p = self.piece(t)
-        return {"token": p, "logprob": lp, "bytes": list(p.encode())}
+        return {"token": p, "logprob": lp, "bytes": token_bytes(self.tok, t, p)}
 
     def logprobs(self, c, items):
         if c.req.logprobs is None:
@@ -63,23 +65,58 @@ class CompletionShape(Shape):
         return self.g.prompt_texts[c.index // self.g.n]
 
     def logprobs(self, c, items):
+        """OpenAI's legacy block; with echo, the prompt's tokens lead it (the first has no logprob,
+        as in OpenAI's and vLLM's echo). text_offset: each token's start in the concatenated token
+        strings, running across a stream's chunks (vLLM's reading)."""
         if c.req.logprobs is None:
             return None
-        return {"tokens": [self.piece(t) for t, _, _ in items], "token_logprobs": [lp for _, lp, _ in items],
-                "top_logprobs": [{self.piece(a): b for a, b in top} for _, _, top in items],
-                "text_offset": []}
+        toks, lps, tops = [], [], []
+        if self.g.echo and c.prompt_unsent:
+            k, entries = c.req.logprobs, c.prompt_logprobs
+            toks = [self.piece(t) for t in c.req.prompt]
+            lps = [None] + [lp for lp, _, _ in entries]
+            tops = [None] + [{self.piece(a): b for a, b in top[:k]} for _, _, top in entries]
+        toks += [self.piece(t) for t, _, _ in items]
+        lps += [lp for _, lp, _ in items]
+        tops += [{self.piece(a): b for a, b in top} for _, _, top in items]
+        offsets = []
+        for t in toks:
+            offsets.append(c.offset)
+            c.offset += len(t)
+        return {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+    def prompt_logprobs(self, c) -> list | None:
+        """vLLM's `prompt_logprobs`: per prompt token (the first: null) its own entry and the top k,
+        keyed by token id, each with its logprob, rank and text."""
+        k = self.g.prompt_logprobs
+        out = [None]
+        for t, (lp, rank, top) in zip(c.req.prompt[1:], c.prompt_logprobs):
+            d = {str(t): {"logprob": lp, "rank": rank, "decoded_token": self.piece(t)}}
+            for r, (a, b) in enumerate(top[:k], 1):
+                d.setdefault(str(a), {"logprob": b, "rank": r, "decoded_token": self.piece(a)})
+            out.append(d)
+        return out
+
+    def _choice(self, c, text, items, finish) -> dict:
+        ch = {"index": c.index, "text": text, "logprobs": self.logprobs(c, items), "finish_reason": finish}
+        if c.prompt_unsent:  # the first chunk (or the whole answer) after they arrived carries them
+            if self.g.prompt_logprobs is not None:
+                ch["prompt_logprobs"] = self.prompt_logprobs(c)
+            c.prompt_unsent = False
+        return ch
 
     def chunk_choice(self, c, text, items, finish, first):
-        return {"index": c.index, "text": text, "logprobs": self.logprobs(c, items), "finish_reason": finish}
+        return self._choice(c, text, items, finish)
 
     def full_choice(self, c):
         text = c.stream.final_text
         if self.g.echo:
             text = self.prompt_text(c) + text
-        return {"index": c.index, "text": text, "logprobs": self.logprobs(c, c.logprobs), "finish_reason": c.finish}
+        return self._choice(c, text, c.logprobs, c.finish)
 
     def opening(self, c):
-        return (self.prompt_text(c), False) if self.g.echo else None
+        # With prompt logprobs asked, the echo waits for them (they ride its chunk).
+        return (self.prompt_text(c), False) if self.g.echo and self.g.score_prompt is None else None
 
 
 def shape_for(g, tokenizer) -> Shape:
