@@ -71,3 +71,13 @@ def test_sim_replicas_on_the_command_line_reports_the_fleet_and_is_reproducible(
     out = json.loads(a.read_text())
     assert a.read_bytes() == b.read_bytes() and out["completed"] == 24 and sum(out["requests_per_replica"]) == 24
     assert out["prefix_hit_ratio"] > 0.5
+
+
+def test_the_simulator_and_its_fleet_load_without_the_benchmark_http_client_or_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, tailgate.sim.run, tailgate.sim.fleet; "
+            "print('httpx' in sys.modules, 'torch' in sys.modules, 'ray' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.stdout.split() == ["False", "False", "False"], p.stderr

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import random
 
-from ..bench.serve import Result, gamma_offsets
+from ..bench.workload import Result, gamma_offsets
 from ..config import ServingConfig
 from ..engine.request import Finished, Rejected, Request, Scheduled, Token
 from ..fleet.policy import RouterPolicy

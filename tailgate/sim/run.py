@@ -2,7 +2,7 @@
 `config.resolve`) on a virtual clock. The model runner is replaced by `SimExecutor`, which moves
 the clock forward by the cost model's price of each step and samples a fixed token; arrivals come
 from the same workload flags as `tailgate bench serve` (closed loop at a concurrency, or Poisson /
-gamma open loop), and the results go through the same metrics code (`bench.serve.compute_metrics`).
+gamma open loop), and the results go through the same metrics code (`bench.workload.compute_metrics`).
 
 The loop mirrors the engine thread (`engine/loop.py`): deliver every arrival due by now, run one
 scheduler iteration, repeat; an idle scheduler jumps the clock to the next arrival.
@@ -15,7 +15,7 @@ import random
 import sys
 import time
 
-from ..bench.serve import Result, add_workload_args, compute_metrics, gamma_offsets, print_table
+from ..bench.workload import Result, add_workload_args, compute_metrics, gamma_offsets, print_table
 from ..config import ServingConfig, cli_lookup, resolve, usable_cores
 from ..engine.pages import KVBook, budget_pool_pages, pool_pages
 from ..engine.request import Finished, Rejected, Request, Sampled, Scheduled, Token
