@@ -1,0 +1,193 @@
+"""The playground (`/`) and the dashboard (`/dashboard`) in a real headless Chromium against the
+session's live server, and the dashboard's feed and the pages' routes over plain HTTP."""
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from browser import missing
+from live import metric, until, wait_idle
+from tailgate.server.app import ServerState, create_app
+
+KINDS = {"decode", "mixed", "walk", "prefill", "recompute", "lane"}
+NO_BROWSER = missing()
+needs_browser = pytest.mark.skipif(NO_BROWSER is not None, reason=f"no headless browser: {NO_BROWSER}")
+
+# Records the reply's length at every DOM change the page makes to the conversation, so a test
+# sees each frame the stream drew instead of sampling it from outside at its own pace.
+RECORD_FRAMES = """
+window.__frames = [];
+new MutationObserver(() => {
+  const r = document.querySelector('[data-testid="reply"]');
+  if (r) window.__frames.push(r.textContent.length);
+}).observe(document.getElementById("log"), {subtree: true, childList: true, characterData: true});
+"""
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from browser import chromium
+
+    d = chromium()
+    yield d
+    d.quit()
+
+
+def el(d, testid):
+    from selenium.webdriver.common.by import By
+
+    return d.find_element(By.CSS_SELECTOR, f'[data-testid="{testid}"]')
+
+
+def fill(d, testid, value):
+    e = el(d, testid)
+    e.clear()
+    e.send_keys(value)
+
+
+def open_playground(d, base, max_tokens):
+    """The playground in completion mode (the served Gemma is a base model), greedy, EOS ignored."""
+    from selenium.webdriver.support.ui import Select
+
+    d.get(base + "/")
+    Select(el(d, "mode")).select_by_value("completion")
+    fill(d, "temperature", "0")
+    fill(d, "max-tokens", str(max_tokens))
+    el(d, "ignore-eos").click()
+    d.execute_script(RECORD_FRAMES)
+
+
+def tokens_shown(d) -> int:
+    m = re.search(r"(\d+) tokens", el(d, "reply-stats").text)
+    return int(m.group(1)) if m else 0
+
+
+@needs_browser
+def test_a_typed_message_streams_its_reply_in_over_several_frames_with_its_timings(server, browser):
+    base = server[0]
+    prompt = "The capital of France is"
+    open_playground(browser, base, 16)
+    el(browser, "prompt-input").send_keys(prompt)
+    el(browser, "send").click()
+    assert until(lambda: "finish: length" in el(browser, "reply-stats").text, 120), el(browser, "reply-stats").text
+    frames = browser.execute_script("return window.__frames")
+    assert len({n for n in frames if n > 0}) >= 3, f"the reply did not grow over several frames: {frames}"
+    stats = el(browser, "reply-stats").text
+    assert re.search(r"TTFT \d+(\.\d)? ms · 16 tokens · \d+\.\d tok/s", stats), stats
+    # One bar per gap (every token after the first), each coloured by its step's kind.
+    bars = browser.find_elements("css selector", '[data-testid="gap-strip"] rect')
+    assert len(bars) == 15
+    # The page joined the chunks into exactly the text the server gives the same request whole.
+    whole = httpx.post(base + "/v1/completions", json={"prompt": prompt, "max_tokens": 16, "temperature": 0,
+                                                       "ignore_eos": True}, timeout=120).json()
+    assert el(browser, "reply").get_attribute("textContent") == whole["choices"][0]["text"]
+
+
+@needs_browser
+def test_stop_mid_stream_cancels_the_request_on_the_server(server, browser):
+    base = server[0]
+    open_playground(browser, base, 400)
+    generated = metric(base, "vllm:generation_tokens_total")
+    succeeded = sum(metric(base, "vllm:request_success_total", finished_reason=r) for r in ("stop", "length"))
+    el(browser, "prompt-input").send_keys("Once upon a time")
+    el(browser, "send").click()
+    assert until(lambda: tokens_shown(browser) >= 3 and metric(base, "vllm:num_requests_running") >= 1, 120)
+    el(browser, "stop").click()
+    # The aborted fetch closed the connection; the server cancelled the request and freed its pages.
+    assert until(lambda: metric(base, "vllm:num_requests_running") == 0, 60)
+    assert wait_idle(base) == 0
+    assert until(lambda: "stopped" in el(browser, "reply-stats").text, 30)
+    assert metric(base, "vllm:generation_tokens_total") - generated < 400
+    assert sum(metric(base, "vllm:request_success_total", finished_reason=r) for r in ("stop", "length")) == succeeded
+    assert el(browser, "send").is_enabled() and not el(browser, "stop").is_enabled()
+
+
+@needs_browser
+def test_the_dashboard_shows_a_live_stream_running_and_draws_its_steps(server, browser):
+    base = server[0]
+    body = {"prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=120) as r:
+        lines = r.iter_lines()
+        assert any('"tailgate"' in line for line in lines)  # the stream has its first token
+        browser.get(base + "/dashboard")
+        running = lambda: el(browser, "metric-running").text  # noqa: E731
+        assert until(lambda: running().isdigit() and int(running()) >= 1, 60), running()
+        # The bars' kinds in one script call: each tick redraws the timeline, so elements go stale.
+        bars = lambda: browser.execute_script(  # noqa: E731
+            "return [...document.querySelectorAll('[data-testid=step-timeline] rect')].map(r => r.dataset.kind)")
+        assert until(lambda: len(bars()) >= 3, 60)
+        assert until(lambda: el(browser, "metric-itl-p99").text.endswith(" ms"), 60)
+        kinds = set(bars())
+        assert "decode" in kinds and kinds <= KINDS, kinds
+        assert el(browser, "feed-status").get_attribute("textContent") == "live"
+        assert "decode_slots" in el(browser, "knobs").text and "quant" in el(browser, "kernels").text
+    # Leaving the stream cancelled it; the dashboard sees the engine go idle.
+    assert until(lambda: el(browser, "metric-running").text == "0", 60)
+    assert wait_idle(base) == 0
+
+
+def feed_ticks(base, since=-1):
+    """(event, payload) pairs of /dashboard/feed, as they arrive."""
+    with httpx.stream("GET", f"{base}/dashboard/feed?since={since}", timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        event = None
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                yield event, json.loads(line[6:])
+
+
+def test_the_feed_sends_each_engine_step_once_in_order_and_the_gaps_of_the_last_minute(server):
+    base = server[0]
+    ticks = feed_ticks(base)
+    event, hello = next(ticks)
+    assert event == "hello" and hello["knobs"]["decode_slots"] == 2 and "dense" in hello["kernels"]
+    event, t = next(ticks)  # the feed is attached: the gaps below are in its window
+    assert event == "tick"
+    generated = t["generation_tokens"]
+    r = httpx.post(base + "/v1/completions", json={"prompt": "Hello", "max_tokens": 8, "ignore_eos": True}, timeout=120)
+    assert r.status_code == 200
+    seqs = []
+    # The ticks sent meanwhile, up to the one whose snapshot holds all 8 tokens (its steps and its
+    # counters are of the same step boundary, so its steps include the last one).
+    while t["generation_tokens"] < generated + 8:
+        event, t = next(ticks)
+        assert event == "tick"
+        seqs += [s["seq"] for s in t["steps"]]
+        assert all(s["kind"] in KINDS and s["duration_s"] > 0 for s in t["steps"])
+    assert seqs == sorted(set(seqs)) and len(seqs) >= 8  # each step once, oldest first
+    assert t["itl"]["n"] >= 7 and 0 < t["itl"]["p50_s"] <= t["itl"]["p99_s"]  # 8 tokens: 7 gaps
+    ticks.close()
+    # A page that reconnects names the last step it has and gets only the ones after it.
+    again = feed_ticks(base, since=seqs[-3])
+    next(again)
+    assert [s["seq"] for s in next(again)[1]["steps"]] == seqs[-2:]
+    again.close()
+
+
+def test_the_pages_and_their_files_are_served_and_nothing_else_is():
+    c = TestClient(create_app(ServerState(served_name="m")))
+    for path, ctype in (("/", "text/html"), ("/dashboard", "text/html"), ("/static/dashboard.js", "text/javascript"),
+                        ("/static/web.css", "text/css")):
+        r = c.get(path)
+        assert r.status_code == 200 and r.headers["content-type"].startswith(ctype), path
+    for path in ("/static/..%2Fweb.py", "/static/web.py", "/static/nope.js", "/static/.hidden.js"):
+        r = c.get(path)
+        assert r.status_code == 404 and r.json()["error"]["code"] == 404, path
+    assert "/dashboard/feed" not in c.get("/openapi.json").json()["paths"]
+
+
+def test_the_feed_asks_for_the_api_key_before_anything_and_waits_for_the_model():
+    c = TestClient(create_app(ServerState(served_name="m", api_key="sesame")))
+    r = c.get("/dashboard/feed")
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    r = c.get("/dashboard/feed", headers={"Authorization": "Bearer sesame"})
+    assert r.status_code == 503 and "loading" in r.json()["error"]["message"]
+    r = c.get("/dashboard/feed?since=1e3", headers={"Authorization": "Bearer sesame"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "since"
+    assert c.get("/").status_code == 200  # the page itself asks for the key, so it loads without one
