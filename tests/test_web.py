@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import httpx
 import pytest
@@ -11,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from browser import missing
 from live import metric, until, wait_idle
+from tailgate.bench.ab import free_port
 from tailgate.server.app import ServerState, create_app
 
 KINDS = {"decode", "mixed", "walk", "prefill", "recompute", "lane"}
@@ -191,3 +193,33 @@ def test_the_feed_asks_for_the_api_key_before_anything_and_waits_for_the_model()
     r = c.get("/dashboard/feed?since=1e3", headers={"Authorization": "Bearer sesame"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "since"
     assert c.get("/").status_code == 200  # the page itself asks for the key, so it loads without one
+
+
+@pytest.fixture(scope="module")
+def keyed_server():
+    """The app with an API key and no model, in this process (no weights: the pages and the key
+    checks need none): its feed answers 503 once the key is right."""
+    import uvicorn
+
+    srv = uvicorn.Server(uvicorn.Config(create_app(ServerState(served_name="keyed-model", api_key="sesame")),
+                                        host="127.0.0.1", port=free_port(), log_level="warning"))
+    t = threading.Thread(target=srv.run, name="keyed-server", daemon=True)
+    t.start()
+    assert until(lambda: srv.started, 60)
+    yield f"http://127.0.0.1:{srv.config.port}"
+    srv.should_exit = True
+    t.join(30)
+
+
+@needs_browser
+def test_the_pages_send_the_api_key_typed_into_them(keyed_server, browser):
+    from selenium.webdriver.common.keys import Keys
+
+    status = lambda: el(browser, "feed-status").get_attribute("textContent")  # noqa: E731
+    browser.get(keyed_server + "/dashboard")
+    assert until(lambda: status().startswith("401"), 30), status()
+    el(browser, "api-key").send_keys("sesame", Keys.TAB)  # a change reconnects the feed with the key
+    assert until(lambda: status().startswith("503") and "loading" in status(), 30), status()
+    browser.get(keyed_server + "/")  # the other page remembers the key and sends it on /v1
+    assert until(lambda: el(browser, "model-name").text == "keyed-model", 30)
+    browser.execute_script("localStorage.clear()")
