@@ -514,3 +514,27 @@ def test_every_model_step_leaves_one_record_of_its_kind_and_rows_in_the_step_log
     assert [(r.kind, r.prompt_rows, r.prompts, r.decode_rows) for r in log] == [
         ("prefill", 10, 1, 0), ("mixed", 20, 2, 1), ("decode", 0, 0, 3)]
     assert log[0].as_dict()["kind"] == "prefill"
+
+
+def test_an_unset_max_tokens_is_the_default_within_the_context_the_prompt_leaves():
+    cfg = ServingConfig(max_context=256, decode_slots=2, default_max_tokens=100)
+    s = Scheduler(FakeExecutor(), KVBook(40, None, None), cfg, VOCAB, clock=lambda: 0.0)
+    short, long_, asked = req(10, max_tokens=None), req(200, max_tokens=None, min_tokens=80), req(10, max_tokens=7)
+    for r in (short, long_, asked):
+        s.submit(r)
+    assert (short.max_tokens, long_.max_tokens, asked.max_tokens) == (100, 56, 7)
+    assert long_.min_tokens == 56  # clamped to what it may emit
+
+
+def test_the_last_token_carries_its_finish_reason_and_a_stop_token_is_never_emitted():
+    s, ex = make()
+    a, b = req(max_tokens=3), req(max_tokens=9, stop_token_ids=frozenset({7}))  # FakeExecutor samples 7
+    s.submit(a)
+    s.submit(b)
+    events = []
+    while s.has_work():
+        events += s.step(0.0)
+    toks = [e for e in events if isinstance(e, Token) and e.request_id == a.id]
+    assert [t.finish for t in toks] == [None, None, "length"]
+    assert not [e for e in events if isinstance(e, Token) and e.request_id == b.id]
+    assert {e.request_id: e.reason for e in events if isinstance(e, Finished)} == {a.id: "length", b.id: "stop"}

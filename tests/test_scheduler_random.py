@@ -44,7 +44,7 @@ from hypothesis import strategies as st
 
 from tailgate.config import ServingConfig
 from tailgate.engine.pages import PAGE_SIZE, KVBook, pages_for
-from tailgate.engine.request import Finished, Rejected, Request, Sampled, Scheduled, Token
+from tailgate.engine.request import Finished, Rejected, Request, Sampled, Scheduled, Status, Token
 from tailgate.engine.scheduler import Scheduler
 
 VOCAB = 64
@@ -320,6 +320,7 @@ class Outcome:
     sched: Scheduler | None = None
     ex: PagedKV | None = None
     cache_faults: list[str] = field(default_factory=list)  # PrefixCache.audit() at the end, then after clear()
+    misplaced: list[str] = field(default_factory=list)  # status vs holder disagreements (`where`)
 
     def spec(self, r: Request) -> Spec:
         return self.sc.specs[self.reqs.index(r)]
@@ -360,6 +361,8 @@ def simulate(sc: Scenario) -> Outcome:
         clock[0] += 0.001
         for e in sched.step(clock[0]):
             out.events[e.request_id].append(e)
+        out.misplaced += [f"step {i}: {r.id} is {r.status.value} but {got}" for r in reqs
+                          if s_submitted(sc, r, reqs, i) and (got := where(sched, r)) != r.status]
     m = sched.metrics  # what the scenario exercised (pytest --hypothesis-show-statistics)
     event(f"walk {sc.chunk}, itl target {sc.itl_ms}, lane {sc.lane_polls is not None}, sliding {sc.window is not None}")
     event(f"preempted: {m.preemptions > 0}")
@@ -374,6 +377,23 @@ def simulate(sc: Scenario) -> Outcome:
         if sched.prefix.blocks or book.glob.idle or (book.local and book.local.idle):
             out.cache_faults.append(f"after clear: {sched.prefix.blocks} blocks, {book.glob.idle} idle pages")
     return out
+
+
+def s_submitted(sc: Scenario, r: Request, reqs: list, i: int) -> bool:
+    return sc.specs[reqs.index(r)].arrive <= i
+
+
+def where(sched: Scheduler, r: Request):
+    """The status the structure holding `r` implies."""
+    if sched.flight is not None and sched.flight[0].req is r:
+        return Status.IN_FLIGHT
+    if any(w.req is r for w in sched.walk):
+        return Status.WALKING
+    if any(a.req is r for a in sched.roster):
+        return Status.RUNNING
+    if r in sched.queue:
+        return Status.HELD if r.held_at is not None else Status.PREEMPTED if r.preemptions else Status.WAITING
+    return Status.FINISHED
 
 
 def describe(o: Outcome, r: Request) -> str:
@@ -438,6 +458,13 @@ def check_fits_alone_never_killed(o: Outcome) -> None:
 @given(scenarios())
 def test_every_request_gets_exactly_one_terminal_event_and_the_pools_drain_with_no_page_leaked(sc):
     check_one_terminal_event_and_no_leak(simulate(sc))
+
+
+@SETTINGS
+@given(scenarios())
+def test_after_every_step_each_request_status_names_the_one_structure_that_holds_it(sc):
+    o = simulate(sc)
+    assert not o.misplaced, o.misplaced[:5]
 
 
 @SETTINGS

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from enum import Enum
 
 _ids = itertools.count()
 GREEDY_BELOW = 1e-5
@@ -25,10 +26,30 @@ class SamplingParams:
         return self.temperature < GREEDY_BELOW or self.top_k == 1
 
 
+class Status(str, Enum):
+    """Where a request is, in one word (`Request.status`); the scheduler sets it at every move, so
+    the structure that holds a request and its status always agree (tests/test_scheduler_random.py).
+
+    waiting -> [held -> waiting] -> walking (its prompt is being prefilled: a walker, or a newcomer
+    in a mixed step) | in_flight (prefilling on the side lane) -> running (decoding in the roster)
+    -> finished. A running or walking request whose pages are taken back goes to `preempted`
+    (waiting in the queue to be recomputed, ahead of later arrivals), then walks again."""
+
+    WAITING = "waiting"
+    HELD = "held"  # at the admission door
+    WALKING = "walking"
+    IN_FLIGHT = "in_flight"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
 @dataclass
 class Request:
     prompt: list[int]
-    max_tokens: int
+    # None: the engine decides (Scheduler.submit, engine/stop.py): DEFAULT_MAX_TOKENS within the
+    # context left after the prompt. Every HTTP route and the simulator share that one rule.
+    max_tokens: int | None
     params: SamplingParams = field(default_factory=SamplingParams)
     eos_ids: frozenset = frozenset()
     stop_token_ids: frozenset = frozenset()
@@ -44,6 +65,7 @@ class Request:
     sink_failed: bool = False  # the sink raised once: no more events go to it
     held_at: float | None = None  # set while the door holds it
     preemptions: int = 0  # times its pages were taken back to be recomputed (scheduler._make_room)
+    status: Status = Status.WAITING
 
 
 @dataclass(slots=True)  # events and rows are made per token: slots build them faster
@@ -71,6 +93,7 @@ class Token(Event):
     prompt_rows: int = 0
     prompts: int = 0
     gap: float | None = None
+    finish: str | None = None  # "length" on a request's last token (its Finished follows); else None
 
 
 @dataclass(slots=True)

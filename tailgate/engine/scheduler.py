@@ -20,7 +20,8 @@ from .metrics import EngineMetrics
 from .pages import KVBook, SeqPages, pages_for
 from .plan import Segment, StepRecord
 from .prompt_logprobs import PromptLogprobs, new_scores, prompt_segment
-from .request import Event, Finished, Rejected, Request, RowSample, Sampled, Scheduled, Token
+from .request import Event, Finished, Rejected, Request, RowSample, Sampled, Scheduled, Status, Token
+from .stop import LENGTH, STOP, resolve_max_tokens, verdict
 from .walk import Walker, plan_round
 
 log = logging.getLogger("tailgate.engine")
@@ -104,6 +105,8 @@ class Scheduler:
     def submit(self, req: Request) -> None:
         if not req.arrival:
             req.arrival = self.clock()
+        resolve_max_tokens(req, self.cfg.max_context, self.cfg.default_max_tokens)
+        req.status = Status.WAITING
         self.queue.append(req)
         if self.door is not None:
             self.door.observe_arrival(req.arrival)
@@ -173,6 +176,7 @@ class Scheduler:
             for r in self.queue:
                 if r.held_at is None:
                     r.held_at = now
+                    r.status = Status.HELD
             return False
         released = [r for r in self.queue if r.held_at is not None]
         if released and reason is not None:  # count openings that let held arrivals through
@@ -180,6 +184,7 @@ class Scheduler:
         for r in released:
             self.metrics.door_hold.observe(now - r.held_at)
             r.held_at = None
+            r.status = Status.WAITING
         self._passed.update(r.id for r in self.queue)
         return True
 
@@ -244,6 +249,7 @@ class Scheduler:
         if w.scores is not None:  # every prompt row computed (its logprobs): none from the cache
             req.status = Status.WALKING
             return w
+        req.status = Status.WALKING
         if self.prefix is not None:  # a prompt, or a recompute (its own pages too), resumes at its longest cached prefix
             w.done = w.cached = self.prefix.attach(w.tokens, len(req.prompt), req.id, w.pages)
         return w
@@ -351,6 +357,7 @@ class Scheduler:
         if req.cancelled:
             done = self._preempted.pop(req.id, ([], None))[0]
             self.executor.release(req.id)
+            req.status = Status.FINISHED
             self.metrics.finished[req.cancel_as] += 1  # a queued abort counts like a live one
             self._emit(req, Finished(req.id, self.clock(), reason=req.cancel_as, prompt_tokens=len(req.prompt),
                                      completion_tokens=len(done)))
@@ -426,6 +433,8 @@ class Scheduler:
     def _preempt(self, h) -> None:
         """Take a live row's or a walker's pages back and requeue it to be recomputed (its output
         so far, if any, is kept and not re-emitted; its sampler state stays with the executor)."""
+        h.req.preemptions += 1
+        self.metrics.preemptions += 1
         if h in self.roster:
             self.roster.remove(h)
             if self.prefix is not None:  # its written pages, prompt and output, stay cached for its recompute
@@ -436,8 +445,6 @@ class Scheduler:
             if self.prefix is not None:
                 self.prefix.keep(h.tokens, len(h.req.prompt), h.req.id, h.pages)
             self._park(h.req, h.pages, h.resumed, h.last_at)
-        h.req.preemptions += 1
-        self.metrics.preemptions += 1
 
     def _requeue(self, w: Walker) -> None:
         self._park(w.req, w.pages, w.resumed, w.last_at)
@@ -449,6 +456,7 @@ class Scheduler:
         if output:
             self._preempted[req.id] = (list(output), last_at)
         self._passed.add(req.id)  # it was let in once: no second wait at the door
+        req.status = Status.PREEMPTED if req.preemptions else Status.WAITING
         i = 0
         while i < len(self.queue) and self.queue[i].arrival < req.arrival:
             i += 1
@@ -528,6 +536,7 @@ class Scheduler:
         a = Active(w.req, w.pages, queued_at=w.req.arrival, scheduled_at=now, output=list(w.resumed),
                    last_at=w.last_at)
         self.roster.append(a)  # graduates; _settle takes it out again if this token ends it
+        w.req.status = Status.RUNNING
         self._settle((a,), (out,), now)
 
     # ---- the side lane --------------------------------------------------------------------
@@ -545,6 +554,7 @@ class Scheduler:
             self._close(req, w.pages, len(w.resumed), "error", f"side lane failed to start: {e}")
             return
         self.flight = (w, flight)
+        req.status = Status.IN_FLIGHT
         self.metrics.lane_prefills += 1
         self.metrics.prefill_rows.observe(len(toks))
 
@@ -609,8 +619,9 @@ class Scheduler:
             if advance:
                 book.advance(a.pages, 1)
             req, t = a.req, out.token
-            if (t in req.eos_ids and not req.ignore_eos) or t in req.stop_token_ids:
-                self._finish(a, "stop")  # the stop token itself is not emitted
+            end = verdict(req, t, len(a.output))
+            if end is STOP:
+                self._finish(a, STOP)  # the stop token itself is not emitted
                 continue
             a.output.append(t)
             emitted += 1
@@ -618,9 +629,10 @@ class Scheduler:
             if gap is not None:
                 gaps.append(gap)
             a.last_at = now
-            events.append((req, Token(req.id, now, t, out.logprob, out.top_logprobs, kind, prompt_rows, prompts, gap)))
-            if len(a.output) >= req.max_tokens:
-                self._finish(a, "length")
+            events.append((req, Token(req.id, now, t, out.logprob, out.top_logprobs, kind, prompt_rows, prompts, gap,
+                                      end)))
+            if end is LENGTH:
+                self._finish(a, LENGTH)
         m.generation_tokens += emitted
         if gaps:
             m.gaps(kind).observe_all(gaps)
@@ -634,6 +646,7 @@ class Scheduler:
         """Return a request's pages and sampler state, count it, and tell its stream why it ended."""
         self.book.free(pages)
         self.executor.release(req.id)
+        req.status = Status.FINISHED
         self.metrics.finished[reason] += 1
         self._emit(req, Finished(req.id, self.clock(), reason=reason, prompt_tokens=len(req.prompt),
                                  completion_tokens=completion_tokens, message=message))
@@ -654,6 +667,7 @@ class Scheduler:
             self._drop_walker(w, "error", message)
         while self.queue:
             r = self._pop()
+            r.status = Status.FINISHED
             self._emit(r, Finished(r.id, self.clock(), reason="error", prompt_tokens=len(r.prompt), message=message))
         self._deliver()
 
@@ -664,6 +678,7 @@ class Scheduler:
             self._drop_walker(w, w.req.cancel_as)
 
     def _reject(self, req: Request, why: str) -> None:
+        req.status = Status.FINISHED
         self.metrics.finished["rejected"] += 1
         self._emit(req, Rejected(req.id, self.clock(), reason=why))
 

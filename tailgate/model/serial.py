@@ -8,6 +8,8 @@ import torch
 
 from ..engine.pages import KVBook, SeqPages
 from ..engine.plan import Segment
+from ..engine.request import Request
+from ..engine.stop import LENGTH, STOP, verdict
 from .runner import ModelRunner
 from .sampler import SamplingParams, make_generator, sample
 
@@ -15,6 +17,7 @@ from .sampler import SamplingParams, make_generator, sample
 def generate(runner: ModelRunner, book: KVBook, prompt: list[int], max_tokens: int,
              params: SamplingParams | None = None, eos_ids=(), chunk: int | None = None, on_token=None) -> list[int]:
     params = params or SamplingParams()
+    req = Request(prompt, max_tokens, params, eos_ids=frozenset(eos_ids))  # for the engine's stop rule
     gen = make_generator(params.seed)
     seq = SeqPages()
     out: list[int] = []
@@ -28,12 +31,13 @@ def generate(runner: ModelRunner, book: KVBook, prompt: list[int], max_tokens: i
             book.advance(seq, len(piece))
         while True:
             tok = sample(logits, [params], [gen])[0]
-            if tok in eos_ids:
+            end = verdict(req, tok, len(out))
+            if end is STOP:
                 break
             out.append(tok)
             if on_token:
                 on_token(tok)
-            if len(out) >= max_tokens:
+            if end is LENGTH:
                 break
             if not book.reserve(seq, seq.frontier + 1):
                 raise RuntimeError("out of KV pages")

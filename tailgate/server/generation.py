@@ -67,14 +67,14 @@ class Generation:
             raise ApiError(429, f"the waiting queue is full ({len(st.pending)} requests, {waiting_tokens} tokens "
                                 "waiting); retry shortly", headers={"Retry-After": "1"})
         for pi, p in enumerate(g.prompts):
-            max_tokens = min(g.max_tokens or st.cfg.default_max_tokens or ceiling, ceiling - len(p))
             for j in range(g.n):
                 params = g.params
                 if params.seed is not None and j:
                     params = replace(params, seed=params.seed + j)
-                r = Request(prompt=p, max_tokens=max_tokens, params=params, eos_ids=frozenset(tok.eos_ids),
+                # max_tokens unset: the engine resolves it (engine/stop.py), as for every caller
+                r = Request(prompt=p, max_tokens=g.max_tokens, params=params, eos_ids=frozenset(tok.eos_ids),
                             stop_token_ids=frozenset(g.stop_token_ids), ignore_eos=g.ignore_eos,
-                            min_tokens=min(g.min_tokens, max_tokens), logprobs=g.logprobs, prompt_logprobs=g.score_prompt)
+                            min_tokens=g.min_tokens, logprobs=g.logprobs, prompt_logprobs=g.score_prompt)
                 if g.max_tokens == 0:  # the prompt's echo and logprobs only: one token runs and is dropped
                     r.max_tokens, r.min_tokens = 1, 0
                 idx = len(self.choices)
@@ -122,9 +122,9 @@ class Generation:
                 self._finish(c, "stop", ev.at)
                 c.req.cancel_as = "stop"  # a success in /metrics, not an abort
                 st.engine.abort(c.req)
-            elif c.tokens >= c.req.max_tokens:
-                # The last token: finish on its own chunk, as vLLM does, instead of sending an
-                # empty chunk when the engine's Finished arrives a moment later.
+            elif ev.finish == "length":
+                # The last token (the engine says so on it): finish on its own chunk, as vLLM does,
+                # instead of sending an empty chunk when the engine's Finished arrives a moment later.
                 text += c.stream.flush()
                 self._finish(c, "length", ev.at)
             return text
