@@ -13,7 +13,7 @@ from conftest import LONG_TEXT, MODELS, Rig
 # (dtype, kernels) pairs a user can pass; the gate runs each distinct plan this CPU gives them:
 # `auto` first (what `tailgate serve` runs here), then every alternative it can run.
 CHOICES = [("auto", "auto"), ("fp32", "auto"), ("fp32", "torch"), ("bf16", "auto"), ("fp32", "q8"),
-           ("fp32", "int8"), ("fp32", "int4")]
+           ("fp32", "gguf"), ("fp32", "int8"), ("fp32", "int4")]
 
 
 def sequences(tok):

@@ -24,6 +24,7 @@ REGRET_TOL = 0.2  # logprob the reference gives up where our top token differs f
 PLAN_BOUNDS = {
     "fp32": (MEAN_TOL, P99_TOL, 1e-5),  # measured: 1.8e-5, 5.9e-5, 5e-8 (F.linear + SDPA: 0, the same bits)
     "bf16": (0.3, 1.0, 0.006),  # measured: 0.144, 0.471, 0.0026 (all-bf16, both models)
+    "gguf": (0.4, 1.5, 0.02),  # provisional: q8's (the same panels below 64 head rows)
     "q8": (0.4, 1.5, 0.02),  # measured: 0.22, 0.77, 0.0091 (AVX2 panels, every layer call, fp16 KV)
     "int8": (0.45, 1.0, 0.025),  # measured: 0.21, 0.38, 0.012
     "int4": (2.5, 3.5, 0.4),  # measured: 1.11, 1.51, 0.19 (lossy on this file: opt-in)
@@ -32,6 +33,8 @@ PLAN_BOUNDS = {
 def precision_class(plan) -> str:
     """The coarsest arithmetic a `KernelPlan` puts on the path: its quantized kernel (for the calls
     under its cut), else bf16 activations or weights, else exact fp32 (fp16 KV only comes with q8)."""
+    if plan.quant == "gguf":  # blocks or their q8 panels take every call
+        return "gguf"
     if plan.quant and max(plan.quant_rows) > 0:
         return plan.quant
     if torch.bfloat16 in (plan.dtype, plan.dense_dtype) or plan.kv != torch.float32:

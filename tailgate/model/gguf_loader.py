@@ -6,7 +6,10 @@ uses the same rotate-half RoPE as HF transformers (the oracle).
 """
 from __future__ import annotations
 
+import hashlib
+import mmap
 import struct
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -33,11 +36,28 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _STRING, _ARRAY = 8, 9
 
 
+@dataclass
+class Layout:
+    """A GGUF file's header: metadata (scalars and strings as values, an array as range(its
+    length): only lengths are needed), each tensor's (dims, ggml type id, byte offset in the file),
+    and the SHA-256 of the header bytes (metadata and tensor table: with the file's size and mtime,
+    the conversion cache's key; hashing the whole file took ~1 s per start on 253 MB)."""
+    meta: dict
+    tensors: dict[str, tuple[tuple[int, ...], int, int]]
+    header_sha: str
+
+
 def read_header(path) -> tuple[dict, set[str]]:
-    """A GGUF file's metadata and tensor names, without reading any tensor: scalars and strings as
-    values, an array as range(its length) (only lengths are needed). gguf.GGUFReader builds a numpy
-    view per array item: 30 s for Gemma 3's 262k-entry vocab on 2 cores, far too slow to check a
-    start-up knob against. Raises ValueError on a file that is not GGUF v2/v3 or ends early."""
+    """The metadata and tensor names (start-up checks)."""
+    layout = read_layout(path)
+    return layout.meta, set(layout.tensors)
+
+
+def read_layout(path) -> Layout:
+    """The header of a GGUF file, without reading any tensor. gguf.GGUFReader builds a numpy view
+    per array item: 30 s for Gemma 3's 262k-entry vocab on 2 cores, far too slow to check a
+    start-up knob against or to run on every start. Raises ValueError on a file that is not GGUF
+    v2/v3 or ends early."""
     with open(path, "rb") as f:
         buf = f.read(8 << 20)  # metadata is at the front; read more only if it runs past this
         pos = 0
@@ -85,17 +105,25 @@ def read_header(path) -> tuple[dict, set[str]]:
         for _ in range(n_kv):
             key = string()
             meta[key] = value(unpack("<I"))
-        names = set()
+        infos = {}
         for _ in range(n_tensors):
-            names.add(string())
-            take(8 * unpack("<I") + 4 + 8)  # dims, type, offset
-    return meta, names
+            name = string()
+            dims = tuple(unpack("<Q") for _ in range(unpack("<I")))
+            kind, offset = unpack("<I"), unpack("<Q")
+            infos[name] = (dims, kind, offset)
+        align = int(meta.get("general.alignment", 32))
+        start = (pos + align - 1) // align * align  # tensor data begins at the next aligned byte
+        sha = hashlib.sha256(buf[:pos]).hexdigest()
+    return Layout(meta, {n: (d, k, start + o) for n, (d, k, o) in infos.items()}, sha)
 
 
 def read_header_spec(path) -> ModelSpec:
     """The spec from the header alone (start-up checks before any weights load)."""
-    meta, names = read_header(path)
-    return _spec(lambda k, d=None: meta.get(k, d), names)
+    return layout_spec(read_layout(path))
+
+
+def layout_spec(layout: Layout) -> ModelSpec:
+    return _spec(lambda k, d=None: layout.meta.get(k, d), set(layout.tensors))
 
 
 def _spec(field, names: set[str]) -> ModelSpec:
@@ -142,23 +170,48 @@ def internal_name(gguf_name: str, family: families.Family | None = None) -> str:
     raise ValueError(f"unknown GGUF tensor {gguf_name!r}")
 
 
-def read_tensors(reader, spec: ModelSpec, progress=None) -> dict[str, torch.Tensor]:
-    """Dequantize every tensor to float32 (exact for every GGUF block format)."""
+_GGML_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1", 10: "Q2_K",
+               11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 30: "BF16"}
+
+
+def read_stored(path, layout: Layout, spec: ModelSpec, progress=None) -> dict:
+    """Every tensor by our name, from the memory-mapped file: a matrix in a block format the block
+    kernel reads stays a `blocks.Blocks` view of the file (Llama's q/k rows un-permuted into a copy:
+    whole rows of blocks move as they are); vectors, float matrices and the few other formats are
+    read into fp32 tensors (exact for every GGUF format). The map stays open while a view lives."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
 
-    bad = sorted({t.tensor_type.name for t in reader.tensors} - SUPPORTED_QTYPES)
+    from .blocks import BLOCK, Blocks
+
+    kinds = {k: _GGML_NAMES.get(k, str(k)) for _, k, _ in layout.tensors.values()}
+    bad = sorted(set(kinds.values()) - SUPPORTED_QTYPES)
     if bad:
         raise ValueError(f"unsupported GGUF tensor type(s) {bad}; supported: {sorted(SUPPORTED_QTYPES)}")
-    out = {}
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    whole = np.frombuffer(mm, dtype=np.uint8)
     family = families.get(spec.arch)
-    tensors = reader.tensors if progress is None else progress(reader.tensors)
-    for t in tensors:
-        name = internal_name(t.name, family)
-        a = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        kind = name.split(".")[2] if name.startswith("layers.") else ""
-        if family.gguf_unpermute and kind in ("q", "k"):  # the weight and, where there is one, its bias
-            a = _unpermute(a, spec.n_heads if kind == "q" else spec.n_kv_heads)
-        out[name] = torch.from_numpy(np.ascontiguousarray(a))
+    out = {}
+    items = layout.tensors.items() if progress is None else progress(layout.tensors.items())
+    for gname, (dims, kind, offset) in items:
+        name = internal_name(gname, family)
+        qtype = kinds[kind]
+        rows = int(np.prod(dims[1:], dtype=np.int64)) if len(dims) > 1 else 1
+        per, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]]
+        row_bytes = dims[0] // per * nbytes
+        raw = whole[offset:offset + rows * row_bytes].reshape(rows, row_bytes)
+        part = name.split(".")[2] if name.startswith("layers.") else ""
+        heads = spec.n_heads if part == "q" else spec.n_kv_heads
+        unpermute = family.gguf_unpermute and part in ("q", "k")  # the weight and, where there is one, its bias
+        if qtype in BLOCK and len(dims) == 2:
+            t = Blocks(raw, qtype, (rows, dims[0]), mm)
+            out[name] = t.take_rows(_unpermute(np.arange(rows), heads)) if unpermute else t
+            continue
+        a = np.asarray(dequantize(raw, GGMLQuantizationType[qtype]), dtype=np.float32).reshape(*reversed(dims))
+        if unpermute:
+            a = _unpermute(a, heads)
+        out[name] = torch.from_numpy(np.array(a, dtype=np.float32))  # owned: the map may close
     return out
 
 

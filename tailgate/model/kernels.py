@@ -34,7 +34,7 @@ from . import native
 from .cpu import CpuInfo, KernelError, this_cpu
 
 DTYPE_GRAMMAR = "auto | bf16 | fp32 | fp16"
-KERNEL_GRAMMAR = "auto | torch | onednn | q8 | int8 | int4"
+KERNEL_GRAMMAR = "auto | torch | onednn | q8 | gguf | int8 | int4"
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
            "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
 INT4_GROUP = 32  # the file's own Q4_K/Q5_0 group size
@@ -52,6 +52,14 @@ INT4_GROUP = 32  # the file's own Q4_K/Q5_0 group size
 # Weight-only int8/int4 (bf16 activations, torch's kernels), M = 1/4/16/64: layers int8
 # 18.2/25.8/92.0/289, int4 12.4/22.1/73.5/287; head int8 28.9/39.1/164/679, int4 15.6/30.9/115/470.
 EVERY = 1 << 31
+# The gguf plan: a GGUF file's matrices as stored, read by the block kernel (csrc/blocks.c) for
+# calls of at most (layers, head) rows, by q8 panels made once at load from the blocks above that;
+# no fp32 copy of any matrix, the embedding's rows dequantized on lookup. On AMD EPYC Zen 3 the
+# block kernel lost to the panels at every row count (18 layers' matmuls, one thread, min of 9 on a
+# busy host, ms at M = 1/4/16/64: blocks 41/40/248/945, panels 27/30/138/481; head 53/61/338/1456
+# against 48/47/197/943; docs/kernels.md, "GGUF blocks as stored"), so its cut there is 0: the
+# panels run every call and the blocks serve the embedding. Until measured elsewhere, the same.
+GGUF_ROWS = (0, 0)
 QUANT_ROWS = {
     ("avx2", "q8"): (EVERY, 64),
     ("avx2", "int8"): (16, 6),
@@ -80,7 +88,7 @@ QUANT_ROWS = {
     ("avx512_bf16", "q8", "avx512_vnni"): (64, 32),
 }
 # A CPU class without a measured cut uses these (the same shapes of memory-bound crossover).
-DEFAULT_QUANT_ROWS = {"q8": (EVERY, 64), "int8": (16, 6), "int4": (16, 8)}
+DEFAULT_QUANT_ROWS = {"q8": (EVERY, 64), "int8": (16, 6), "int4": (16, 8), "gguf": GGUF_ROWS}
 # `auto` on each CPU class: the quantized kernel it adds for small steps (None: dense only), and
 # what takes its place when q8 cannot be built here.
 AUTO_QUANT = {"avx2": "q8", "avx512": "q8", "avx512_bf16": "q8", "amx": "q8"}
@@ -92,7 +100,9 @@ class KernelPlan:
     device: str
     dtype: torch.dtype
     dense: str  # "onednn" (prepacked) | "torch" (F.linear)
-    quant: str | None = None  # "q8": int8 x int8; "int8" | "int4": weight-only, bf16 activations
+    # "q8": int8 x int8; "gguf": a GGUF file's own blocks x int8 activations (q8 panels above the
+    # cut, made at load); "int8" | "int4": weight-only, bf16 activations
+    quant: str | None = None
     quant_rows: tuple[int, int] = (0, 0)  # (layers, head): calls with at most this many rows
     cpu: str = ""
     isa: str = ""
@@ -127,7 +137,11 @@ class KernelPlan:
         if self.dense_dtype is not None:
             dt += f" activations, {str(self.dense_dtype).removeprefix('torch.')} weights"
         s = f"kernels: {dt} {'oneDNN prepacked' if self.dense == 'onednn' else 'F.linear'}"
-        if self.quant:
+        if self.quant == "gguf":
+            cuts = ["every call" if n >= EVERY else f"calls of <= {n} rows" if n else "no calls" for n in self.quant_rows]
+            s += (f" + GGUF blocks as stored (embedding lookups; int8 x blocks for {cuts[0]} (layers) / {cuts[1]}"
+                  f" (head)), q8 int8 x int8 ({self.q8_variant}) panels made from them at load for the rest")
+        elif self.quant:
             what = f"int8 x int8 ({self.q8_variant})" if self.quant == "q8" else "weight-only"
             cuts = ["every call" if n >= EVERY else f"calls of <= {n} rows" for n in self.quant_rows]
             s += f" + {self.quant} {what} for {cuts[0]} (layers) / {cuts[1]} (head)"
@@ -146,7 +160,7 @@ class KernelPlan:
                 "cpu": self.cpu, "isa": self.isa, "note": self.note,
                 "attention": self.attention, "kv_dtype": str(self.kv).removeprefix("torch."),
                 "dense_dtype": str(self.dense_dtype or self.dtype).removeprefix("torch."),
-                "q8_variant": self.q8_variant if self.quant == "q8" else None,
+                "q8_variant": self.q8_variant if self.quant in ("q8", "gguf") else None,
                 "prompt_attention": str(self.prompt_attention or self.dtype).removeprefix("torch.")}
 
 
@@ -185,35 +199,35 @@ def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto
             f"({cpu.model}) lacks" if dt == torch.bfloat16 else f"oneDNN has no prepacked {dt} path")
         raise KernelError(f"--kernels onednn refused: {why} (try --dtype fp32 or --kernels auto)")
     dense = "onednn" if packable and kind != "torch" else "torch"
-    quant = kind if kind in ("q8", "int8", "int4") else (AUTO_QUANT.get(cpu.isa) if kind == "auto" and want == "auto" else None)
+    quant = kind if kind in ("q8", "gguf", "int8", "int4") else (AUTO_QUANT.get(cpu.isa) if kind == "auto" and want == "auto" else None)
     if quant and dt == torch.float16:
         raise KernelError(f"--kernels {quant} runs with fp32 or bf16 activations, not --dtype fp16")
     note = ""
     why = f"tailgate's native kernels need AVX2, FMA and F16C, which this CPU ({cpu.model}) lacks" \
         if not {"avx2", "fma", "f16c"} <= cpu.flags else None
-    if why is None and (quant == "q8" or (dt == torch.float32 and kind != "torch")):
+    if why is None and (quant in ("q8", "gguf") or (dt == torch.float32 and kind != "torch")):
         why = (native_build or native.load)()[1]
     # Our decode attention reads fp32 pools in place and our fused ops are fp32; `--kernels torch`
     # keeps everything torch's.
     attention = "native" if dt == torch.float32 and kind != "torch" and why is None else "torch"
-    if quant == "q8":
-        if why and kind == "q8":
-            raise KernelError(f"--kernels q8 refused: {why} (try --kernels auto)")
+    if quant in ("q8", "gguf"):
+        if why and kind == quant:
+            raise KernelError(f"--kernels {quant} refused: {why} (try --kernels auto)")
         if why:
             quant, note = Q8_FALLBACK, f"{why}; using {Q8_FALLBACK}"
-    if mixed and quant == "q8" and why is None:
+    if mixed and quant in ("q8", "gguf") and why is None:
         dt, attention, dense_dt = torch.float32, "native", torch.bfloat16
     else:  # without our kernels a bf16 CPU keeps the all-bf16 plan: torch's bf16 ops beat fp32 ones
         dense_dt = None
         if mixed:
             quant, note = None, why or note
-    variant = cpu.q8_variant if quant == "q8" else "avx2"
+    variant = cpu.q8_variant if quant in ("q8", "gguf") else "avx2"
     if variant == "amx" and not (amx_grant or (native.amx_ready if native_build is None else lambda: True))():
         variant = CpuInfo(cpu.model, cpu.flags - {"amx_tile", "amx_int8"}).q8_variant
         note = "; ".join(x for x in (note, f"the OS did not grant AMX tiles: q8 on {variant}") if x)
     rows = QUANT_ROWS.get((cpu.isa, quant, variant)) or QUANT_ROWS.get((cpu.isa, quant)) or \
         DEFAULT_QUANT_ROWS.get(quant, (0, 0)) if quant else (0, 0)
-    kv = torch.float16 if quant == "q8" and attention == "native" else None
+    kv = torch.float16 if quant in ("q8", "gguf") and attention == "native" else None
     return KernelPlan("cpu", dt, dense, quant, rows, cpu.model, cpu.isa, note, attention, kv, dense_dt, variant)
 
 
@@ -222,7 +236,7 @@ def runnable_plans(device="cpu") -> list[KernelPlan]:
     dense bf16 where oneDNN takes it, and int8 / int4 small steps over the fp32 dense path."""
     out = []
     for dtype, kernels in (("auto", "auto"), ("fp32", "onednn"), ("fp32", "torch"), ("bf16", "onednn"), ("fp32", "q8"),
-                           ("fp32", "int8"), ("fp32", "int4")):
+                           ("fp32", "gguf"), ("fp32", "int8"), ("fp32", "int4")):
         try:
             p = choose(dtype, kernels, device)
         except KernelError:
@@ -255,14 +269,19 @@ def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tenso
 
 
 class Linear:
-    """One weight matrix [out, in] with the kernels its plan chose; `x @ w.T` by row count."""
+    """One weight matrix [out, in] with the kernels its plan chose; `x @ w.T` by row count. Under the
+    gguf plan `w` may be a GGUF matrix as stored (`blocks.Blocks`) or a list of them (a fused
+    q/k/v or gate/up, stacked along the outputs)."""
 
-    __slots__ = ("w", "packed", "quant", "q", "qs", "max_q_rows", "out_features", "dense_dtype")
+    __slots__ = ("w", "packed", "quant", "q", "qs", "max_q_rows", "out_features", "dense_dtype", "wide")
 
-    def __init__(self, w: torch.Tensor, plan: KernelPlan, group: str):
-        self.out_features = w.shape[0]
-        self.quant, self.q, self.qs, self.max_q_rows = None, None, None, 0
+    def __init__(self, w, plan: KernelPlan, group: str):
+        self.quant, self.q, self.qs, self.max_q_rows, self.wide = None, None, None, 0, None
         cut = plan.quant_rows[0 if group == "layers" else 1]
+        if plan.quant == "gguf":
+            self._stored(w, plan, cut)
+            return
+        self.out_features = w.shape[0]
         if plan.quant and cut > 0 and w.shape[1] % INT4_GROUP == 0 and w.shape[0] % 16 == 0:
             self.quant, self.max_q_rows = plan.quant, cut
             if plan.quant == "q8":
@@ -278,6 +297,38 @@ class Linear:
                 w = w.to(self.dense_dtype)
             self.w = torch.ops.mkldnn._reorder_linear_weight(w, 16) if self.packed else w
 
+    def _stored(self, w, plan: KernelPlan, cut: int) -> None:
+        """The gguf plan: the block kernel for calls of at most `cut` rows, q8 panels made here
+        from the blocks for the rest (none when the blocks take every call; the blocks' pages are
+        released when they take none). A matrix not in a block format runs q8 at every call."""
+        from . import blocks
+
+        self.packed, self.dense_dtype, self.w = False, None, None
+        parts = w if isinstance(w, list) else [w] if isinstance(w, blocks.Blocks) else None
+        if parts is None:
+            self.out_features = w.shape[0]
+            self.quant, self.max_q_rows, self.q = "q8", EVERY, native.q8_quantize(w, plan.q8_variant)
+            return
+        self.out_features = sum(p.shape[0] for p in parts)
+        panel = 2 * native.PANEL if plan.q8_variant in ("avx512_vnni", "amx") else native.PANEL
+        if self.out_features % panel or parts[0].shape[1] % native.GROUP:
+            cut = EVERY  # no q8 panels for this shape: the blocks take every call
+        self.quant, self.max_q_rows = "gguf", cut
+        self.q = blocks.BlockMatmul(parts) if cut > 0 else None
+        if cut < EVERY:
+            self.wide = blocks.q8_panels(parts, plan.q8_variant, panel)
+            if cut == 0:
+                for p in parts:
+                    p.release()
+
+    def nbytes(self) -> int:
+        """Bytes of the weight forms this matrix holds for its kernels (blocks, panels, dense)."""
+        held = [self.w, self.qs, *(self.wide or ()), *(self.q if isinstance(self.q, tuple) else ())]
+        n = sum(t.numel() * t.element_size() for t in held if isinstance(t, torch.Tensor))
+        if self.quant == "gguf" and self.q is not None:
+            n += sum(p.nbytes for p in self.q.parts)
+        return n
+
     def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """x @ W^T in `out_dtype` (default x's dtype)."""
         y = self.raw(x)
@@ -292,6 +343,9 @@ class Linear:
         """x @ W^T in x's dtype, except from dense bf16 weights under fp32 activations, which
         leave it in bf16 (only on CPUs with AVX-512 BF16: `choose` gives dense bf16 nowhere else),
         for a consumer that takes either (our GeGLU)."""
+        if self.quant == "gguf":
+            y = self.q(x) if x.shape[0] <= self.max_q_rows else native.q8_linear(x.float(), *self.wide)
+            return y.to(x.dtype)
         if self.quant is not None and x.shape[0] <= self.max_q_rows:
             if self.quant == "q8":
                 return native.q8_linear(x.float(), *self.q).to(x.dtype)

@@ -1,5 +1,6 @@
-"""Our own CPU kernels (`csrc/*.c`), AVX2 + FMA + F16C: the q8 matmul, paged decode attention, and the
-step's fused elementwise work (norms, residual adds, q/k norm + RoPE, GeGLU).
+"""Our own CPU kernels (`csrc/*.c`), AVX2 + FMA + F16C: the q8 matmul, the matmul over GGUF blocks as
+stored (`csrc/blocks.c`, wrapped in model/blocks.py), paged decode attention, and the step's fused
+elementwise work (norms, residual adds, q/k norm + RoPE, GeGLU).
 
 torch 2.13 has no int8 x int8 matmul that is both fast and exact enough on an AVX2 CPU
 (docs/kernels.md: `_int_mm` is scalar there, FBGEMM's per-tensor activations saturate), and its
@@ -80,6 +81,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.geglu.argtypes, lib.geglu.restype = [P, B, I, I, P], None
     lib.gather_f16_bf16.argtypes, lib.gather_f16_bf16.restype = [P, I, P, I, P], None
     lib.kv_write_f16.argtypes, lib.kv_write_f16.restype = [P, I, P, I, P, I, B], None
+    # csrc/blocks.c: GGUF matrices as stored (model/blocks.py)
+    lib.gq_row_bytes.argtypes, lib.gq_row_bytes.restype = [B, I], I
+    lib.gq_dequantize.argtypes, lib.gq_dequantize.restype = [P, B, I, P, I, P], None
+    lib.gq_linear.argtypes, lib.gq_linear.restype = [P, I, I, B, P, P, P, P, P, I], ctypes.c_int
 
 
 def load() -> tuple[ctypes.CDLL | None, str | None]:

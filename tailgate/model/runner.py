@@ -1,10 +1,14 @@
 """ModelRunner: owns weights and KV tensors; turns a list of Segments into one forward pass."""
 from __future__ import annotations
 
+import sys
+
 import torch
+from tqdm import tqdm
 
 from ..engine.plan import Segment
 from . import families
+from .blocks import Blocks
 from .context import build_context
 from .kv_cache import KVCache
 from .kernels import BiasedLinear, KernelPlan, Linear, choose
@@ -32,14 +36,22 @@ def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, plan: KernelP
     """
     dtype, device = plan.dtype, torch.device(plan.device)
     w = {}
-    cast = lambda t: t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
+    stored = plan.quant == "gguf"  # GGUF blocks stay as stored; any other plan widens them here
+    cast = lambda t: (t if stored else t.dequantize()) if isinstance(t, Blocks) else \
+        t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
+
+    def fuse(names):
+        if stored and all(isinstance(raw[n], Blocks) for n in names):
+            return [raw[n] for n in names]  # one block matmul over parts that may differ in format
+        return cast(torch.cat([raw[n].dequantize() if isinstance(raw[n], Blocks) else raw[n] for n in names], 0))
+
     fused = set()
     biases = {}
     for i in range(spec.n_layers):
         p = f"layers.{i}."
         parts = [p + n for n in ("q", "k", "v") if p + n in raw]
-        w[p + "qkv"] = cast(torch.cat([raw[n] for n in parts], 0))
-        w[p + "gate_up"] = cast(torch.cat([raw[p + "gate"], raw[p + "up"]], 0))
+        w[p + "qkv"] = fuse(parts)
+        w[p + "gate_up"] = fuse([p + "gate", p + "up"])
         for name, group in ((p + "qkv", parts), (p + "gate_up", [p + "gate", p + "up"])):
             biases[name] = _fused_bias(raw, group)
             fused.update(group + [n + ".bias" for n in group])
@@ -62,11 +74,29 @@ def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, plan: KernelP
     family = families.get(spec.arch)
     if family.extra_weights is not None:  # e.g. Gemma 4's unit weights for its scale-free norms
         w.update(family.extra_weights(spec, device))
-    for k in [k for k in w if k.rpartition(".")[2] in ("qkv", "o", "gate_up", "down") or k == "head"]:
+    mats = [k for k in w if k.rpartition(".")[2] in ("qkv", "o", "gate_up", "down") or k == "head"]
+    for k in tqdm(mats, desc="prepare kernels", unit="matrix", file=sys.stderr, disable=len(mats) < 64,
+                  mininterval=2):
         group = "head" if k == "head" else "layers"
         b = biases.get(k)
         w[k] = Linear(w[k], plan, group) if b is None else BiasedLinear(w[k], plan, group, b.to(device))
     return w
+
+
+def resident_bytes(w: dict) -> dict[str, int]:
+    """Bytes of the runtime's weights by form: what the kernels hold (`Linear.nbytes`: blocks,
+    panels, dense copies) and the other tensors; an embedding kept as GGUF blocks (only looked-up
+    rows are read) is counted apart as `mapped`."""
+    out = {"kernels": 0, "tensors": 0, "mapped": 0}
+    for k, t in w.items():
+        if isinstance(t, Linear):
+            out["kernels"] += t.nbytes()
+        elif isinstance(t, Blocks):
+            out["mapped"] += t.nbytes
+        elif isinstance(t, torch.Tensor) and not (k == "embed" and w.get("head") is not None and
+                                                  getattr(w["head"], "w", None) is t):
+            out["tensors"] += t.numel() * t.element_size()
+    return out
 
 
 class ModelRunner:

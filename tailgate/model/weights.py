@@ -1,8 +1,10 @@
-"""Resolve `--model`, load weights + tokenizer, and cache GGUF conversions on disk.
+"""Resolve `--model`, load weights + tokenizer, and cache what a GGUF file needs converting.
 
-A GGUF conversion (dequantize 236 tensors, ~6 s; build a tokenizer.json from the 262k-entry
-vocab, ~20 s) is done once per file and cached under the file's SHA-256, so a second start only
-memory-maps a safetensors file.
+A GGUF file's matrices are served as stored (model/blocks.py: memory-mapped, run by the block
+kernel, or widened once at load by the plan), so the cache holds only the tokenizer built from its
+metadata (a tokenizer.json from Gemma 3's 262k-entry vocab: ~20 s, once per file) and the metadata
+the runtime reads, keyed by the file's size, mtime and a hash of its header (not of the whole file:
+hashing 253 MB cost every start about a second).
 """
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from . import gguf_loader, hf_loader
@@ -23,7 +24,7 @@ from .spec import ModelSpec
 from .tokenizer import Tokenizer, convert_gguf_tokenizer
 
 SHORT_NAMES = ("gemma3-270m", "smollm2-135m")
-CACHE_VERSION = "1"
+CACHE_VERSION = "2"  # 2: no weights in the cache (served from the GGUF file itself)
 
 
 def cache_root() -> Path:
@@ -61,18 +62,20 @@ def served_name(model: str) -> str:
     return p.stem if p.suffix == ".gguf" else p.name
 
 
-def _file_hash(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
-    return h.hexdigest()
+def _cache_dir(path: Path, layout=None) -> Path:
+    """The conversion cache's directory for a GGUF file: its size, mtime and header hash."""
+    st = path.stat()
+    layout = layout or gguf_loader.read_layout(path)
+    key = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}:{layout.header_sha}".encode()).hexdigest()
+    return cache_root() / f"{key[:24]}-v{CACHE_VERSION}"
 
 
 @dataclass
 class LoadedModel:
     spec: ModelSpec
-    weights: dict[str, torch.Tensor]  # internal names; GGUF: float32, HF: as stored (vectors float32)
+    # internal names; GGUF: matrices as `blocks.Blocks` (the file's own blocks) where the block
+    # kernel reads the format, else float32; HF: as stored (vectors float32)
+    weights: dict
     tokenizer: Tokenizer
     source: Path
 
@@ -83,37 +86,29 @@ def _spec_to_json(spec: ModelSpec) -> dict:
     return d
 
 
-def _spec_from_json(d: dict) -> ModelSpec:
-    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-    return ModelSpec(**d)
-
-
 def _load_gguf(path: Path, log) -> LoadedModel:
-    digest = _file_hash(path)
-    cdir = cache_root() / f"{digest[:24]}-v{CACHE_VERSION}"
+    layout = gguf_loader.read_layout(path)
+    spec = gguf_loader.layout_spec(layout)
+    cdir = _cache_dir(path, layout)
     meta_path = cdir / "meta.json"
     if meta_path.exists():
-        meta = json.loads(meta_path.read_text())
-        spec = _spec_from_json(meta["spec"])
-        weights = load_file(str(cdir / "weights.safetensors"))
-        return LoadedModel(spec, weights, Tokenizer(str(cdir / "tokenizer.json"), meta["tokenizer"]), path)
-    import gguf
+        tok_meta = json.loads(meta_path.read_text())["tokenizer"]
+    else:
+        import gguf
 
-    log(f"converting {path.name} (first start; cached in {cdir})")
-    reader = gguf.GGUFReader(str(path))
-    spec = gguf_loader.read_spec(reader)
-    weights = gguf_loader.read_tensors(
-        reader, spec, progress=lambda it: tqdm(it, desc="dequantize", unit="tensor", file=sys.stderr))
-    tok_meta = gguf_loader.read_tokenizer_meta(reader)
-    cdir.mkdir(parents=True, exist_ok=True)
-    tmp = cdir / "tokenizer.json.tmp"
-    log("building tokenizer.json from GGUF metadata")
-    convert_gguf_tokenizer(str(path), str(tmp))
-    tmp.replace(cdir / "tokenizer.json")
-    save_file(weights, str(cdir / "weights.safetensors.tmp"))
-    (cdir / "weights.safetensors.tmp").replace(cdir / "weights.safetensors")
-    # meta.json is written last: its presence marks a complete cache entry.
-    meta_path.write_text(json.dumps({"spec": _spec_to_json(spec), "tokenizer": tok_meta, "source": str(path)}))
+        log(f"converting {path.name}'s tokenizer (first start; cached in {cdir})")
+        with tqdm(total=2, desc="tokenizer", unit="step", file=sys.stderr) as bar:
+            tok_meta = gguf_loader.read_tokenizer_meta(gguf.GGUFReader(str(path)))
+            bar.update()
+            cdir.mkdir(parents=True, exist_ok=True)
+            tmp = cdir / "tokenizer.json.tmp"
+            convert_gguf_tokenizer(str(path), str(tmp))
+            tmp.replace(cdir / "tokenizer.json")
+            bar.update()
+        # meta.json is written last: its presence marks a complete cache entry.
+        meta_path.write_text(json.dumps({"spec": _spec_to_json(spec), "tokenizer": tok_meta, "source": str(path)}))
+    weights = gguf_loader.read_stored(
+        path, layout, spec, progress=lambda it: tqdm(it, desc="map tensors", unit="tensor", file=sys.stderr, mininterval=2))
     return LoadedModel(spec, weights, Tokenizer(str(cdir / "tokenizer.json"), tok_meta), path)
 
 
@@ -130,7 +125,7 @@ def load_tokenizer(model: str) -> Tokenizer:
     if path.is_dir():
         spec = hf_loader.read_spec(path)
         return Tokenizer(str(path / "tokenizer.json"), hf_loader.read_tokenizer_meta(path, spec))
-    cdir = cache_root() / f"{_file_hash(path)[:24]}-v{CACHE_VERSION}"
+    cdir = _cache_dir(path)
     if not (cdir / "meta.json").exists():
         return load_model(model).tokenizer
     return Tokenizer(str(cdir / "tokenizer.json"), json.loads((cdir / "meta.json").read_text())["tokenizer"])

@@ -1,0 +1,136 @@
+"""GGUF matrices kept in their stored blocks, and the matmul that reads them (`csrc/blocks.c`).
+
+A `Blocks` is one [out, in] matrix as the file stores it: a uint8 array of out rows of the type's
+bytes per row, usually a read-only view of the memory-mapped file (a copy only where the loader had
+to reorder rows: Llama's q/k un-permutation). Nothing widens it whole: the embedding dequantizes
+the rows a step looks up, the tied head and every layer matrix run `matmul` on the blocks, and the
+one wider form the plan may ask for (q8 panels for the layers' large calls) is made at load by
+`kernels.Linear` and counted in the resident size it logs.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+
+import numpy as np
+import torch
+
+from . import native
+
+# ggml type ids of the block formats csrc/blocks.c reads, and (values, bytes) per block.
+TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+BLOCK = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
+         "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}
+
+
+class Blocks:
+    """A matrix [out, in] in a GGUF block format; `data` uint8 [out, bytes per row]."""
+
+    __slots__ = ("data", "qtype", "shape", "_map")
+
+    def __init__(self, data: np.ndarray, qtype: str, shape: tuple[int, int], source: mmap.mmap | None = None):
+        if qtype not in TYPES:
+            raise ValueError(f"no block kernel for GGUF type {qtype}; read: {', '.join(TYPES)}")
+        per, nbytes = BLOCK[qtype]
+        if data.dtype != np.uint8 or data.ndim != 2 or shape[1] % per or data.shape != (shape[0], shape[1] // per * nbytes):
+            raise ValueError(f"{qtype} blocks of {data.shape} {data.dtype} do not hold a {shape} matrix")
+        self.data, self.qtype, self.shape = data, qtype, tuple(shape)
+        self._map = source  # the file's map when `data` is a view of it
+
+    def release(self) -> None:
+        """Drop this view's pages from the process's resident set (a wider form replaced it for the
+        matmul, and only looked-up rows are read again: the embedding). The file's pages stay in
+        the page cache; a later read maps them back. No-op for an owned copy."""
+        if self._map is None or not hasattr(self._map, "madvise"):
+            return
+        base = np.frombuffer(self._map, dtype=np.uint8).ctypes.data
+        start = self.data.ctypes.data - base
+        lo = start // mmap.PAGESIZE * mmap.PAGESIZE
+        self._map.madvise(mmap.MADV_DONTNEED, lo, start + self.data.nbytes - lo)
+
+    # What the model files ask of an embedding table (gemma3.py: emb.dtype, emb.device, emb[ids]).
+    dtype = torch.float32
+    device = torch.device("cpu")
+
+    def dim(self) -> int:
+        return 2
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+    def take_rows(self, order: np.ndarray) -> "Blocks":
+        """The rows in `order` (a permutation of output rows: whole rows of blocks move as they are)."""
+        return Blocks(np.ascontiguousarray(self.data[order]), self.qtype, self.shape)
+
+    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 [len(rows) or out, in]: the stored values exactly (every block format is exact in fp32)."""
+        idx = None if rows is None else rows.reshape(-1).to(torch.int64).contiguous()
+        n = self.shape[0] if idx is None else idx.numel()
+        out = torch.empty(n, self.shape[1], dtype=torch.float32)
+        if idx is not None and n and not (0 <= int(idx.min()) and int(idx.max()) < self.shape[0]):
+            raise IndexError(f"row index outside 0..{self.shape[0] - 1}")
+        native._lib().gq_dequantize(self.data.ctypes.data, TYPES[self.qtype], self.shape[1],
+                                    None if idx is None else idx.data_ptr(), n, out.data_ptr())
+        return out if rows is None else out.view(*rows.shape, self.shape[1])
+
+    def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+        """Embedding lookup: the rows `ids` names, dequantized."""
+        return self.dequantize(ids)
+
+
+def dequantize_all(parts: list[Blocks]) -> torch.Tensor:
+    """The parts stacked along the outputs, fp32 (a one-time wider form, or a dense plan's weights)."""
+    return torch.cat([p.dequantize() for p in parts]) if len(parts) > 1 else parts[0].dequantize()
+
+
+class BlockMatmul:
+    """x @ W^T for W the parts stacked along the outputs (a fused q/k/v or gate/up whose parts may
+    be stored in different formats), in one native call."""
+
+    __slots__ = ("parts", "k", "n", "_args")
+
+    def __init__(self, parts: list[Blocks]):
+        k = {p.shape[1] for p in parts}
+        if len(k) != 1:
+            raise ValueError(f"parts of one matmul must share their inputs, got {sorted(k)}")
+        self.parts, self.k = parts, k.pop()
+        self.n = sum(p.shape[0] for p in parts)
+        P = len(parts)
+        cols = np.cumsum([0] + [p.shape[0] for p in parts])[:-1]
+        self._args = (P, (ctypes.c_void_p * P)(*[p.data.ctypes.data for p in parts]),
+                      (ctypes.c_int * P)(*[TYPES[p.qtype] for p in parts]),
+                      (ctypes.c_int64 * P)(*[p.shape[0] for p in parts]), (ctypes.c_int64 * P)(*cols.tolist()))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] (any float dtype) -> [M, N] fp32; each row's result is the same in any batch."""
+        x = x.float().contiguous()
+        m = x.shape[0]
+        if x.shape[1] != self.k:
+            raise ValueError(f"x has {x.shape[1]} columns, the blocks {self.k} inputs")
+        y = torch.empty(m, self.n, dtype=torch.float32)
+        if m and native._LIB.gq_linear(x.data_ptr(), m, self.k, *self._args, y.data_ptr(), self.n):
+            raise MemoryError("gguf blocks: no scratch memory for the quantized activations")
+        return y
+
+
+def q8_panels(parts: list[Blocks], variant: str, panel: int, chunk: int = 4096):
+    """The q8 kernel's panels (native.q8_quantize) of the parts stacked along the outputs, made a
+    few thousand rows at a time so no fp32 copy of a whole matrix is ever held (the 262k-row head
+    would be 671 MB of it). Each panel covers `panel` consecutive rows and lies whole in the rows'
+    share of the arrays, so chunks of a multiple of `panel` rows fill them in place."""
+    k = parts[0].shape[1]
+    n = sum(p.shape[0] for p in parts)
+    q = torch.empty(n, k, dtype=torch.int8)
+    d = torch.empty(n, k // native.GROUP, dtype=torch.float32)
+    if any(p.shape[0] % panel for p in parts):
+        q, d, code = native.q8_quantize(dequantize_all(parts), variant)
+        return q, d, code
+    at, code = 0, native.Q8_VARIANTS[variant]
+    for p in parts:
+        for r0 in range(0, p.shape[0], chunk):
+            rows = torch.arange(r0, min(r0 + chunk, p.shape[0]))
+            cq, cd, code = native.q8_quantize(p.dequantize(rows), variant)
+            q[at:at + len(rows)], d[at:at + len(rows)] = cq, cd
+            at += len(rows)
+    return q, d, code
