@@ -19,6 +19,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # Set only on the rows that ask, so the executor's per-row test is one attribute each:
+    grammar: object = None  # model.constraint.Grammar: the token mask (structured outputs, forced tool calls)
+    logit_bias: tuple = ()  # ((token id, bias), ...): added to this row's logits before sampling
 
     @property
     def greedy(self) -> bool:
@@ -126,3 +129,4 @@ class Sampled:
     token: int
     logprob: float | None = None
     top_logprobs: list | None = None
+    done: bool = False  # the row's grammar is complete: this token is its last (finish "stop")

@@ -169,9 +169,11 @@ class Tokenizer:
         return self._template_error
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    continue_final_message: bool = False, template_kwargs: dict | None = None) -> str:
+                    continue_final_message: bool = False, template_kwargs: dict | None = None,
+                    tools: list[dict] | None = None) -> str:
         """The prompt text for `messages`, byte-equal to HF's `apply_chat_template(messages,
-        tokenize=False, add_generation_prompt=..., continue_final_message=..., **template_kwargs)`."""
+        tokenize=False, add_generation_prompt=..., continue_final_message=..., tools=...,
+        **template_kwargs)`."""
         why = self.compile_chat_template()
         if why is not None:
             raise ChatTemplateError(why)
@@ -186,7 +188,8 @@ class Tokenizer:
 
         try:
             rendered, _ = render_jinja_template(
-                conversations=[messages], chat_template=self.chat_template, add_generation_prompt=add_generation_prompt,
+                conversations=[messages], tools=tools, chat_template=self.chat_template,
+                add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, **{**self.special_tokens, **kwargs})
         except Exception as e:  # raise_exception(), a template bug this conversation hits, an undefined call
             if continue_final_message and "continue_final_message" in str(e):

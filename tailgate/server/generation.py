@@ -218,7 +218,7 @@ class Generation:
                         # batch (as vLLM's does), so clients do not see an extra empty "token".
                         last = next((o for o in reversed(out) if o["choices"][0]["index"] == idx), None)
                         if last is not None:
-                            last["choices"][0]["finish_reason"] = c.finish
+                            self.shape.close(last["choices"][0], c)
                         else:
                             out.append(self.chunk(c, "", [], c.finish))
                 for o in out:

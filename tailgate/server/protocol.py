@@ -6,7 +6,7 @@ clients send are accepted and ignored.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pydantic import BaseModel, ValidationError
 
@@ -35,15 +35,15 @@ def bad(message: str, param: str | None = None) -> ApiError:
 # Fields whose meaning we do not implement (OpenAI's and vLLM's extra parameters): refusing beats
 # silently ignoring them. Set means anything but null / an empty string, list or object: 0 and
 # false are values (`prompt_logprobs: 0` asks for something).
-_REFUSED_IF_SET = ("suffix", "tools", "tool_choice", "functions", "function_call", "guided_json", "guided_regex",
-                   "guided_choice", "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern",
-                   "structured_outputs", "prompt_logprobs", "audio", "prediction", "lora_request", "response_format",
-                   "logit_bias", "bad_words", "allowed_token_ids", "truncate_prompt_tokens", "chat_template",
+# (response_format, structured_outputs, guided_*, logit_bias: server/structured.py; tools: server/tools.py.)
+_REFUSED_IF_SET = ("suffix", "guided_decoding_backend", "guided_whitespace_pattern",
+                   "prompt_logprobs", "audio", "prediction", "lora_request",
+                   "bad_words", "allowed_token_ids", "truncate_prompt_tokens", "chat_template",
                    "documents", "mm_processor_kwargs", "logits_processors", "priority",
                    "kv_transfer_params", "vllm_xargs", "cache_salt", "modalities", "reasoning_effort",
-                   "web_search_options", "parallel_tool_calls")
-# Chat's template fields mean nothing to a completion: refused there like the above.
-_CHAT_ONLY = ("chat_template_kwargs",)
+                   "web_search_options")
+# Chat's template and tool fields mean nothing to a completion: refused there like the above.
+_CHAT_ONLY = ("chat_template_kwargs", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls")
 # Fields we accept only at the value that means what we do.
 _REFUSED_UNLESS = {"use_beam_search": False, "length_penalty": 1, "spaces_between_special_tokens": True,
                    "return_tokens_as_token_ids": False}
@@ -77,6 +77,7 @@ class GenRequest:
     include_usage: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    tools: object = None  # server/tools.py ToolPlan: the answer is read for tool calls
 
 
 MAX_STOP_CHARS = 256
@@ -104,8 +105,7 @@ def parse_common(body: dict, kind: str, vocab_size: int) -> tuple[GenRequest, Ba
     for k in _REFUSED_IF_SET + (_CHAT_ONLY if kind == "completion" else ()):
         if k == "prompt_logprobs" and kind == "completion":  # served there (engine/prompt_logprobs.py)
             continue
-        v = body.get(k)
-        if _is_set(v) and not (k == "response_format" and isinstance(v, dict) and v.get("type") == "text"):
+        if _is_set(body.get(k)):
             raise bad(f"'{k}' is not supported by this server", k)
     unless = {**_REFUSED_UNLESS, **(_COMPLETION_UNLESS if kind == "completion" else {}),
               "add_special_tokens": _SPECIAL_TOKENS[kind]}
@@ -122,6 +122,9 @@ def parse_common(body: dict, kind: str, vocab_size: int) -> tuple[GenRequest, Ba
         presence_penalty=float(_pick(m.presence_penalty, default=0.0)),
         frequency_penalty=float(_pick(m.frequency_penalty, default=0.0)),
         repetition_penalty=float(_pick(m.repetition_penalty, default=1.0)))
+    from .structured import logit_bias
+
+    params.logit_bias = logit_bias(body, vocab_size)
     stop = [m.stop] if isinstance(m.stop, str) else (m.stop or [])
     stop = [s for s in stop if s]
     if len(stop) > 16:
@@ -168,7 +171,22 @@ def parse_completion(body: dict, tokenizer, vocab_size: int) -> GenRequest:
     g.prompt_logprobs = m.prompt_logprobs
     asks = [k for k in (g.prompt_logprobs, g.logprobs if g.echo else None) if k is not None]
     g.score_prompt = max(asks) if asks else None
+    constrain(g, body, tokenizer)
     return g
+
+
+def constrain(g: GenRequest, body: dict, tokenizer) -> None:
+    """The output constraint the request asks for (server/structured.py), or its forced tool
+    call, compiled onto its sampling params."""
+    from .structured import compile_for, requested
+
+    ask = requested(body)
+    if g.tools is not None and g.tools.grammar is not None:
+        if ask is not None:
+            raise bad(f"a forced tool call ('tool_choice') and '{ask[2]}' cannot both shape the answer", ask[2])
+        ask = (g.tools.grammar, "the tools' call grammar", "tools")
+    if ask is not None:
+        g.params = replace(g.params, grammar=compile_for(tokenizer, *ask))
 
 
 def _message_text(m: ChatMessage) -> str:
@@ -204,24 +222,42 @@ def template_options(m) -> TemplateOptions:
 
 
 def chat_prompt(messages: list[ChatMessage], tokenizer,
-                options: TemplateOptions | None = None) -> tuple[str, list[int]]:
-    """The chat template's text for `messages` and its token ids."""
+                options: TemplateOptions | None = None, tools=None) -> tuple[str, list[int]]:
+    """The chat template's text for `messages` and its token ids; `tools`: the request's
+    ToolPlan (server/tools.py), rendered by the template or as the family's system prompt."""
+    from .tool_formats import format_for
+    from .tools import template_messages
+
     o = options or TemplateOptions()
     clean = []
     for m in messages:
-        clean.append({"role": "system" if m.role == "developer" else m.role, "content": _message_text(m)})
+        d = {"role": "system" if m.role == "developer" else m.role, "content": _message_text(m)}
+        if m.tool_calls:
+            d["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+        for k in ("tool_call_id", "name"):
+            if getattr(m, k) is not None:
+                d[k] = getattr(m, k)
+        clean.append(d)
+    fmt = tools.fmt if tools is not None else format_for(tokenizer.chat_template, None)
+    clean = template_messages(clean, tools, fmt)
+    native = [t for t in tools.tools] if tools is not None and tools.template_tools else None
     try:
         text = tokenizer.render_chat(clean, add_generation_prompt=o.add_generation_prompt,
-                                     continue_final_message=o.continue_final_message, template_kwargs=o.kwargs)
+                                     continue_final_message=o.continue_final_message, template_kwargs=o.kwargs,
+                                     tools=native)
     except ValueError as e:  # ChatTemplateError names its field; anything else is the messages'
         raise bad(str(e), getattr(e, "param", "messages")) from e
     return text, tokenizer.encode(text, add_bos=tokenizer.add_bos)
 
 
 def parse_chat(body: dict, tokenizer, vocab_size: int) -> GenRequest:
+    from .tools import plan
+
     g, m = parse_common(body, "chat", vocab_size)
-    text, ids = chat_prompt(m.messages, tokenizer, template_options(m))
+    g.tools = plan(body, tokenizer)
+    text, ids = chat_prompt(m.messages, tokenizer, template_options(m), g.tools)
     g.prompts, g.prompt_texts = [ids], [text]
+    constrain(g, body, tokenizer)
     if m.logprobs:
         g.logprobs = _pick(m.top_logprobs, default=0)
     elif m.top_logprobs is not None:

@@ -28,6 +28,10 @@ class Shape:
     def full_choice(self, c) -> dict:
         raise NotImplementedError
 
+    def close(self, choice: dict, c) -> None:
+        """Make `choice` (a chunk's) the choice's last: its finish reason (tools add their calls)."""
+        choice["finish_reason"] = c.finish
+
     def opening(self, c) -> tuple[str, bool] | None:
         """What a stream sends for choice `c` before any token, as (text, first); None: nothing."""
         return None
@@ -120,4 +124,8 @@ class CompletionShape(Shape):
 
 
 def shape_for(g, tokenizer) -> Shape:
+    if getattr(g, "tools", None) is not None:  # chat with tools: server/tools.py reads the calls
+        from .tools import tool_shape
+
+        return tool_shape(g, tokenizer)
     return (ChatShape if g.kind == "chat" else CompletionShape)(g, tokenizer)

@@ -1,0 +1,242 @@
+"""Tool calling on chat: `tools` / `tool_choice` (and the legacy `functions` / `function_call`)
+read into a `ToolPlan`; the conversation's tool turns prepared for the chat template; the answer
+parsed back into OpenAI's `tool_calls`, whole or as streamed deltas. The text of a call is the
+template family's (`tool_formats.py`); `required` and a named function are forced by a grammar
+(model/constraint.py), so their arguments always validate against the function's schema.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+
+from .protocol import bad
+from .tool_formats import ToolFormat, format_for
+
+
+@dataclass
+class ToolPlan:
+    tools: list[dict]  # [{"type": "function", "function": {name, description?, parameters?}}]
+    choice: str  # auto | required | named
+    fmt: ToolFormat
+    named: str | None = None
+    parallel: bool = True
+    grammar: str | None = None  # llguidance grammar when the choice forces a call
+    template_tools: bool = True  # the template renders `tools` itself (else we write the system prompt)
+
+    @property
+    def finish(self) -> str:
+        """OpenAI's finish_reason for an answer that called: a forced named function ends "stop"."""
+        return "stop" if self.choice == "named" else "tool_calls"
+
+
+def _function(t, param: str) -> dict:
+    if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
+        raise bad(f"'{param}' must be a function with a non-empty 'name'", param.split("[")[0])
+    params = t.get("parameters")
+    if params is not None and not isinstance(params, dict):
+        raise bad(f"'{param}.parameters' must be a JSON schema object", param.split("[")[0])
+    out = {"name": t["name"]}
+    if isinstance(t.get("description"), str):
+        out["description"] = t["description"]
+    out["parameters"] = params if params is not None else {"type": "object", "properties": {}}
+    return out
+
+
+def plan(body: dict, tokenizer) -> ToolPlan | None:
+    """The request's tools, or None when it has none (or tool_choice "none": the model answers
+    in text and is not shown the tools, as vLLM does unless asked otherwise)."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if body.get("functions") is not None:  # legacy: functions + function_call
+        if tools is not None:
+            raise bad("'functions' and 'tools' cannot both be given", "functions")
+        fs = body["functions"]
+        if not isinstance(fs, list):
+            raise bad("'functions' must be a list", "functions")
+        tools = [{"type": "function", "function": f} for f in fs]
+        fc = body.get("function_call")
+        choice = {"type": "function", "function": fc} if isinstance(fc, dict) else fc
+    elif body.get("function_call") is not None:
+        raise bad("'function_call' needs 'functions'", "function_call")
+    if tools is None:
+        if choice not in (None, "none"):
+            raise bad("'tool_choice' needs 'tools'", "tool_choice")
+        return None
+    if not isinstance(tools, list) or not tools:
+        raise bad("'tools' must be a non-empty list", "tools")
+    fns = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type", "function") != "function":
+            raise bad(f"'tools[{i}].type' must be \"function\"", "tools")
+        fns.append({"type": "function", "function": _function(t.get("function"), f"tools[{i}].function")})
+    names = [f["function"]["name"] for f in fns]
+    if len(set(names)) != len(names):
+        raise bad("'tools' names must be unique", "tools")
+    named = None
+    if choice is None:
+        choice = "auto"
+    elif isinstance(choice, dict):
+        fn = choice.get("function")
+        if choice.get("type", "function") != "function" or not isinstance(fn, dict) or fn.get("name") not in names:
+            raise bad("'tool_choice' must name one of the request's tools: "
+                      '{"type": "function", "function": {"name": ...}}', "tool_choice")
+        choice, named = "named", fn["name"]
+    elif choice not in ("none", "auto", "required"):
+        raise bad(f"'tool_choice' must be none, auto, required or a named function; got {choice!r}", "tool_choice")
+    if choice == "none":
+        return None
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+    template = tokenizer.chat_template or ""
+    p = ToolPlan(fns, choice, format_for(template, None), named, parallel is not False and named is None,
+                 template_tools="tools" in template)
+    if choice in ("required", "named"):
+        p.grammar = p.fmt.grammar(fns, named, p.parallel)
+    return p
+
+
+def template_messages(messages: list[dict], p: ToolPlan | None, fmt: ToolFormat) -> list[dict]:
+    """The conversation as the template receives it. A template that renders tools gets OpenAI's
+    turns in HF's shape (arguments as objects); one that does not gets each assistant call as the
+    family's text, and the tool prompt folded into the system turn when the request has tools."""
+    native = p.template_tools if p is not None else False
+    out = []
+    for m in messages:
+        m = dict(m)
+        calls = m.pop("tool_calls", None)
+        if calls:
+            parsed = [{"name": c["function"]["name"], "arguments": _args(c["function"]["arguments"])} for c in calls]
+            if native:
+                m["tool_calls"] = [{"id": c.get("id"), "type": "function",
+                                    "function": {"name": x["name"], "arguments": x["arguments"]}}
+                                   for c, x in zip(calls, parsed)]
+            else:
+                m["content"] = ((m.get("content") or "") + "\n" + fmt.render(parsed)).strip()
+        out.append(m)
+    if p is not None and not native:
+        prompt = p.fmt.system_prompt(p.tools)
+        if out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": (out[0]["content"] + "\n\n" + prompt).strip()}
+        else:
+            out.insert(0, {"role": "system", "content": prompt})
+    return out
+
+
+def _args(a):
+    if isinstance(a, dict):
+        return a
+    try:
+        v = json.loads(a)
+    except (TypeError, ValueError):
+        raise bad("an assistant message's 'tool_calls[].function.arguments' must be a JSON object string",
+                  "messages") from None
+    if not isinstance(v, dict):
+        raise bad("an assistant message's 'tool_calls[].function.arguments' must be a JSON object", "messages")
+    return v
+
+
+@dataclass
+class ToolStream:
+    """One choice's answer read for calls: plain content passes through (held back only while it
+    may be opening a call); once a call starts, text is held until the answer ends, then parsed."""
+    plan: ToolPlan
+    held: str = ""
+    calling: bool = False
+    calls: list = field(default_factory=list)
+
+    def push(self, text: str) -> str:
+        """Content to send now for `text` (the rest is held)."""
+        if self.plan.choice != "auto" or self.calling:
+            self.held += text
+            return ""
+        self.held += text
+        opener = self.plan.fmt.opener
+        if not opener:  # the call is the whole answer (Llama 3): hold while it may be one
+            lead = self.held.lstrip()
+            if lead and not ("{".startswith(lead[:1]) or "<|python_tag|>".startswith(lead[:14])):
+                out, self.held = self.held, ""
+                return out
+            self.calling = bool(lead)
+            return ""
+        at = self.held.find(opener)
+        if at >= 0:
+            self.calling = True
+            out, self.held = self.held[:at], self.held[at:]
+            return out
+        keep = next((k for k in range(min(len(opener) - 1, len(self.held)), 0, -1)
+                     if opener.startswith(self.held[-k:])), 0)
+        out, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
+        return out
+
+    def finish(self) -> str:
+        """At the end: content still owed (when the held text was no call); fills `calls`."""
+        got = self.plan.fmt.parse(self.held) if self.held else None
+        if got is None:
+            out, self.held = self.held, ""
+            return out
+        content, calls = got
+        allowed = {t["function"]["name"] for t in self.plan.tools}
+        if any(c["name"] not in allowed for c in calls):  # a made-up function: the text stays text
+            out, self.held = self.held, ""
+            return out
+        self.calls = [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                       "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
+                      for c in calls]
+        self.held = ""
+        return content
+
+    def deltas(self) -> list[dict]:
+        """OpenAI's streamed shape of the calls: per call, one delta opening it (index, id, type,
+        name, empty arguments), then one carrying its arguments."""
+        out = []
+        for i, c in enumerate(self.calls):
+            out.append({"index": i, "id": c["id"], "type": "function",
+                        "function": {"name": c["function"]["name"], "arguments": ""}})
+            out.append({"index": i, "function": {"arguments": c["function"]["arguments"]}})
+        return out
+
+
+def tool_shape(g, tokenizer):
+    """The chat response shape of a request with tools (`shapes.shape_for` asks): content as it
+    streams, calls as `tool_calls` (whole, or OpenAI's deltas) and their finish reason."""
+    from .shapes import ChatShape
+
+    class ToolChatShape(ChatShape):
+        def __init__(self, g, tokenizer):
+            super().__init__(g, tokenizer)
+            self.streams: dict[int, ToolStream] = {}
+
+        def _stream(self, c) -> ToolStream:
+            return self.streams.setdefault(c.index, ToolStream(g.tools))
+
+        def chunk_choice(self, c, text, items, finish, first):
+            out = super().chunk_choice(c, self._stream(c).push(text) if text else "", items, None, first)
+            if finish is not None:
+                self.close(out, c)
+            elif not first and not out["delta"].get("content"):
+                out["delta"].pop("content", None)
+            return out
+
+        def close(self, choice: dict, c) -> None:
+            """The choice's last chunk: held text that was no call, the calls, the finish reason."""
+            ts = self._stream(c)
+            rest = ts.finish()
+            if rest:
+                choice["delta"]["content"] = choice["delta"].get("content", "") + rest
+            if ts.calls:
+                choice["delta"]["tool_calls"] = ts.deltas()
+            choice["finish_reason"] = g.tools.finish if ts.calls and c.finish == "stop" else c.finish
+
+        def full_choice(self, c):
+            out = super().full_choice(c)
+            ts = ToolStream(g.tools)
+            content = ts.push(c.stream.final_text) + ts.finish()
+            out["message"]["content"] = content or (None if ts.calls else "")
+            if ts.calls:
+                out["message"]["tool_calls"] = ts.calls
+                if c.finish == "stop":
+                    out["finish_reason"] = g.tools.finish
+            return out
+
+    return ToolChatShape(g, tokenizer)

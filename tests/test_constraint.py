@@ -1,0 +1,125 @@
+"""The grammar mask and logit_bias at the sampler, on SmolLM2's real tokenizer (llguidance's
+vocabulary of it built once per session): random logits stand in for the model, so a bug in the
+mask (a wrong bit order, a missed row, a grammar that moves too early) shows as an invalid answer."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+import torch
+
+from tailgate.engine.request import RowSample, SamplingParams
+from tailgate.model.constraint import GrammarError, book_for
+from tailgate.model.executor import ModelExecutor
+from tailgate.model.weights import load_tokenizer
+from tailgate.server.structured import JSON_OPTIONS
+
+SCHEMA = {
+    "type": "object", "additionalProperties": False, "required": ["name", "age", "color", "tags", "home"],
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "color": {"enum": ["red", "green", "blue"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
+        "home": {"type": "object", "additionalProperties": False, "required": ["city"],
+                 "properties": {"city": {"type": "string", "maxLength": 10}, "floor": {"type": "integer"}}},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def smol():
+    tok = load_tokenizer("smollm2-135m")
+    book_for(tok).tokenizer  # noqa: B018  (built once here: 1-3 s)
+    return tok
+
+
+def schema_grammar(tok, schema):
+    from llguidance import LLMatcher
+
+    return book_for(tok).compile(LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS), "the JSON schema")
+
+
+def draw(ex, rows, logits_of, limit=300):
+    """Sample every row until it ends (its grammar complete, or EOS); the tokens per row."""
+    out = {r.request_id: [] for r in rows}
+    live = list(rows)
+    for _ in range(limit):
+        if not live:
+            break
+        got = ex._sample_isolated(logits_of(len(live)), live)
+        for r, s in zip(list(live), got):
+            assert not isinstance(s, Exception), s
+            if s.token in (2,):  # SmolLM2's EOS: the grammar allowed the end
+                live.remove(r)
+                continue
+            out[r.request_id].append(s.token)
+            if s.done:
+                live.remove(r)
+    assert not live, "a row never finished"
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_tokens_drawn_at_temperature_1_under_a_schema_mask_always_spell_a_valid_document(smol, seed):
+    ex = ModelExecutor(runner=None)
+    g = schema_grammar(smol, SCHEMA)
+    noise = torch.Generator().manual_seed(100 + seed)
+    rows = [RowSample(f"r{seed}", SamplingParams(temperature=1.0, seed=seed, grammar=g))]
+    toks = draw(ex, rows, lambda n: torch.randn(n, smol.vocab_size, generator=noise) * 4)
+    doc = json.loads(smol.decode(toks[f"r{seed}"]))
+    jsonschema.validate(doc, SCHEMA)
+    ex.release(f"r{seed}")
+    assert not ex._constraints
+
+
+def test_an_unconstrained_row_beside_a_constrained_one_draws_what_it_draws_alone(smol):
+    noise = torch.Generator().manual_seed(7)
+    steps = [torch.randn(2, smol.vocab_size, generator=noise) for _ in range(20)]
+    free = SamplingParams(temperature=1.0, seed=11)
+    alone, beside = ModelExecutor(runner=None), ModelExecutor(runner=None)
+    g = schema_grammar(smol, {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]})
+    a = [alone._sample_isolated(x[1:], [RowSample("free", free)])[0].token for x in steps]
+    b = [beside._sample_isolated(x, [RowSample("c", SamplingParams(temperature=1.0, seed=3, grammar=g)),
+                                     RowSample("free", free)])[1].token for x in steps[:5]]
+    assert a[:5] == b
+
+
+def test_a_choice_grammar_ends_its_row_on_the_last_token_of_a_choice(smol):
+    from llguidance import LLMatcher
+
+    g = book_for(smol).compile(LLMatcher.grammar_from_lark('start: "positive" | "negative"'), "choice")
+    ex = ModelExecutor(runner=None)
+    toks = draw(ex, [RowSample("c", SamplingParams(temperature=1.0, seed=5, grammar=g))],
+                lambda n: torch.randn(n, smol.vocab_size))
+    assert smol.decode(toks["c"]) in ("positive", "negative")
+
+
+def test_greedy_rows_follow_the_mask_too(smol):
+    g = schema_grammar(smol, {"enum": ["yes", "no"]})
+    ex = ModelExecutor(runner=None)
+    toks = draw(ex, [RowSample("g", SamplingParams(temperature=0.0, grammar=g))],
+                lambda n: torch.randn(n, smol.vocab_size, generator=torch.Generator().manual_seed(1)))
+    assert smol.decode(toks["g"]) in ('"yes"', '"no"')
+
+
+def test_logit_bias_of_100_forces_a_token_and_minus_100_bans_the_argmax(smol):
+    x = torch.randn(1, smol.vocab_size, generator=torch.Generator().manual_seed(2))
+    top = int(x.argmax())
+    ex = ModelExecutor(runner=None)
+    forced = ex._sample_isolated(x, [RowSample("f", SamplingParams(temperature=1.0, seed=1, logit_bias=((42, 100.0),)))])
+    assert forced[0].token == 42
+    banned = ex._sample_isolated(x, [RowSample("b", SamplingParams(logit_bias=((top, -100.0),)))])
+    assert banned[0].token != top
+    # the reported logprob is the model's own, before the bias (vLLM's raw_logprobs)
+    lp = ex._sample_isolated(x, [RowSample("l", SamplingParams(logit_bias=((42, 100.0),)), logprobs=0)])[0]
+    assert lp.token == 42 and lp.logprob == pytest.approx(float(torch.log_softmax(x[0], -1)[42]), abs=1e-5)
+
+
+@pytest.mark.parametrize("keyword,schema", [("not", {"not": {"type": "integer"}}),
+                                            ("uniqueItems", {"type": "array", "uniqueItems": True}),
+                                            ("if", {"if": {"type": "integer"}, "then": {"minimum": 1}})])
+def test_a_schema_keyword_the_engine_cannot_enforce_is_refused_by_name(smol, keyword, schema):
+    with pytest.raises(GrammarError, match=keyword):
+        schema_grammar(smol, schema)
