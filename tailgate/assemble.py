@@ -44,6 +44,30 @@ def check_kv_budget(spec, config: ServingConfig, kv_dtype) -> None:
         raise KnobError(str(e)) from None
 
 
+class PreflightError(ValueError):
+    """The model cannot be served, found from its shapes alone (the message names the file)."""
+
+
+def preflight(model: str, config: ServingConfig, dtype: str = "auto", kernels: str = "auto", device: str = "auto"):
+    """Everything decided before a port binds or any weights load, so the HTTP side knows no model
+    file formats: the kernel plan (KernelError for a choice this machine cannot run), the model's
+    path (FileNotFoundError), its shapes from config.json or the GGUF header (PreflightError: a
+    config we cannot run, a file that is not a model), and MAX_CONTEXT and an explicit KV budget
+    against them (KnobError naming the minimum). `config` must come from `config.resolve`.
+    Returns (the plan, the name the model is served under by default)."""
+    from .model.kernels import choose
+    from .model.weights import read_spec, resolve_model_path, served_name
+
+    plan = choose(dtype, kernels, device)
+    path = resolve_model_path(model)
+    try:
+        spec = read_spec(path)
+    except (ValueError, KeyError, OSError) as e:
+        raise PreflightError(f"cannot serve {path}: {e if isinstance(e, ValueError) else repr(e)}") from None
+    check_kv_budget(spec, config.with_model_limit(spec.max_position), plan.kv)
+    return plan, served_name(model)
+
+
 def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device: str = "auto",
                  loaded=None, clock=time.monotonic, log=lambda m: print(m, file=sys.stderr), kernels: str = "auto",
                  ram_bytes: int | None = None):
@@ -78,6 +102,7 @@ def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device:
         pages = budget_pool_pages(budget_mb << 20, tb, cfg.max_context, cfg.decode_slots, window,
                                   transient_prompts=cfg.mix_max_prompts)
     runner = ModelRunner(m.spec, m.weights, pages, plan=plan)
+    log(resident_line(runner, m.source))
     book = KVBook(pages["global"], pages.get("local"), window)
     log(f"warm-up step: {runner.warm_up(book):.2f} s")
     lane = int(cfg.async_prefill.removeprefix("cpu:")) if cfg.async_prefill else None
@@ -85,3 +110,20 @@ def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device:
         log(f"side lane: one prefill at a time on {lane} thread(s) of its own while the live batch decodes")
     sched = Scheduler(ModelExecutor(runner, lane_threads=lane), book, cfg, m.spec.vocab_size, clock=clock)
     return Engine(sched, clock=clock), m, cfg
+
+
+def resident_line(runner, source) -> str:
+    """One line: the weights' resident size by form, beside the model file's, and the process's RSS."""
+    from .model.runner import resident_bytes
+
+    held = resident_bytes(runner.w)
+    mib = lambda n: f"{n / 2 ** 20:.0f} MiB"  # noqa: E731
+    size = sum(f.stat().st_size for f in ([source] if source.is_file() else source.glob("*.safetensors")))
+    try:
+        with open("/proc/self/status") as f:
+            rss = next((int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS")), 0)
+    except OSError:  # not Linux
+        rss = 0
+    return (f"weights resident: {mib(held['kernels'] + held['tensors'])} ({mib(held['kernels'])} in the kernels' "
+            f"forms, {mib(held['tensors'])} other tensors; {mib(held['mapped'])} of stored blocks mapped for "
+            f"lookups) for a {mib(size)} model file; process RSS {mib(rss)}")

@@ -8,7 +8,6 @@ import sys
 import threading
 
 from ..config import resolve
-from ..model.weights import read_spec, resolve_model_path, served_name
 from .app import ServerState, create_app
 
 
@@ -66,24 +65,18 @@ def serve(args, lookup) -> int:
     except ValueError as e:
         print(f"tailgate: {e}", file=sys.stderr)
         return 2
-    from ..model.kernels import choose
+    from ..assemble import PreflightError, preflight
 
-    plan = choose(args.dtype, args.kernels, args.device)  # KernelError -> exit 2, nothing loaded
-    path = resolve_model_path(args.model)  # a missing model file fails now, not after the server is up
-    # So does all that the model's shapes decide (config.json or the GGUF header, no weights): a
-    # config we cannot run (read_spec names the switch), a file that is not a model, a MAX_CONTEXT
-    # past its positions and a KV budget below one request (KnobError naming the minimum).
+    # The kernel plan, the model file and all that its shapes decide, before the port binds or any
+    # weights load (KernelError, FileNotFoundError, KnobError -> exit 2 in cli).
     try:
-        spec = read_spec(path)
-    except (ValueError, KeyError, OSError) as e:
-        print(f"tailgate: cannot serve {path}: {e if isinstance(e, ValueError) else repr(e)}", file=sys.stderr)
+        plan, name = preflight(args.model, cfg, args.dtype, args.kernels, args.device)
+    except PreflightError as e:
+        print(f"tailgate: {e}", file=sys.stderr)
         return 2
-    from ..assemble import check_kv_budget
-
-    check_kv_budget(spec, cfg.with_model_limit(spec.max_position), plan.kv)
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    state = ServerState(served_name=args.served_model_name or served_name(args.model),
+    state = ServerState(served_name=args.served_model_name or name,
                         api_key=api_key(args.api_key, os.environ),
                         allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
                         max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
