@@ -26,7 +26,7 @@ def replica_spec(args, cfg, plan, template: str | None) -> dict:
             "max_body_bytes": args.max_body_mb << 20}
 
 
-def deploy(spec: dict, replicas: int, router: str, cpus_per_replica: float, drain_s: int):
+def deploy(spec: dict, replicas: int, router: str, cpus_per_replica: float, drain_s: int, log_level: str = "info"):
     """Run the engine deployment; returns its handle."""
     from ray import serve
     from ray.serve.config import RequestRouterConfig
@@ -43,7 +43,10 @@ def deploy(spec: dict, replicas: int, router: str, cpus_per_replica: float, drai
                            max_ongoing_requests=spec["max_queued_requests"] + 1024,
                            ray_actor_options={"num_cpus": cpus_per_replica},
                            health_check_period_s=2.0, health_check_timeout_s=60.0,
-                           graceful_shutdown_timeout_s=float(drain_s), **opts)
+                           graceful_shutdown_timeout_s=float(drain_s),
+                           # Serve's access log writes a line per call (every request, every scrape)
+                           # from each replica; tailgate's own log lines stay, at the command's level.
+                           logging_config={"enable_access_log": False, "log_level": log_level.upper()}, **opts)
     return serve.run(dep.bind(spec), name=APP, route_prefix=None)
 
 
@@ -97,7 +100,7 @@ def serve_fleet(args, lookup) -> int:
              **({} if args.ray_address else {"num_cpus": usable_cores()}))
     try:
         serve.start(proxy_location="Disabled")
-        handle = deploy(rspec, args.replicas, args.router, cpus, args.drain_timeout)
+        handle = deploy(rspec, args.replicas, args.router, cpus, args.drain_timeout, args.log_level)
         from .front import Front
 
         routes = (lambda: {}) if args.router == "pow2" else _routes
@@ -109,8 +112,12 @@ def serve_fleet(args, lookup) -> int:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, loop="asyncio", http="h11",
                     timeout_graceful_shutdown=args.drain_timeout, access_log=False)
     finally:
+        # uvicorn has drained the open requests by now. On a cluster, take our app off it; a local
+        # Ray is ours, and stopping it stops Serve's actors with it (serve.shutdown() first waited
+        # out its 30 s controller timeout on a busy 2-core host, for nothing more).
         try:
-            serve.shutdown()
+            if args.ray_address:
+                serve.delete(APP)
         finally:
             ray.shutdown()
     return 0
