@@ -123,3 +123,27 @@ def test_logit_bias_of_100_forces_a_token_and_minus_100_bans_the_argmax(smol):
 def test_a_schema_keyword_the_engine_cannot_enforce_is_refused_by_name(smol, keyword, schema):
     with pytest.raises(GrammarError, match=keyword):
         schema_grammar(smol, schema)
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["city"],
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}
+
+
+@pytest.mark.parametrize("family", ["hermes", "llama3", "gemma", "smollm2"])
+def test_each_family_reads_back_its_own_call_text_and_its_forced_grammar_accepts_it(smol, family):
+    from tailgate.server.tool_formats import FORMATS
+
+    fmt = next(f for f in FORMATS if f.name == family)
+    calls = [{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}},
+             {"name": "get_weather", "arguments": {"city": "Oslo"}}]
+    text = fmt.render(calls)
+    assert fmt.parse(text) == ("", calls)
+    assert fmt.parse("Sure: " + text) in (("Sure:", calls), None)  # Llama 3 calls are the whole answer
+    for parallel, shown in ((True, calls), (False, calls[:1])):
+        c = book_for(smol).compile(fmt.grammar([TOOL], None, parallel), "tools").start()
+        assert c.matcher.consume_tokens(smol.encode(fmt.render(shown), add_bos=False)), c.matcher.get_error()
+        assert c.matcher.is_accepting()
+    bad = fmt.render([{"name": "get_weather", "arguments": {"city": "Paris", "days": 9}}])  # past maximum
+    c = book_for(smol).compile(fmt.grammar([TOOL], "get_weather", False), "tools").start()
+    assert not c.matcher.consume_tokens(smol.encode(bad, add_bos=False)) or not c.matcher.is_accepting()

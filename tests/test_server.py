@@ -178,7 +178,7 @@ def healthy_request(client, max_tokens: int, stream: bool = True, prompt: str = 
     ({"prompt": "hi", "model": "gpt-4"}, "model"),
     ({"prompt": "hi", "temperature": "hot"}, "temperature"),
     ({"prompt": [5, 10 ** 9]}, "prompt"),
-    ({"prompt": "hi", "logit_bias": {"5": 3}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"5": 300}}, "logit_bias"),  # a bias past [-100, 100]
     ({"prompt": 7}, "prompt"),
     ({"prompt": "hi", "seed": 1 << 64}, "seed"),
     ({"prompt": "hi", "top_k": 1 << 70}, "top_k"),

@@ -59,10 +59,10 @@ class GrammarBook:
 
         is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
         if is_error:
-            raise GrammarError(f"{what} is not supported: {messages[0] if messages else 'invalid grammar'}")
+            raise GrammarError(f"{what} cannot be enforced: {messages[0] if messages else 'invalid grammar'}")
         proto = LLMatcher(self.tokenizer, grammar, log_level=0)
         if proto.is_error():
-            raise GrammarError(f"{what} is not supported: {proto.get_error()}")
+            raise GrammarError(f"{what} cannot be enforced: {proto.get_error()}")
         return Grammar(self, proto, what)
 
 

@@ -18,6 +18,8 @@ from .protocol import bad
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 SO_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+WHAT = {"json": "the JSON schema", "regex": "the regex", "choice": "the choices", "grammar": "the grammar",
+        "json_object": "a JSON object"}
 MAX_BIAS_ENTRIES = 300  # OpenAI's documented ceiling for logit_bias
 
 
@@ -29,9 +31,14 @@ def schema_grammar(schema, param: str) -> str:
             schema = json.loads(schema)
         except ValueError:
             raise bad(f"'{param}' is not valid JSON", param.split(".")[0]) from None
-    if not isinstance(schema, (dict, bool)):
-        raise bad(f"'{param}' must be a JSON schema (an object)", param.split(".")[0])
-    return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    if schema is True:  # JSON Schema's "anything"
+        schema = {}
+    if not isinstance(schema, dict):
+        raise bad(f"'{param}' must be a JSON schema (an object; false would match nothing)", param.split(".")[0])
+    try:
+        return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    except (ValueError, TypeError) as e:
+        raise bad(f"'{param}' is not a usable JSON schema: {e}", param.split(".")[0]) from None
 
 
 def choice_grammar(choices, param: str) -> str:
@@ -86,10 +93,11 @@ def requested(body: dict) -> tuple[str, str, str] | None:
             raise bad(f"'structured_outputs' takes one of {', '.join(SO_KINDS)}; got {', '.join(given)}",
                       "structured_outputs")
         if given:
-            asks.append((_one(given[0], so[given[0]], f"structured_outputs.{given[0]}"), given[0], "structured_outputs"))
+            asks.append((_one(given[0], so[given[0]], f"structured_outputs.{given[0]}"), WHAT[given[0]],
+                         "structured_outputs"))
     for k in GUIDED:
         if body.get(k) is not None:
-            asks.append((_one(k.removeprefix("guided_"), body[k], k), k, k))
+            asks.append((_one(k.removeprefix("guided_"), body[k], k), WHAT[k.removeprefix("guided_")], k))
     if len(asks) > 1:
         raise bad(f"one output constraint per request: {', '.join(a[2] for a in asks)} each ask for one", asks[1][2])
     return asks[0] if asks else None
@@ -112,7 +120,7 @@ def compile_for(tokenizer, grammar: str, what: str, param: str):
     thread: the server parses requests off the event loop), or a 400 naming the unsupported part."""
     try:
         return book_for(tokenizer).compile(grammar, what)
-    except GrammarError as e:
+    except (GrammarError, ValueError, TypeError) as e:  # llguidance's own errors are ValueErrors
         raise bad(f"'{param}': {e}", param) from None
 
 
