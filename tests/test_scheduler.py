@@ -538,3 +538,14 @@ def test_the_last_token_carries_its_finish_reason_and_a_stop_token_is_never_emit
     assert [t.finish for t in toks] == [None, None, "length"]
     assert not [e for e in events if isinstance(e, Token) and e.request_id == b.id]
     assert {e.request_id: e.reason for e in events if isinstance(e, Finished)} == {a.id: "length", b.id: "stop"}
+
+
+def test_a_walk_round_records_its_row_budget_and_every_prompt_row_it_took():
+    s, ex = make(chunk=16)
+    s.submit(req(40))
+    while s.has_work():
+        s.step(0.0)
+    walk = [r for r in s.step_log if r.prompt_rows]
+    assert [(r.kind, r.prompt_rows, r.budget) for r in walk] == [("prefill", 16, 16), ("prefill", 16, 16),
+                                                                  ("prefill", 8, 16)]
+    assert walk[0].predicted_s is None  # no ITL target: no cost model

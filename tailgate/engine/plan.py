@@ -1,4 +1,5 @@
-"""The step plan: plain data the scheduler hands to the runner."""
+"""The step as plain data: the segments the runner executes, the plan the scheduler decides
+(`StepPlan`, vLLM v1's SchedulerOutput), and the record each step leaves (`StepRecord`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,6 +27,27 @@ class Segment:
         return self.start + len(self.tokens)
 
 
+@dataclass(slots=True, eq=False)  # one per model step
+class StepPlan:
+    """One model step as the scheduler decided it, before it runs: which prompt rows of whom
+    (`chunks`, (walker, rows) in order; a whole prompt is one chunk), which live rows decode one
+    token each (`rows`), under what prompt-row budget, and the segments and sample rows the
+    executor gets. Planning already did its side effects on pages (reservations, preemptions);
+    `Scheduler._run` then executes the plan and settles what it sampled, and the plan ends as a
+    `StepRecord`. Tests and the step timeline read the records; the runner reads `segments`."""
+
+    kind: str  # decode | mixed | walk | prefill | recompute | lane
+    chunks: list  # [(Walker, rows)]
+    rows: list  # [Active]
+    segments: list  # [Segment]: the chunks' then the rows'
+    samples: list  # [RowSample] for the sampled segments, in order
+    budget: int | None = None  # a walk round's prompt-row budget (MIX_CHUNK_TOKENS or ITL_TARGET_MS); None: none
+
+    @property
+    def prompt_rows(self) -> int:
+        return sum(take for _, take in self.chunks)
+
+
 @dataclass(frozen=True, slots=True)  # one per model step; immutable, so readers on other threads share it
 class StepRecord:
     """What one model step was, after it ran: the engine's step timeline (the dashboard's bars,
@@ -40,6 +62,8 @@ class StepRecord:
     prompt_rows: int
     prompts: int
     preempted: int = 0  # requests preempted while this step was planned
+    budget: int | None = None  # its prompt-row budget (StepPlan.budget)
+    predicted_s: float | None = None  # what ITL_TARGET_MS's cost model predicted it would take (None: no model)
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}

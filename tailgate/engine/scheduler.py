@@ -1,32 +1,35 @@
-"""The scheduler: queue, roster, intake turn with mixed admission and gather, decode rounds.
+"""The scheduler: one engine iteration as plan -> execute -> settle, over the queue, the roster
+(live decode rows), the walk (prompts mid-prefill) and the side lane's flight.
 
-Plain Python, no torch. It decides who runs and with which pages, hands each step to an
-executor (the model runner + sampler, or a fake in tests) and turns sampled tokens into events.
-`now` is always a parameter, so the door and every timing rule are tested without sleeping.
+Plain Python, no torch. Each model step is decided as a `StepPlan` (engine/plan.py: which prompt
+rows of whom, which live rows, under what budget), handed to an executor (the model runner +
+sampler, or a fake in tests), and its sampled tokens settled into events; it leaves a
+`StepRecord` in `step_log`. Who gets in is `admission.py`'s (door, intake, gather, walkers); who
+gives pages back is `preemption.py`'s. `now` is always a parameter, so the door and every timing
+rule are tested without sleeping.
 """
 from __future__ import annotations
 
 import logging
 import time
 from collections import deque
-from itertools import islice
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..config import ServingConfig
-from .door import DoorView, make_door
+from .door import make_door
 from .prefix import PrefixCache
 from .metrics import EngineMetrics
-from .pages import KVBook, SeqPages, pages_for
-from .plan import Segment, StepRecord
-from .prompt_logprobs import PromptLogprobs, new_scores, prompt_segment
-from .request import Event, Finished, Rejected, Request, RowSample, Sampled, Scheduled, Status, Token
+from .pages import KVBook, SeqPages
+from .plan import Segment, StepPlan, StepRecord
+from .prompt_logprobs import PromptLogprobs, prompt_segment
+from .request import Event, Finished, Rejected, Request, RowSample, Sampled, Status, Token
 from .stop import LENGTH, STOP, resolve_max_tokens, verdict
-from .walk import Walker, plan_round
+from .walk import Walker
+from .admission import Admission
+from .preemption import Preemption
 
 log = logging.getLogger("tailgate.engine")
-# A request preempted this many times is taken last when pages must be freed (`_make_room`).
-MAX_PREEMPTIONS = 2
 # Model steps kept in `Scheduler.step_log`: at ~10-50 ms a step, 256 cover the last few seconds,
 # what a live view redraws from (one record is ~100 bytes).
 STEP_LOG = 256
@@ -60,7 +63,7 @@ class Active:
     sample: RowSample | None = None
 
 
-class Scheduler:
+class Scheduler(Admission, Preemption):
     def __init__(self, executor: Executor, book: KVBook, config: ServingConfig, vocab_size: int, clock=time.monotonic):
         if config.max_context is None:
             raise ValueError("ServingConfig.max_context must be settled against the model first")
@@ -92,7 +95,7 @@ class Scheduler:
             self.executor = self.pace.metered(executor, clock)
         self._events: list[tuple[Request, Event]] = []  # not yet delivered
         self._iteration: list[Event] = []  # everything this iteration emitted (the step output)
-        self._cause = ("decode", 0, 0)  # the running step's kind, prompt rows, prompts
+        self._current = StepPlan("decode", [], [], [], [])  # the step being settled (its kind goes on each token)
         self._preempted: dict[str, tuple[list[int], float | None]] = {}  # id -> (output so far, last token time)
         self._passed: set[str] = set()  # queued ids the door has let through (`_door_open`)
         # The last STEP_LOG model steps (the step timeline); `_preempted_seen` is the preemption
@@ -161,317 +164,23 @@ class Scheduler:
                     log.exception("delivery to %s failed; cancelling it", req.id)
                     req.sink_failed = req.cancelled = True
 
-    def _door_open(self, now: float) -> bool:
-        """Whether this turn may admit. The door is asked only about arrivals it has not let
-        through yet: when it opens, every request then in the queue is one cohort, and what one
-        turn cannot admit (MIX_MAX_PROMPTS, the slots) goes at the next turn, not after a fresh
-        window; a preempted request was admitted once already and never waits at the door."""
-        if self.door is None or not self.queue:
-            return True
-        head = self.queue[0]
-        if head.preemptions or head.id in self._passed:
-            return True
-        opened, reason = self.door.decide(self._door_view(), now)
-        if not opened:
-            for r in self.queue:
-                if r.held_at is None:
-                    r.held_at = now
-                    r.status = Status.HELD
-            return False
-        released = [r for r in self.queue if r.held_at is not None]
-        if released and reason is not None:  # count openings that let held arrivals through
-            self.metrics.door_releases[reason] += 1
-        for r in released:
-            self.metrics.door_hold.observe(now - r.held_at)
-            r.held_at = None
-            r.status = Status.WAITING
-        self._passed.update(r.id for r in self.queue)
-        return True
-
-    def _pop(self) -> Request:
-        r = self.queue.popleft()
-        self._passed.discard(r.id)
-        return r
-
-    def intake_turn(self, now: float) -> bool:
-        """Admit from the queue head; returns whether the door was open."""
-        if not self._door_open(now):
-            return False
-        attempts = 0
-        # Every popped request spends the turn's budget (cancelled and invalid ones too), so a
-        # backlog of dead submissions cannot stall the live streams for an unbounded time.
-        while self.queue and attempts < self.slots and len(self.roster) < self.slots:
-            # The live rows get their next pages before anyone is admitted, and a turn that had
-            # to preempt for them admits nobody more (vLLM's rule): a newcomer never takes the
-            # pages an older stream was just made to give back; the preempted one waits in the
-            # queue, ahead of every later arrival.
-            if self.roster and self._ready_decode_rows():
-                break
-            leader = self._pop()
-            attempts += 1
-            if not self._admissible(leader):
-                continue
-            if self.chunk and not (self.lane and self.roster):  # a live admission takes the lane
-                self._start_walk(leader, attempts)
-                return True
-            live = bool(self.roster)
-            lead = self._walker(leader)
-            if not self.book.reserve(lead.pages, len(lead.tokens)):
-                if live:
-                    self._requeue(lead)  # someone live will free pages: wait at the head
-                    break
-                self.book.free(lead.pages)  # prefix pages it attached
-                self.executor.release(leader.id)  # a preempted one's sampler state
-                self._preempted.pop(leader.id, None)
-                self._reject(leader, self._never_fits(lead))
-                continue
-            if self.lane and live:
-                self._launch(lead)
-                return True
-            newcomers = [lead]
-            if live:
-                attempts = self._gather(newcomers, attempts)
-            self._announce(newcomers)
-            self._run([(w, w.rest) for w in newcomers], self.roster if live else [])
-        return True
-
-    def _door_view(self) -> DoorView:
-        cohort = islice(self.queue, max(1, min(self.cfg.mix_max_prompts, self.slots - self.running)))
-        return DoorView(len(self.queue), self.running, self.slots,
-                        tuple(a.req.max_tokens - len(a.output) for a in self.roster),
-                        sum(len(r.prompt) for r in cohort))
-
-    def _walker(self, req: Request) -> Walker:
-        """A newcomer; a preempted request comes back with its output so far to recompute."""
-        resumed, last_at = self._preempted.pop(req.id, ([], None))
-        w = Walker(req, SeqPages(), resumed=resumed, last_at=last_at)
-        w.scores = new_scores(req, resumed)
-        if w.scores is not None:  # every prompt row computed (its logprobs): none from the cache
-            req.status = Status.WALKING
-            return w
-        req.status = Status.WALKING
-        if self.prefix is not None:  # a prompt, or a recompute (its own pages too), resumes at its longest cached prefix
-            w.done = w.cached = self.prefix.attach(w.tokens, len(req.prompt), req.id, w.pages)
-        return w
-
-    def _announce(self, walkers: list[Walker]) -> None:
-        for w in walkers:
-            if not w.resumed and not w.req.preemptions:  # a preempted request was scheduled once already
-                self._emit(w.req, Scheduled(w.req.id, self.clock(), queued_at=w.req.arrival,
-                                            prompt_tokens=len(w.req.prompt), cached_tokens=w.cached))
-                self.metrics.prefix_queries += len(w.req.prompt) if self.prefix is not None else 0
-                self.metrics.prefix_hits += w.cached
-
-    def _start_walk(self, leader: Request, attempts: int) -> None:
-        """The leader and its gathered followers become walkers. No row budget: each round is
-        bounded by the chunk width instead. Pages are reserved round by round."""
-        lead = self._walker(leader)
-        if not self._room_for(lead):
-            self._requeue(lead)  # live rows will free pages: it waits at its place in the queue
-            return
-        self.walk = [lead]
-        self._add_walkers(attempts, [lead])
-
-    def _join_walk(self, now: float) -> None:
-        """Arrivals join a running walk, door permitting, up to MIX_MAX_PROMPTS walkers and the
-        slots, instead of waiting it out: they take the round's rows the walkers ahead of them
-        leave (`plan_round`), so a live stream's stall stays one chunk, and a released cohort
-        walks as one."""
-        if len(self.walk) < self.cfg.mix_max_prompts and self.running < self.slots and self._door_open(now):
-            self._add_walkers(0, [])
-
-    def _add_walkers(self, attempts: int, added: list[Walker]) -> None:
-        while (self.queue and len(self.walk) < self.cfg.mix_max_prompts and self.running < self.slots
-               and attempts < self.slots):
-            f = self._pop()
-            attempts += 1
-            if self._admissible(f):
-                w = self._walker(f)
-                if not self._room_for(w):
-                    self._requeue(w)
-                    break
-                self.walk.append(w)
-                added.append(w)
-        self._announce(added)
-
-    def _room_for(self, w: Walker) -> bool:
-        """Whether a walker's whole prompt fits the global pool beside what is already promised:
-        the other walkers' pages still to come and a page for each live row. A walker admitted
-        without that room walks, takes the pages an older stream needs next, is preempted and
-        walks again (issue 25's thrash: 3-5x the useful prompt rows). With nothing live it always
-        goes (a prompt that cannot fit even alone is refused by its first round)."""
-        if not (self.roster or self.walk):
-            return True
-        promised = len(self.roster) + sum(pages_for(len(o.tokens)) - len(o.pages.global_pages) for o in self.walk)
-        free = self.book.glob.available  # idle cached pages count: a reservation evicts them
-        return pages_for(len(w.tokens)) - len(w.pages.global_pages) + promised <= free
-
-    def _walk_round(self) -> None:
-        """One round: at most `chunk` prompt rows across the walkers (oldest arrival first), plus
-        every live row. A walker short of pages takes them from younger page holders; with none
-        younger it waits for a later round (older ones finish and free theirs), unless it is the
-        only holder left, which means its prompt does not fit the pools at all."""
-        self._ready_decode_rows()
-        self.walk.sort(key=lambda w: w.req.arrival)  # stable: admission order among equals
-        chunks = []
-        budget = self.chunk if self.pace is None else self.pace.rows(self.walk, self.roster)  # ITL_TARGET_MS
-        for w, take in plan_round(self.walk, budget):
-            if w not in self.walk:  # preempted by an older walker of this round
-                continue
-            if self._make_room(w, w.done + take, self_ok=False):
-                chunks.append((w, take))
-            elif not self._holders(w) and not chunks:
-                self._drop_walker(w, "error", self._never_fits(w))
-        if chunks or self.roster:
-            self._run(chunks, self.roster)
-
-    @staticmethod
-    def _never_fits(w: Walker) -> str:
-        return (f"the prompt needs {pages_for(len(w.tokens))} KV pages per pool, more than the pools hold "
-                "with nothing running")
-
-    def _drop_walker(self, w: Walker, reason: str, message: str = "") -> None:
-        if w in self.walk:
-            self.walk.remove(w)
-        self._close(w.req, w.pages, len(w.resumed), reason, message)
-
-    def _gather(self, newcomers: list, attempts: int) -> int:
-        """Coincident prompts join the leader's mixed step while every rule holds."""
-        rows = newcomers[0].rest  # the leader is never bounded
-        while (self.queue and len(newcomers) < self.cfg.mix_max_prompts and rows < self.cfg.mix_gather_rows
-               and len(newcomers) + len(self.roster) < self.slots and attempts < self.slots):
-            f = self._pop()
-            attempts += 1
-            if not self._admissible(f):
-                continue
-            w = self._walker(f)
-            if rows + w.rest > self.cfg.mix_gather_rows or not self.book.reserve(w.pages, len(w.tokens)):
-                self._requeue(w)
-                break
-            rows += w.rest
-            newcomers.append(w)
-        return attempts
-
-    def _admissible(self, req: Request) -> bool:
-        """Cancelled requests retire; invalid ones are rejected (fail closed)."""
-        if req.cancelled:
-            done = self._preempted.pop(req.id, ([], None))[0]
-            self.executor.release(req.id)
-            req.status = Status.FINISHED
-            self.metrics.finished[req.cancel_as] += 1  # a queued abort counts like a live one
-            self._emit(req, Finished(req.id, self.clock(), reason=req.cancel_as, prompt_tokens=len(req.prompt),
-                                     completion_tokens=len(done)))
-            return False
-        why = self._invalid(req)
-        if why:
-            self._reject(req, why)
-            return False
-        return True
-
-    def _invalid(self, req: Request) -> str | None:
-        if not req.prompt:
-            return "empty prompts are not served"
-        if req.max_tokens < 1:
-            return f"max_tokens must be at least 1, got {req.max_tokens}"
-        total = len(req.prompt) + req.max_tokens
-        if total > self.cfg.max_context:
-            return (f"maximum context length is {self.cfg.max_context} tokens, but the prompt contains "
-                    f"{len(req.prompt)} tokens and max_tokens is {req.max_tokens}")
-        bad = None
-        if req.prompt and (min(req.prompt) < 0 or max(req.prompt) >= self.vocab_size):  # C speed; then find it
-            bad = next(t for t in req.prompt if not 0 <= t < self.vocab_size)
-        if bad is not None:
-            return f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})"
-        return None
-
     # ---- steps --------------------------------------------------------------------------
-    def _ready_decode_rows(self) -> bool:
-        """Give every live row a page for its next token, oldest arrival first; returns whether
-        anyone was preempted for it (`_make_room`). A row that is the only page holder and still
-        cannot grow does not fit the pools alone, and fails."""
-        preempted = self.metrics.preemptions
-        # Only rows at the end of their last page need one (1 step in 16): the sort stays off most steps.
-        full = [a for a in self.roster if a.pages.frontier >= a.pages.reserved]
-        for a in sorted(full, key=lambda a: a.req.arrival) if len(full) > 1 else full:
-            if a not in self.roster:  # preempted for an older row of this very call
-                continue
-            if not self._make_room(a, a.pages.frontier + 1, self_ok=True) and a in self.roster:
-                self._finish(a, "error", "KV pools exhausted: the request does not fit them alone")
-        return self.metrics.preemptions > preempted
-
-    def _holders(self, but) -> list:
-        """Everyone else holding KV pages that preemption can take back: live rows and walkers
-        (the lane's flight is written by its worker until it joins)."""
-        return [h for h in (*self.roster, *self.walk) if h is not but and h.pages.global_pages]
-
-    def _make_room(self, holder, total: int, self_ok: bool) -> bool:
-        """Reserve KV for `holder` (an Active or a Walker) up to `total` tokens, preempting page
-        holders youngest arrival first: a request preempted MAX_PREEMPTIONS times goes last, so the
-        same stream is not recomputed over and over (vLLM preempts the youngest; its thrash is
-        unbounded). Only holders younger than `holder` are taken; when none is left, a live row
-        (`self_ok`) preempts itself if anyone else holds pages (it is then the youngest), and a
-        walker waits. A lane flight in the way is joined first. Returns whether it got the pages."""
-        while not self.book.reserve(holder.pages, total):
-            others = self._holders(holder)
-            younger = [h for h in others if h.req.arrival > holder.req.arrival
-                       or (h.req.arrival == holder.req.arrival and self._admitted_after(h, holder))]
-            if younger:
-                self._preempt(max(younger, key=lambda h: (h.req.preemptions < MAX_PREEMPTIONS, h.req.arrival)))
-            elif self.flight is not None:
-                self._join()
-            elif others and self_ok:
-                self._preempt(holder)
-                return False
-            else:
-                return False
-        return True
-
-    def _admitted_after(self, h, holder) -> bool:
-        """Tie-break between equal arrivals: a walker came in after every live row."""
-        return isinstance(h, Walker) and not isinstance(holder, Walker)
-
-    def _preempt(self, h) -> None:
-        """Take a live row's or a walker's pages back and requeue it to be recomputed (its output
-        so far, if any, is kept and not re-emitted; its sampler state stays with the executor)."""
-        h.req.preemptions += 1
-        self.metrics.preemptions += 1
-        if h in self.roster:
-            self.roster.remove(h)
-            if self.prefix is not None:  # its written pages, prompt and output, stay cached for its recompute
-                self.prefix.keep(h.req.prompt + h.output, len(h.req.prompt), h.req.id, h.pages)
-            self._park(h.req, h.pages, h.output, h.last_at)
-        else:
-            self.walk.remove(h)
-            if self.prefix is not None:
-                self.prefix.keep(h.tokens, len(h.req.prompt), h.req.id, h.pages)
-            self._park(h.req, h.pages, h.resumed, h.last_at)
-
-    def _requeue(self, w: Walker) -> None:
-        self._park(w.req, w.pages, w.resumed, w.last_at)
-
-    def _park(self, req: Request, pages: SeqPages, output: list[int], last_at: float | None) -> None:
-        """Back to the queue with its pages returned, ahead of every later arrival (re-admission in
-        arrival order), keeping any output it already emitted to recompute on readmission."""
-        self.book.free(pages)
-        if output:
-            self._preempted[req.id] = (list(output), last_at)
-        self._passed.add(req.id)  # it was let in once: no second wait at the door
-        req.status = Status.PREEMPTED if req.preemptions else Status.WAITING
-        i = 0
-        while i < len(self.queue) and self.queue[i].arrival < req.arrival:
-            i += 1
-        self.queue.insert(i, req)
-
     def _decode_round(self) -> None:
         self._ready_decode_rows()
         if self.roster:
             self._run([], self.roster)
 
-    def _run(self, chunks: list[tuple[Walker, int]], rows: list[Active]) -> None:
-        """One forward pass: prompt chunks first (a whole prompt is one chunk), then every live
-        row's next token. Only a prompt's final chunk is sampled: a walker graduates into the
-        roster with that token; earlier chunks only fill KV."""
-        rows = list(rows)
+    def _run(self, chunks: list[tuple[Walker, int]], rows: list[Active], budget: int | None = None) -> None:
+        """One model step: plan it, execute it, settle what it sampled."""
+        plan = self._plan(chunks, list(rows), budget)
+        t0 = self.clock()
+        per_seg = self._execute(plan)
+        self._settle_step(plan, per_seg, t0, self.clock())
+
+    def _plan(self, chunks: list[tuple[Walker, int]], rows: list[Active], budget: int | None) -> StepPlan:
+        """Prompt chunks first (a whole prompt is one chunk), then every live row's next token.
+        Only a prompt's final chunk is sampled: a walker graduates into the roster with that token;
+        earlier chunks only fill KV."""
         segs, samples = [], []
         for w, take in chunks:
             toks, start, final = w.chunk(take)
@@ -480,35 +189,42 @@ class Scheduler:
                 samples.append(self._row_sample(w.req, w.resumed))
         segs += [Segment([a.output[-1]], a.pages.frontier, a.pages) for a in rows]
         samples += [a.sample or self._decode_sample(a) for a in rows]
-        m = self.metrics
-        prompt_rows = sum(take for _, take in chunks)
         kind = "decode" if not chunks else "recompute" if any(w.resumed for w, _ in chunks) else \
             "prefill" if not rows else "walk" if self.chunk else "mixed"
-        self._cause = (kind, prompt_rows, len(chunks))
-        if chunks:
+        return StepPlan(kind, chunks, rows, segs, samples, budget)
+
+    def _execute(self, plan: StepPlan) -> list:
+        """Per segment: its Sampled, None (not sampled), or the exception that failed it."""
+        try:
+            outs = iter(self.executor.run(plan.segments, plan.samples))
+            return [next(outs) if seg.sample else None for seg in plan.segments]
+        except Exception as e:  # the forward pass failed: find the segment(s) that make it fail
+            log.warning("a step of %d segments failed (%r); retrying them one by one", len(plan.segments), e)
+            return self._run_alone(plan.segments, plan.samples)
+
+    def _settle_step(self, plan: StepPlan, per_seg: list, t0: float, now: float) -> None:
+        """Count and record the step, then apply its results: written prompt chunks advance their
+        walkers (a final one graduates with its token), every live row takes its token."""
+        m, rows, prompt_rows = self.metrics, plan.rows, plan.prompt_rows
+        if plan.chunks:
             m.prefill_rows.observe(prompt_rows)
         if rows:
             m.decode_rows.observe(len(rows))
-        t0 = self.clock()
-        try:
-            outs = iter(self.executor.run(segs, samples))
-            per_seg = [next(outs) if seg.sample else None for seg in segs]
-        except Exception as e:  # the forward pass failed: find the segment(s) that make it fail
-            log.warning("a step of %d segments failed (%r); retrying them one by one", len(segs), e)
-            per_seg = self._run_alone(segs, samples)
-        now = self.clock()
-        self._record(t0, now, kind, len(rows), prompt_rows, len(chunks))
+        self._record(plan, t0, now)
         if self.door is not None:
             self.door.observe_step(now - t0, prompt_rows, len(rows))
-        for (w, take), out in zip(chunks, per_seg):
+        for (w, take), out in zip(plan.chunks, per_seg):
             self._absorb(w, take, out, now)
-        self._settle(rows, per_seg[len(chunks):], now, advance=True)
+        self._settle(rows, per_seg[len(plan.chunks):], now, advance=True)
         self._deliver()
 
-    def _record(self, t0: float, t1: float, kind: str, decode_rows: int, prompt_rows: int, prompts: int) -> None:
+    def _record(self, plan: StepPlan, t0: float, t1: float) -> None:
+        """The step's record in the log; from here on `plan` is what tokens are attributed to."""
+        self._current = plan
         pre = self.metrics.preemptions
-        self.step_log.append(StepRecord(self._step_seq, t0, t1 - t0, kind, decode_rows, prompt_rows, prompts,
-                                        pre - self._preempted_seen))
+        self.step_log.append(StepRecord(self._step_seq, t0, t1 - t0, plan.kind, len(plan.rows), plan.prompt_rows,
+                                        len(plan.chunks), pre - self._preempted_seen, plan.budget,
+                                        getattr(self.executor, "last_predicted", None)))
         self._step_seq += 1
         self._preempted_seen = pre
 
@@ -570,9 +286,9 @@ class Scheduler:
         if w.req.cancelled:  # cancelled while in flight: its pages come back only now
             self._close(w.req, w.pages, len(w.resumed), w.req.cancel_as, "")
         else:
-            self._cause = ("lane", len(w.tokens) - w.done, 1)
-            self._record(t0, self.clock(), "lane", 0, len(w.tokens) - w.done, 1)  # the wait the engine saw
-            self._absorb(w, len(w.tokens) - w.done, out, self.clock())
+            take = len(w.tokens) - w.done
+            self._record(StepPlan("lane", [(w, take)], [], [], []), t0, self.clock())  # the wait the engine saw
+            self._absorb(w, take, out, self.clock())
         self._deliver()
 
     def _run_alone(self, segs: list[Segment], samples: list) -> list:
@@ -609,7 +325,8 @@ class Scheduler:
         the token it fed. A row whose sampling failed, or whose token ends it, leaves the roster.
         One loop for the whole step, its lookups hoisted: this runs once per token (most of a
         simulated run)."""
-        kind, prompt_rows, prompts = self._cause
+        plan = self._current
+        kind, prompt_rows, prompts = plan.kind, plan.prompt_rows, len(plan.chunks)
         book, events, m = self.book, self._events, self.metrics
         gaps, emitted = [], 0
         for a, out in zip(rows, outs):

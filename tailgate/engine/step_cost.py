@@ -268,10 +268,11 @@ class MeteredExecutor:
 
     def __init__(self, inner, model: StepCostModel, clock, metrics=None):
         self.inner, self.model, self.clock, self.metrics = inner, model, clock, metrics
+        self.last_predicted: float | None = None  # the last step's predicted seconds (its StepRecord shows it)
 
     def run(self, segments, rows):
         x = step_features(segments)
-        predicted = self.model.predict(x) if self.model.ready else None
+        predicted = self.last_predicted = self.model.predict(x) if self.model.ready else None
         t0 = self.clock()
         out = self.inner.run(segments, rows)
         took = self.clock() - t0
