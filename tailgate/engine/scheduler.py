@@ -350,6 +350,8 @@ class Scheduler(Admission, Preemption):
                                       end)))
             if end is LENGTH:
                 self._finish(a, LENGTH)
+            elif out.done:  # its grammar is complete (structured outputs): nothing but EOS may follow
+                self._finish(a, STOP)
         m.generation_tokens += emitted
         if gaps:
             m.gaps(kind).observe_all(gaps)
