@@ -16,6 +16,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as _HFTokenizer
 
+from . import families
+
 # Gemma GGUF files carry no chat template; this renders Gemma's documented turn format
 # (a system message is folded into the first user turn, assistant turns are "model").
 GEMMA_TEMPLATE = (
@@ -32,6 +34,7 @@ CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+FALLBACK_TEMPLATES = {"gemma": GEMMA_TEMPLATE, "chatml": CHATML_TEMPLATE}  # by families.Family.chat_fallback
 
 # The named special tokens `apply_chat_template` hands every template (HF's SPECIAL_TOKENS_ATTRIBUTES).
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -98,11 +101,11 @@ class Tokenizer:
         self.bos_id = meta.get("bos_id")
         self.eos_ids = list(meta.get("eos_ids") or [])
         self.add_bos = bool(meta.get("add_bos")) and self.bos_id is not None
-        # Without a template of its own: Gemma 3's turn format, or ChatML for Llama; Gemma 4's format
-        # differs from both, so a Gemma 4 directory without a template serves no chat.
-        family = meta.get("family")
+        # Without a template of its own: the one its family names (families.Family.chat_fallback:
+        # Gemma 3's turn format, ChatML for the Llama shapes, none for Gemma 4), ChatML when unknown.
+        family = families.FAMILIES.get(meta.get("family") or "")
         self.chat_template = _default_template(meta.get("chat_template")) or \
-            (GEMMA_TEMPLATE if family == "gemma3" else None if family == "gemma4" else CHATML_TEMPLATE)
+            FALLBACK_TEMPLATES.get(family.chat_fallback if family is not None else "chatml")
         self._compiled: str | None = None  # the template text last compiled
         self._template_error: str | None = None  # why the model's own template cannot render
         self.special_tokens = self._special_tokens(path, meta)

@@ -45,6 +45,9 @@ class Family:
     gguf_unpermute: bool = False  # llama.cpp permuted q/k for its interleaved RoPE; we undo it
     add_bos: bool = False  # when the tokenizer config does not say
     turn_ends: tuple[str, ...] = ()  # chat turn-end tokens that also end generation
+    # The chat template a checkpoint without its own gets (tokenizer.FALLBACK_TEMPLATES): "gemma"
+    # (Gemma 3's turns), "chatml", or None (no chat: a format neither fits).
+    chat_fallback: str | None = "chatml"
     extra_weights: Callable | None = None  # (spec, device) -> runtime tensors the forward reads
 
     @property

@@ -81,9 +81,10 @@ def gemma4_units(spec: ModelSpec, device) -> dict:
 GEMMA3 = register(Family(
     name="gemma3", forward="gemma3", hf_types=("gemma3_text",), hf_composite=("gemma3",), read_hf=read_gemma3_hf,
     hf_layer=GEMMA_LAYER, hf_norm_plus_one=True, gguf_archs=("gemma3",), read_gguf=read_gemma3_gguf,
-    add_bos=True, turn_ends=TURN_ENDS,
+    add_bos=True, turn_ends=TURN_ENDS, chat_fallback="gemma",
 ))
 GEMMA4 = register(Family(
     name="gemma4", forward="gemma4", hf_types=("gemma4_text",), hf_composite=("gemma4",), read_hf=read_gemma4_spec,
     hf_layer=GEMMA4_LAYER, hf_top=GEMMA4_TOP, add_bos=True, turn_ends=TURN_ENDS, extra_weights=gemma4_units,
+    chat_fallback=None,  # its turn format differs from Gemma 3's and ChatML: no chat without its own template
 ))
