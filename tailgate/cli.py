@@ -94,6 +94,13 @@ def cmd_bench_kernels(args) -> int:
 
 def cmd_serve(args) -> int:
     from .config import cli_lookup
+    from .server.settings import SettingsError, apply
+
+    try:  # flags, TAILGATE_<NAME>, --config: one resolved value each, before anything loads
+        apply(args)
+    except SettingsError as e:
+        print(f"tailgate: {e}", file=sys.stderr)
+        return 2
 
     if args.replicas > 1:
         import importlib.util

@@ -9,6 +9,7 @@ import logging
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse
 
 from .. import __version__
@@ -27,6 +28,16 @@ def _error(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
+def _http_error(req, exc: HTTPException) -> JSONResponse:
+    """Starlette's own errors (404, 405) as OpenAI bodies; a 405 names every method the path
+    takes in `Allow` (RFC 9110), over all its routes (GET and HEAD are registered apart)."""
+    headers = dict(exc.headers or {})
+    methods = req.app.state.methods.get(req.url.path)
+    if exc.status_code == 405 and methods:
+        headers["Allow"] = ", ".join(sorted(methods))
+    return _error(ApiError(exc.status_code, f"{req.method} {req.url.path}: {exc.detail}", headers=headers))
+
+
 @contextlib.asynccontextmanager
 async def _lifespan(app):
     yield
@@ -42,15 +53,37 @@ async def _lifespan(app):
             m.lane_prefills)
 
 
+def _served_bounds(node, vocab: int | None, names: list[str]) -> None:
+    """Say in the schema what the server enforces for the model it serves: token ids below its
+    vocabulary size, and `model` one of the names it answers to (else a 400 model_not_found)."""
+    if isinstance(node, dict):
+        if node.pop("x-tailgate-token-id", None) and vocab is not None:
+            node["maximum"] = vocab - 1
+        props = node.get("properties")
+        if isinstance(props, dict) and "model" in props and "messages" in props or \
+                isinstance(props, dict) and "model" in props and "prompt" in props:
+            props["model"] = {"anyOf": [{"type": "string", "enum": names}, {"type": "null"}], "title": "Model"}
+        for v in node.values():
+            _served_bounds(v, vocab, names)
+    elif isinstance(node, list):
+        for v in node:
+            _served_bounds(v, vocab, names)
+
+
 def _openapi(app: FastAPI):
     def build() -> dict:
         if app.openapi_schema is None:
+            state = app.state.tailgate
             doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
             comps = doc.setdefault("components", {}).setdefault("schemas", {})
             for model in schema.REQUESTS:
                 s = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 comps.update(s.pop("$defs", {}))
                 comps[model.__name__] = s
+            vocab = state.model.spec.vocab_size if state.ready else None
+            _served_bounds(comps, vocab, [state.served_name, "default"])
+            if not state.ready:  # the bounds are the model's: asked while it loads, build it again later
+                return doc
             app.openapi_schema = doc
         return app.openapi_schema
     return build
@@ -59,15 +92,20 @@ def _openapi(app: FastAPI):
 def create_app(state: ServerState):
     # Every route raises ApiError for what a client did wrong; one handler turns it into the body.
     app = FastAPI(title="tailgate", version=__version__, docs_url=None, redoc_url=None, lifespan=_lifespan,
-                  exception_handlers={ApiError: lambda req, exc: _error(exc), HTTPException: lambda req, exc: _error(
-                      ApiError(exc.status_code, f"{req.method} {req.url.path}: {exc.detail}")),
+                  exception_handlers={ApiError: lambda req, exc: _error(exc), HTTPException: _http_error,
                       Exception: lambda req, exc: _error(ApiError(500, f"internal error: {exc!r}"))})
     app.state.tailgate = state
     app.state.registry = registry_for(state)
+    app.state.methods = {}  # path -> the methods its routes take (a 405's Allow)
     for module in (generation, tokenize, service):
         app.include_router(module.router)
+        for r in module.router.routes:
+            app.state.methods.setdefault(r.path, set()).update(r.methods)
     app.include_router(web.router)  # the playground and the dashboard (docs/web.md)
     app.openapi = _openapi(app)
+    if state.allowed_origins:  # off by default: a browser page on another origin gets no answer it can read
+        app.add_middleware(CORSMiddleware, allow_origins=list(state.allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["Retry-After"])
     return HostCheck(app, state.allowed_hosts) if state.allowed_hosts is not None else app
 
 

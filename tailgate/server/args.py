@@ -39,7 +39,15 @@ def add_serve_args(p) -> None:
     p.add_argument("--max-queued-tokens", type=uint_arg(), default=1 << 20, help="429 beyond this many waiting prompt tokens")
     p.add_argument("--max-body-mb", type=uint_arg(1), default=8, help="413 for request bodies past this many MiB")
     p.add_argument("--drain-timeout", type=uint_arg(), default=30, help="seconds SIGTERM waits for in-flight requests")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default="info", help="critical | error | warning | info | debug | trace")
+    p.add_argument("--log-format", default="text", help="text | json (one object a line); either way one access "
+                   "line per finished generation request: id, status, tokens, TTFT, end-to-end")
+    p.add_argument("--allowed-origins", default=None, help="comma-separated browser origins answered cross-origin "
+                   "(CORS, with preflight; off by default; `*`: any)")
+    p.add_argument("--sse-keep-alive", default="15", help="off | N, 1 <= N <= 3600: a `: keep-alive` comment on a "
+                   "stream silent N seconds (queued behind others, or a long step)")
+    p.add_argument("--config", default=None, help="a TOML file of these flags (keys: their names with underscores; "
+                   "or TAILGATE_CONFIG); a flag, then a TAILGATE_<NAME> env var, wins over it")
     add_knob_args(p)
     # The fleet (tailgate/fleet/, docs/scale-out.md): N > 1 runs N engine replicas on Ray Serve, the
     # `ray` extra; with N = 1 nothing of Ray is imported.
@@ -51,3 +59,8 @@ def add_serve_args(p) -> None:
     fl.add_argument("--router", default=None, choices=["prefix", "least-loaded", "random", "pow2"],
                     help="how a request picks its replica (default prefix: longest cached prefix unless "
                     "out of balance; pow2: Ray Serve's own power-of-two choices)")
+    # Every flag above (and the model's, added before) is a server setting that TAILGATE_<NAME> and
+    # --config can give too (server/settings.py resolves them): unset here, so a given flag is seen.
+    for a in p._actions:
+        if a.dest not in ("help", "config") and not a.dest.startswith("knob_"):
+            a.default = None

@@ -33,6 +33,7 @@ class Choice:
     prompt_logprobs: list | None = None  # the engine's PromptLogprobs entries, when asked
     prompt_unsent: bool = False  # they arrived and no chunk has carried them yet
     offset: int = 0  # text_offset of the next token (completions' logprobs)
+    first_at: float | None = None  # engine time of its first token (the access log's TTFT)
 
 
 class Generation:
@@ -112,6 +113,7 @@ class Generation:
             return ""
         if isinstance(ev, Token):
             (st.ttft if c.last_at is None else st.itl).observe(ev.at - (c.last_at or c.req.arrival))
+            c.first_at = c.first_at or ev.at
             c.last_at = ev.at
             c.tokens += 1
             c.cause = {"cause": ev.cause, "prompt_rows": ev.prompt_rows, "prompts": ev.prompts}
@@ -193,7 +195,12 @@ class Generation:
                 if (opening := self.shape.opening(c)) is not None:
                     yield sse(self.chunk(c, opening[0], [], None, first=opening[1]))
             while self.live():
-                batch = [await self.queue.get()]
+                try:  # silent for sse_keep_alive seconds (queued, or a long step): an SSE comment,
+                    # which clients skip and idle-timeout proxies count as traffic
+                    batch = [await asyncio.wait_for(self.queue.get(), self.state.keep_alive_s)]
+                except asyncio.TimeoutError:
+                    yield ": keep-alive\n\n"
+                    continue
                 while not self.queue.empty():  # events of one engine step arrive together
                     batch.append(self.queue.get_nowait())
                 out, failed = [], None

@@ -74,13 +74,16 @@ def serve(args, lookup) -> int:
     except PreflightError as e:
         print(f"tailgate: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .logs import configure
+
+    configure(args.log_level, args.log_format)
     state = ServerState(served_name=args.served_model_name or name,
                         api_key=api_key(args.api_key, os.environ),
                         allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
                         max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
-                        max_body_bytes=args.max_body_mb << 20, kernels=plan.as_dict())
+                        max_body_bytes=args.max_body_mb << 20, kernels=plan.as_dict(),
+                        allowed_origins=tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip()),
+                        keep_alive_s=args.sse_keep_alive)
     app = create_app(state)
     failed: list[BaseException] = []
 
@@ -122,7 +125,9 @@ def serve(args, lookup) -> int:
             server.should_exit = True
 
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=args.drain_timeout, access_log=False)
+                            timeout_graceful_shutdown=args.drain_timeout, access_log=False,
+                            # json: uvicorn's own lines go through the root logger's JSON handler too
+                            **({"log_config": None} if args.log_format == "json" else {}))
     server = uvicorn.Server(config)
 
     def died(e: BaseException) -> None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic.json_schema import SkipJsonSchema
 
 I64_MAX, U64_MAX = (1 << 63) - 1, (1 << 64) - 1
 MAX_N = 16
@@ -27,7 +28,8 @@ def Int(**bounds):
     return Annotated[int, Field(**bounds), BeforeValidator(_integral)]
 
 
-TokenId = Int(ge=0)
+# The vocabulary's bound is the served model's: app.py's /openapi.json fills it in where this marks.
+TokenId = Annotated[int, Field(ge=0, json_schema_extra={"x-tailgate-token-id": True}), BeforeValidator(_integral)]
 Text = Annotated[str, Field(min_length=1)]
 
 
@@ -114,9 +116,18 @@ class ChatCompletionRequest(_Sampling, _ChatTemplateFields):
 class TokenizeRequest(_ChatTemplateFields):
     """`prompt` or `messages`."""
     model_config = ConfigDict(json_schema_extra={"anyOf": [{"required": ["prompt"]}, {"required": ["messages"]}]})
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    # Either may be left out, but not sent as null: the schema says string / array, and the
+    # server holds to it (schemathesis' negative cases check that it refuses what the schema does).
+    prompt: str | SkipJsonSchema[None] = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | SkipJsonSchema[None] = None
     add_special_tokens: bool | None = None
+
+    @field_validator("prompt", "messages", mode="before")
+    @classmethod
+    def _not_null(cls, v):
+        if v is None:
+            raise ValueError("must be a value when given (leave it out instead of null)")
+        return v
 
 
 class DetokenizeRequest(_Strict):

@@ -20,6 +20,8 @@ class ServerState:
     load_error: str | None = None
     kernels: dict | None = None  # the KernelPlan chosen at start (`/version` shows it)
     allowed_hosts: frozenset | None = None  # Host header names served (None: any; see main.allowed_hosts)
+    allowed_origins: tuple = ()  # browser origins CORS lets in (--allowed-origins; empty: CORS off)
+    keep_alive_s: float | None = 15  # a `: keep-alive` comment on a stream silent this long (None: never)
     pending: dict = field(default_factory=dict)  # request id -> prompt tokens, until Scheduled
     ttft: Histogram = field(default_factory=Histogram)
     itl: Histogram = field(default_factory=Histogram)

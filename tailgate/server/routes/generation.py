@@ -1,6 +1,8 @@
 """OpenAI's completions and chat completions: parse, admit, stream or collect."""
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -8,6 +10,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from .. import schema
 from ..generation import Generation
 from ..guards import ERRORS, admitted_body, check_model, openapi_body, server_state
+from ..logs import log_request
 from ..protocol import parse_chat, parse_completion
 
 router = APIRouter()
@@ -23,12 +26,23 @@ async def generate(req: Request, kind: str):
     check_model(state, g.model)
     gen = Generation(state, g)
     gen.start()
+    started, path = time.monotonic(), req.url.path
     if g.stream:
-        return StreamingResponse(gen.sse(), media_type="text/event-stream",
+        async def logged():
+            try:
+                async for event in gen.sse():
+                    yield event
+            finally:  # streamed out, or cut by its client
+                log_request(gen, "POST", path, 200 if not gen.live() else 499, started)
+
+        return StreamingResponse(logged(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     if not await gen.collect(req.is_disconnected):
+        log_request(gen, "POST", path, 499, started)
         return Response(status_code=499)
-    return JSONResponse(gen.full())
+    body = gen.full()
+    log_request(gen, "POST", path, 200, started)
+    return JSONResponse(body)
 
 
 @router.post("/v1/completions", openapi_extra=openapi_body(schema.CompletionRequest),

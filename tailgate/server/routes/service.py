@@ -1,8 +1,9 @@
-"""What operators and clients ask of the service itself: /v1/models, /health, /version, /metrics."""
+"""What operators and clients ask of the service itself: /v1/models, /health, /version, /metrics.
+Each answers HEAD as GET does; the HEAD routes stay out of the schema (one operation a path)."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from ... import __version__
 from .. import schema
@@ -12,8 +13,16 @@ from ..metrics import CONTENT_TYPE, render
 router = APIRouter()
 
 
-@router.api_route("/v1/models", methods=["GET", "HEAD"],
-                  responses={200: {"model": schema.ModelList}, 401: {"model": schema.ErrorResponse}})
+def get_and_head(path: str, **doc):
+    """Register a GET route (documented) and the same handler for HEAD (not)."""
+    def register(fn):
+        router.get(path, **doc)(fn)
+        router.head(path, include_in_schema=False)(fn)
+        return fn
+    return register
+
+
+@get_and_head("/v1/models", responses={200: {"model": schema.ModelList}, 401: {"model": schema.ErrorResponse}})
 async def models(req: Request):
     check_auth(req)
     state = server_state(req)
@@ -22,7 +31,7 @@ async def models(req: Request):
     return JSONResponse({"object": "list", "data": [card]})
 
 
-@router.api_route("/health", methods=["GET", "HEAD"])
+@get_and_head("/health", responses={503: {"description": "loading, or the engine failed (the server is exiting)"}})
 async def health(req: Request):
     state = server_state(req)
     if not state.ready:
@@ -32,11 +41,13 @@ async def health(req: Request):
     return JSONResponse({"status": "ok"})
 
 
-@router.api_route("/version", methods=["GET", "HEAD"])
+@get_and_head("/version")
 async def version(req: Request):
     return JSONResponse({"version": __version__, "kernels": server_state(req).kernels})
 
 
-@router.api_route("/metrics", methods=["GET", "HEAD"])
+@get_and_head("/metrics", response_class=PlainTextResponse,
+              responses={200: {"description": "Prometheus text exposition format 0.0.4",
+                               "content": {"text/plain": {"schema": {"type": "string"}}}}})
 async def metrics(req: Request):
     return Response(render(req.app.state.registry), media_type=CONTENT_TYPE)
