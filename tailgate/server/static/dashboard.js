@@ -3,7 +3,9 @@
 import { bindKeyField, drawLegend, errorMessage, headers, kindColour, ms, serverSentEvents } from "./common.js";
 
 const $ = (id) => document.getElementById(id);
-const SPAN_S = 10; // the timeline's width in seconds of engine time
+// The timeline spans the last 10 s of engine time, or as far back as its last 64 steps when they
+// took longer (a loaded CPU or a large model: multi-second steps), up to 2 minutes.
+const SPAN_S = 10, STEPS_SHOWN = 64, MAX_SPAN_S = 120;
 const KEEP = 2048; // steps kept for drawing (the feed sends each once)
 let steps = [];
 let lastSeq = -1;
@@ -21,9 +23,12 @@ function hello(h) {
 }
 
 function drawTimeline(now) {
-  const visible = steps.filter((s) => s.at + s.duration_s >= now - SPAN_S);
+  const oldest = steps.length ? steps[Math.max(0, steps.length - STEPS_SHOWN)].at : now;
+  const span = Math.min(MAX_SPAN_S, Math.max(SPAN_S, now - oldest));
+  $("span").textContent = `${span.toFixed(0)} s`;
+  const visible = steps.filter((s) => s.at + s.duration_s >= now - span);
   const top = Math.max(0.02, ...visible.map((s) => s.duration_s)); // at least 20 ms tall
-  const x = (t) => (1000 * (t - (now - SPAN_S))) / SPAN_S;
+  const x = (t) => (1000 * (t - (now - span))) / span;
   $("timeline").innerHTML = visible.map((s) => {
     const h = Math.max(2, (150 * s.duration_s) / top);
     const w = Math.max(1.5, x(s.at + s.duration_s) - x(s.at));
@@ -44,7 +49,7 @@ function tick(t) {
   $("running").textContent = t.running;
   $("waiting").textContent = t.waiting;
   $("held").textContent = t.held;
-  $("kv").textContent = `${(100 * t.kv_usage).toFixed(1)} %`;
+  $("kv").textContent = `${(100 * t.kv_usage).toFixed(t.kv_usage < 0.01 ? 2 : 1)} %`;
   $("kv-pages").textContent = `${t.kv_pages_used} pages`;
   $("prefix").textContent = t.prefix_queries ? `${((100 * t.prefix_hits) / t.prefix_queries).toFixed(1)} %` : "–";
   $("prefix-tokens").textContent = `${t.prefix_hits} of ${t.prefix_queries} prompt tokens`;
