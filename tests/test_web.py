@@ -90,6 +90,22 @@ def test_a_typed_message_streams_its_reply_in_over_several_frames_with_its_timin
 
 
 @needs_browser
+def test_the_json_schema_box_makes_the_answer_match_the_schema(server, browser):
+    schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Lyon"]}}, "required": ["city"],
+              "additionalProperties": False}
+    open_playground(browser, server[0], 24)
+    el(browser, "ignore-eos").click()  # back off: the grammar ends the answer
+    fill(browser, "json-schema", "{not json")
+    el(browser, "prompt-input").send_keys("The capital of France, as JSON:")
+    el(browser, "send").click()
+    assert "does not hold JSON" in el(browser, "error").text  # refused in the page, nothing sent
+    fill(browser, "json-schema", json.dumps(schema))
+    el(browser, "send").click()
+    assert until(lambda: "finish:" in el(browser, "reply-stats").text, 120), el(browser, "reply-stats").text
+    assert json.loads(el(browser, "reply").get_attribute("textContent"))["city"] in ("Paris", "Lyon")
+
+
+@needs_browser
 def test_stop_mid_stream_cancels_the_request_on_the_server(server, browser):
     base = server[0]
     open_playground(browser, base, 400)

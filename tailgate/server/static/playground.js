@@ -26,6 +26,14 @@ function body(mode, prompt) {
   const stop = $("stop-strings").value.split("\n").filter((s) => s !== "");
   if (stop.length) b.stop = stop;
   if ($("ignore-eos").checked) b.ignore_eos = true;
+  const schema = $("json-schema").value.trim();
+  if (schema) {
+    try {
+      b.response_format = { type: "json_schema", json_schema: { name: "playground", schema: JSON.parse(schema) } };
+    } catch (e) {
+      throw new Error(`the JSON schema box does not hold JSON: ${e.message}`);
+    }
+  }
   if (mode === "chat") {
     const system = $("system").value.trim();
     b.messages = [...(system ? [{ role: "system", content: system }] : []), ...history, { role: "user", content: prompt }];
@@ -53,7 +61,13 @@ async function send() {
   const mode = $("mode").value;
   if (!prompt.trim() || inFlight) return;
   $("error").textContent = "";
-  const request = body(mode, prompt);
+  let request;
+  try {
+    request = body(mode, prompt);
+  } catch (e) {
+    $("error").textContent = e.message;
+    return;
+  }
   addTurn("user", prompt);
   $("prompt").value = "";
   document.querySelector('[data-testid="reply"]')?.removeAttribute("data-testid");
