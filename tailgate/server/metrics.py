@@ -78,9 +78,10 @@ class TailgateCollector:
                         "Prompt rows each walk round took under ITL_TARGET_MS (what the target chose).")
             x.histogram("tailgate:step_cost_error_ratio", m.step_cost_error,
                         "|predicted - measured| / measured step time, per step the fitted cost model priced (ITL_TARGET_MS).")
-            if m.step_cost:  # ITL_TARGET_MS set: the target, the last step, the fit
+            if m.step_cost:  # the last step and the fit; the target only under ITL_TARGET_MS
                 sc = m.step_cost
-                x.gauge("tailgate:itl_target_seconds", sc["target_s"], "The step time walk rounds are priced to.")
+                if "target_s" in sc:  # since f4c2e5d the fit is kept without a target too
+                    x.gauge("tailgate:itl_target_seconds", sc["target_s"], "The step time walk rounds are priced to.")
                 if "actual_s" in sc:
                     x.gauge("tailgate:step_seconds", sc["actual_s"], "The last step's measured time.")
                 if "predicted_s" in sc:
