@@ -36,13 +36,20 @@ def complete(base, prompt: str, **extra) -> httpx.Response:
                       timeout=300)
 
 
+def metric(base, name: str, **labels) -> float:
+    """live.metric with room to wait: the fleet's /metrics asks every replica (5 s was not enough
+    for that on a busy 2-core host)."""
+    for line in httpx.get(base + "/metrics", timeout=120).text.splitlines():
+        if line.startswith((name + " ", name + "{")) and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def members(base) -> dict:
     return {m["id"]: m["pid"] for m in httpx.get(base + "/health", timeout=30).json()["members"]}
 
 
 def test_shared_prefixes_land_where_cached_and_different_prefixes_spread(fleet):
-    from live import metric
-
     n_prefix = {}
     for name, prefix in (("a", PREFIX_A), ("b", PREFIX_B)):
         r = httpx.post(fleet + "/tokenize", json={"prompt": prefix}, timeout=60)
