@@ -34,10 +34,12 @@ BUILT = lambda: (object(), None)  # noqa: E731  (a q8 library that built)
 NO_CC = lambda: (None, "q8 kernel could not be built: cc not found")  # noqa: E731
 
 
-def test_an_avx2_cpu_gets_prepacked_fp32_and_q8_for_small_steps():
+def test_an_avx2_cpu_serves_the_gguf_files_blocks_through_q8_panels_made_from_them():
     p = choose(cpu=EPYC, mkldnn=True, cuda=False, native_build=BUILT)
-    assert (p.dtype, p.dense, p.quant) == (torch.float32, "onednn", "q8")
-    assert min(p.quant_rows) >= 1 and "AMD EPYC 7B13" in p.line() and "q8 int8 x int8" in p.line()
+    assert (p.dtype, p.dense, p.quant) == (torch.float32, "onednn", "gguf")
+    assert "AMD EPYC 7B13" in p.line() and "GGUF blocks as stored" in p.line() and "q8 int8 x int8" in p.line()
+    q8 = choose("auto", "q8", cpu=EPYC, mkldnn=True, cuda=False, native_build=BUILT)  # still chosen by name
+    assert q8.quant == "q8" and min(q8.quant_rows) >= 1
     assert p.kv == torch.float16 and "float16 KV" in p.line() and p.as_dict()["kv_dtype"] == "float16"
 
 
@@ -106,7 +108,7 @@ def test_without_onednn_everything_is_f_linear():
 
 @pytest.mark.parametrize("dtype,kernels,match", [
     ("bf17", "auto", r"--dtype 'bf17' not recognized \(accepted: auto \| bf16 \| fp32 \| fp16\)"),
-    ("auto", "int9", r"--kernels \(TAILGATE_KERNELS\) 'int9' not recognized \(accepted: auto \| torch \| onednn \| q8 \| int8 \| int4\)"),
+    ("auto", "int9", r"--kernels \(TAILGATE_KERNELS\) 'int9' not recognized \(accepted: auto \| torch \| onednn \| q8 \| gguf \| int8 \| int4\)"),
     ("fp16", "int8", "fp32 or bf16 activations"),
 ])
 def test_unknown_or_impossible_choices_refuse_naming_the_grammar(dtype, kernels, match):
@@ -172,7 +174,7 @@ XEON_VNNI = parse_cpuinfo(f"model name\t: {XEON.model}\nflags\t\t: {' '.join(sor
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 EVERY = 1 << 31
 PLANS = {  # (cpu, q8 builds, OS grants AMX) -> (dtype, dense, dense_dtype, quant, cuts, variant, attention, kv, prompt)
-    "AVX2-only EPYC (Zen 3)": ((ZEN3, True, False), (F32, "onednn", None, "q8", (EVERY, 64), "avx2", "native", F16, None)),
+    "AVX2-only EPYC (Zen 3)": ((ZEN3, True, False), (F32, "onednn", None, "gguf", (0, 0), "avx2", "native", F16, None)),
     "AMX Xeon": ((XEON_VNNI, True, True), (F32, "onednn", BF16, "q8", (64, 32), "amx", "native", F16, BF16)),
     "AMX refused by the OS": ((XEON_VNNI, True, False),
                               (F32, "onednn", BF16, "q8", (32, 16), "avx512_vnni", "native", F16, BF16)),
