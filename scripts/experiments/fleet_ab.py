@@ -18,7 +18,6 @@ import json
 import random
 import sys
 import tempfile
-import time
 from dataclasses import replace
 
 from tailgate.bench.ab import free_port, start, stop, wait_healthy

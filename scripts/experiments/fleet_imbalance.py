@@ -8,7 +8,6 @@ from tailgate.sim.cost import resolve_cost, TERMS
 from tailgate.sim.fleet import prefix_workload, simulate_fleet
 from tailgate.sim.run import metrics
 from tailgate.fleet.policy import RouterPolicy
-import sys
 cost = resolve_cost("local"); cost = replace(cost, **{t: getattr(cost, t) * 2 for t in TERMS})
 for pc in ("8", "64"):
     cfg = resolve(lambda n: {"PREFIX_CACHE": pc}.get(n)).with_model_limit(32768)
