@@ -247,3 +247,29 @@ def test_a_prompt_rejected_as_too_big_gives_back_the_cached_pages_it_attached():
     ev = run(s, big)
     assert any(isinstance(e, Rejected) for e in ev)
     assert s.book.glob.used == 0 and s.book.glob.idle == 2  # the attached references went back
+
+
+def test_on_the_real_model_a_recompute_that_rehits_its_own_pages_is_token_exact_vs_serial(loaded, rig):
+    # tests/test_engine_gates.py's preemption case, with the cache on and kept cheap: SmolLM2
+    # (small vocabulary, ~1.4 fp32 pages a MiB, so a budget of exactly 7 pages), three greedy 8 +
+    # 40-token streams of 3 pages each: two fit, the third is preempted and resumes on its own
+    # cached prompt+output pages, walking only what was evicted, and gives the tokens it gives alone.
+    import torch
+
+    from harness import Harness, ids
+    from tailgate.model import serial
+    from tailgate.model.kv_cache import token_bytes
+
+    m = loaded("smollm2-135m")
+    page = 16 * token_bytes(m.spec, torch.float32)["global"]
+    mb = next(x for x in range(1, 4096) if (x << 20) // page >= 7)
+    assert (mb << 20) // page < 9
+    r = rig("smollm2-135m", "fp32")
+    prompts = [ids(8, s) for s in (5, 6, 7)]
+    want = [serial.generate(r.runner, r.book, p, 40) for p in prompts]
+    with Harness(m, dtype="fp32", DECODE_SLOTS="3", MAX_CONTEXT="64", KV_CACHE_MB=str(mb), PREFIX_CACHE="4") as h:
+        with h.engine._cv:
+            rs = [h.submit(p, max_tokens=40) for p in prompts]
+        assert h.wait(lambda: all(h.done(x) for x in rs), 600)
+        assert h.sched.metrics.preemptions >= 1 and h.sched.prefix.recompute_hits > 0
+        assert [h.tokens(x) for x in rs] == want
