@@ -96,12 +96,6 @@ def serve_fleet(args, lookup) -> int:
     # A local Ray gets this machine's cores, shared out (fractions allowed); a cluster places each
     # replica on a node with its thread count free.
     cpus = float(rspec["threads"]) if args.ray_address else usable_cores() / args.replicas
-    if not args.ray_address:
-        # A local raylet waits for its dashboard agent to report its ports and aborts the start
-        # when it is late: on this 2-core host at a load average of ~19 the agent took longer than
-        # the default wait and `ray.init` failed twice in a row ("The current node timed out during
-        # startup"); with 120 s it started in 43 s. The user's own setting wins.
-        os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")
     ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=True,
              **({} if args.ray_address else {"num_cpus": usable_cores()}))
     try:
