@@ -147,3 +147,31 @@ def test_each_family_reads_back_its_own_call_text_and_its_forced_grammar_accepts
     bad = fmt.render([{"name": "get_weather", "arguments": {"city": "Paris", "days": 9}}])  # past maximum
     c = book_for(smol).compile(fmt.grammar([TOOL], "get_weather", False), "tools").start()
     assert not c.matcher.consume_tokens(smol.encode(bad, add_bos=False)) or not c.matcher.is_accepting()
+
+
+def test_on_the_real_model_a_constrained_stream_ends_stop_on_its_last_token_beside_an_unchanged_neighbour(loaded):
+    """The engine's path: SmolLM2 decoding a constrained and a free request together (the masks
+    then come from the worker during the forward pass); the free one's greedy tokens equal its
+    tokens alone, the constrained one validates and ends `stop` without emitting an EOS."""
+    from harness import Harness
+    from tailgate.engine.request import Finished
+
+    m = loaded("smollm2-135m")
+    schema = {"type": "object", "additionalProperties": False, "required": ["city", "days"],
+              "properties": {"city": {"type": "string", "maxLength": 8},
+                             "days": {"type": "integer", "minimum": 1, "maximum": 9}}}
+    g = schema_grammar(m.tokenizer, schema)
+    prompt = m.tokenizer.encode("The forecast for the next days in Paris:")
+    with Harness(m, dtype="fp32", DECODE_SLOTS="2") as h:
+        alone = h.submit(prompt, max_tokens=16)
+        assert h.wait(lambda: h.done(alone))
+        free = h.submit(prompt, max_tokens=16)
+        shaped = h.submit(prompt, max_tokens=40, params=SamplingParams(temperature=1.0, seed=3, grammar=g),
+                          eos_ids=frozenset(m.tokenizer.eos_ids))
+        assert h.wait(lambda: h.done(free) and h.done(shaped))
+        assert h.tokens(free) == h.tokens(alone)
+        assert [e.reason for e in h.of(shaped, Finished)] == ["stop"]
+        toks = h.tokens(shaped)
+        assert not set(toks) & set(m.tokenizer.eos_ids)
+        jsonschema.validate(json.loads(m.tokenizer.decode(toks)), schema)
+    assert not h.engine.scheduler.executor._constraints  # released with the request

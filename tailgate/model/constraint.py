@@ -125,9 +125,14 @@ def new_masks(rows: int, vocab_size: int) -> torch.Tensor:
 def apply_masks(logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     """Set every token a row's mask forbids to -inf (rows of `logits` pair with rows of `masks`;
     model vocabulary entries past the tokenizer's are forbidden too). Returns `logits`, edited."""
-    n, vocab = logits.shape
-    bits = np.unpackbits(masks.numpy().view(np.uint8), axis=1, bitorder="little")  # bit j of word w: id 32w+j
-    allowed = torch.zeros(n, vocab, dtype=torch.bool)
-    k = min(vocab, bits.shape[1])
-    allowed[:, :k] = torch.from_numpy(bits[:, :k]).bool()
-    return logits.masked_fill_(~allowed, float("-inf"))
+    vocab = logits.shape[1]
+    # One byte per token id (bit j of word w is id 32w+j), flipped in place to 1 = forbidden and
+    # read as a bool tensor without a copy: no per-call zeros / casts (those were half of the
+    # sampler's time per constrained token on SmolLM2's 49k vocabulary).
+    forbid = np.unpackbits(masks.numpy().view(np.uint8), axis=1, bitorder="little")
+    forbid ^= 1
+    k = min(vocab, forbid.shape[1])
+    logits[:, :k].masked_fill_(torch.from_numpy(forbid).view(torch.bool)[:, :k], float("-inf"))
+    if vocab > k:
+        logits[:, k:] = float("-inf")
+    return logits
