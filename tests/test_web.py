@@ -72,19 +72,19 @@ def tokens_shown(d) -> int:
 def test_a_typed_message_streams_its_reply_in_over_several_frames_with_its_timings(server, browser):
     base = server[0]
     prompt = "The capital of France is"
-    open_playground(browser, base, 16)
+    open_playground(browser, base, 10)
     el(browser, "prompt-input").send_keys(prompt)
     el(browser, "send").click()
     assert until(lambda: "finish: length" in el(browser, "reply-stats").text, 120), el(browser, "reply-stats").text
     frames = browser.execute_script("return window.__frames")
     assert len({n for n in frames if n > 0}) >= 3, f"the reply did not grow over several frames: {frames}"
     stats = el(browser, "reply-stats").text
-    assert re.search(r"TTFT \d+(\.\d)? ms · 16 tokens · \d+\.\d tok/s", stats), stats
+    assert re.search(r"TTFT \d+(\.\d)? ms · 10 tokens · \d+\.\d tok/s", stats), stats
     # One bar per gap (every token after the first), each coloured by its step's kind.
     bars = browser.find_elements("css selector", '[data-testid="gap-strip"] rect')
-    assert len(bars) == 15
+    assert len(bars) == 9
     # The page joined the chunks into exactly the text the server gives the same request whole.
-    whole = httpx.post(base + "/v1/completions", json={"prompt": prompt, "max_tokens": 16, "temperature": 0,
+    whole = httpx.post(base + "/v1/completions", json={"prompt": prompt, "max_tokens": 10, "temperature": 0,
                                                        "ignore_eos": True}, timeout=120).json()
     assert el(browser, "reply").get_attribute("textContent") == whole["choices"][0]["text"]
 
