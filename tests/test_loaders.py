@@ -59,3 +59,64 @@ def test_bos_is_added_exactly_once(loaded):
     assert tok.encode("<bos>Hello") == ids  # a prompt that spells <bos> does not get a second one
     chat = tok.encode_chat([{"role": "user", "content": "Hello"}])
     assert chat.count(tok.bos_id) == 1 and chat[0] == tok.bos_id
+
+
+def test_the_stored_loader_gives_the_gguf_readers_values_for_every_tensor(loaded):
+    """Blocks (un-permuted q/k included) and fp32 tensors alike hold what gguf's own reader and
+    dequantizer give, with our names and orientation."""
+    import gguf
+    import numpy as np
+    from gguf.quants import dequantize
+
+    from tailgate.model import families
+    from tailgate.model.blocks import Blocks
+    from tailgate.model.gguf_loader import _unpermute
+
+    m = loaded("smollm2-135m")
+    family = families.get(m.spec.arch)
+    reader = gguf.GGUFReader(str(m.source))
+    assert len(reader.tensors) == len(m.weights)
+    for t in reader.tensors:
+        name = internal_name(t.name, family)
+        want = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        part = name.split(".")[2] if name.startswith("layers.") else ""
+        if part in ("q", "k"):
+            want = _unpermute(want, m.spec.n_heads if part == "q" else m.spec.n_kv_heads)
+        ours = m.weights[name]
+        assert isinstance(ours, Blocks) == (want.ndim == 2), name  # every matrix here is Q4_1 or Q8_0
+        assert torch.equal(ours.dequantize() if isinstance(ours, Blocks) else ours, torch.from_numpy(want)), name
+
+
+def test_the_cache_key_reads_the_size_mtime_and_header_not_the_tensor_data(tmp_path):
+    import os
+
+    import gguf
+    import numpy as np
+
+    from tailgate.model.weights import _cache_dir
+
+    path = tmp_path / "tiny.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny-a")
+    w.add_tensor("token_embd.weight", np.arange(128, dtype=np.float32).reshape(4, 32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    st = path.stat()
+    key = _cache_dir(path)
+
+    def rewrite(old: bytes, new: bytes, at_end: bool):
+        data = path.read_bytes()
+        i = data.rindex(old) if at_end else data.index(old)
+        path.write_bytes(data[:i] + new + data[i + len(old):])
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    rewrite(np.float32(127).tobytes(), np.float32(-1).tobytes(), at_end=True)  # tensor data: same key
+    assert _cache_dir(path) == key
+    rewrite(b"tiny-a", b"tiny-b", at_end=False)  # the header: a new key
+    assert _cache_dir(path) != key
+    rewrite(b"tiny-b", b"tiny-a", at_end=False)
+    assert _cache_dir(path) == key
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10 ** 9))  # touched: a new key
+    assert _cache_dir(path) != key
