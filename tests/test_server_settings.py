@@ -1,0 +1,125 @@
+"""The server's settings (flags, TAILGATE_<NAME>, a TOML config file: server/settings.py), and what
+three of them turn on: SSE keep-alive comments, CORS, JSON access logs."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import httpx
+import pytest
+
+from tailgate.server.settings import FIELDS, SettingsError, load
+from live import log_tail, start_server, stop_server, until
+
+
+def test_a_flag_beats_its_env_var_which_beats_the_config_file(tmp_path, monkeypatch):
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text('port = 7001\nhost = "0.0.0.0"\nmax_queued_requests = 12\nsse_keep_alive = "off"\n')
+    monkeypatch.setenv("TAILGATE_PORT", "7002")
+    monkeypatch.setenv("TAILGATE_HOST", "::1")
+    s = load({"port": 7003}, config=str(cfg))
+    assert (s.port, s.host, s.max_queued_requests, s.sse_keep_alive, s.log_format) == (7003, "::1", 12, None, "text")
+    monkeypatch.setenv("TAILGATE_CONFIG", str(cfg))
+    assert load({}).port == 7002
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"TAILGATE_PORT": " 80"}, "TAILGATE_PORT=' 80' not recognized (accepted: N, 0 <= N <= 65535, ASCII digits only)"),
+    ({"TAILGATE_MAX_BODY_MB": "0"}, "TAILGATE_MAX_BODY_MB='0' not recognized (accepted: N, 1 <= N"),
+    ({"TAILGATE_SSE_KEEP_ALIVE": "1_0"}, "TAILGATE_SSE_KEEP_ALIVE='1_0' not recognized (accepted: off | N, 1 <= N <= 3600"),
+    ({"TAILGATE_LOG_FORMAT": "xml"}, "TAILGATE_LOG_FORMAT='xml' not recognized (accepted: text | json)"),
+])
+def test_a_bad_env_value_refuses_naming_the_variable_the_value_and_the_grammar(monkeypatch, env, says):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(SettingsError) as e:
+        load({})
+    assert says in str(e.value)
+
+
+def test_a_config_file_key_that_is_no_setting_refuses_naming_it(tmp_path):
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text("prot = 8000\n")
+    with pytest.raises(SettingsError, match="unknown setting 'prot'"):
+        load({}, config=str(cfg))
+
+
+def test_every_serve_flag_is_a_setting():
+    from tailgate.cli import build_parser
+
+    args = build_parser().parse_args(["serve"])
+    flags = {k for k in vars(args) if not k.startswith("knob_")} - {"cmd", "fn", "config"}
+    assert flags == set(FIELDS)
+    assert all(getattr(args, k) is None for k in flags)  # unset until settings.apply resolves them
+
+
+def test_serve_refuses_a_bad_setting_before_any_weights_load(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "tailgate.cli", "serve", "--model", str(tmp_path / "missing.gguf")],
+                       env={"TAILGATE_SSE_KEEP_ALIVE": "0", "PATH": ""}, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert "TAILGATE_SSE_KEEP_ALIVE='0' not recognized" in p.stderr and "missing.gguf" not in p.stderr, p.stderr
+
+
+@pytest.fixture(scope="module")
+def configured(tmp_path_factory):
+    """A server given one setting per source: keep-alive from the config file, CORS from the
+    environment, JSON logs from a flag; one decode slot, so a second stream waits in the queue."""
+    cfg = tmp_path_factory.mktemp("cfg") / "serve.toml"
+    cfg.write_text("sse_keep_alive = 1\n")
+    p, base, _ = start_server(args=["--config", str(cfg), "--log-format", "json", "--log-level", "info"],
+                              TAILGATE_ALLOWED_ORIGINS="http://app.example", TAILGATE_DECODE_SLOTS="1")
+    yield p, base
+    stop_server(p)
+
+
+def test_a_stream_waiting_in_the_queue_gets_keep_alive_comments(configured):
+    _, base = configured
+    body = {"prompt": "Count to one hundred:", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    started, done = threading.Event(), threading.Event()
+
+    def first():  # holds the only slot (400 tokens: seconds on any CPU) until the test is done
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=600) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    started.set()
+                if done.is_set():
+                    return
+
+    t = threading.Thread(target=first, daemon=True)
+    t.start()
+    assert started.wait(300)
+    with httpx.stream("POST", base + "/v1/completions", json={**body, "max_tokens": 2}, timeout=120) as r:
+        # queued behind the first: its first line comes after sse_keep_alive = 1 s of silence
+        first_line = next(line for line in r.iter_lines() if line)
+    done.set()
+    t.join(300)
+    assert first_line == ": keep-alive"
+
+
+def test_cors_answers_a_preflight_from_an_allowed_origin_only(configured):
+    _, base = configured
+    ask = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type,authorization"}
+    ok = httpx.options(base + "/v1/chat/completions", headers={"Origin": "http://app.example", **ask})
+    assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://app.example"
+    other = httpx.options(base + "/v1/chat/completions", headers={"Origin": "http://evil.example", **ask})
+    assert "access-control-allow-origin" not in other.headers
+    got = httpx.get(base + "/v1/models", headers={"Origin": "http://app.example"})
+    assert got.headers["access-control-allow-origin"] == "http://app.example"
+
+
+def test_json_logs_carry_one_access_line_per_finished_request(configured):
+    p, base = configured
+    r = httpx.post(base + "/v1/completions", json={"prompt": "Hi", "max_tokens": 3, "ignore_eos": True}, timeout=120)
+    rid = r.json()["id"]
+
+    def line():
+        for raw in log_tail(p, 400).splitlines():
+            if raw.startswith("{") and rid in raw:
+                return json.loads(raw)
+
+    assert until(lambda: line() is not None, 30), log_tail(p)
+    rec = line()
+    assert rec["logger"] == "tailgate.access" and rec["status"] == 200 and rec["path"] == "/v1/completions"
+    assert rec["completion_tokens"] == 3 and rec["prompt_tokens"] > 0 and rec["ttft_s"] <= rec["e2e_s"]
