@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+from tqdm import tqdm
 
 from . import families
 from .spec import ModelSpec
@@ -53,7 +55,8 @@ def read_tensors(directory: Path, spec: ModelSpec) -> dict[str, torch.Tensor]:
         raise ValueError(f"no *.safetensors in {directory}")
     out = {}
     plus_one = families.get(spec.arch).hf_norm_plus_one
-    for f in files:
+    shards = tqdm(files, desc="load shards", unit="shard", file=sys.stderr, disable=len(files) < 2)
+    for f in shards:
         for name, t in load_file(str(f)).items():
             key = internal_name(name, spec)
             if key is None:
