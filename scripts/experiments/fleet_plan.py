@@ -21,8 +21,11 @@ from tailgate.sim.run import metrics
 
 
 def run_at(cfg, cost, n, router, rate, a, seed=0):
-    jobs = prefix_workload(max(a.min_requests, a.per_replica * n), a.input_len, a.output_len, a.prefix_len, a.groups,
-                           seed)
+    # Enough requests that arrivals span `span_s` virtual seconds at this rate: a short burst ends
+    # before queues build, and its figures pass a target a steady stream would fail (64 replicas x
+    # 10 requests "held" 768 req/s of the CPU workload, 12x the per-replica rate of 16 replicas).
+    count = max(a.min_requests, a.per_replica * n, int(rate * a.span_s) if rate != float("inf") else 0)
+    jobs = prefix_workload(count, a.input_len, a.output_len, a.prefix_len, a.groups, seed)
     res, ex = simulate_fleet(cfg, cost, jobs, n, RouterPolicy(router, seed=seed), rate=rate, seed=seed)
     m = metrics(res)
     return m, ex
@@ -65,6 +68,8 @@ def main() -> None:
     p.add_argument("--ttft-p50-ms", type=float, default=1000.0)
     p.add_argument("--per-replica", type=int, default=40, help="requests per replica in each run")
     p.add_argument("--min-requests", type=int, default=200)
+    p.add_argument("--span-s", type=float, default=0.0, help="at least this many virtual seconds of arrivals "
+                   "per run (requests = rate x span when that is more)")
     p.add_argument("--start-rate", type=float, default=0.25, help="req/s per replica to start the search at")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--knobs", default='{"PREFIX_CACHE": "64"}', help="TAILGATE_ knobs as JSON")
