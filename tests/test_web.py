@@ -188,6 +188,19 @@ def test_the_feed_sends_each_engine_step_once_in_order_and_the_gaps_of_the_last_
     again.close()
 
 
+def test_the_itl_window_holds_the_gaps_of_the_last_minute_and_only_tokens_gaps():
+    from tailgate.engine.request import Scheduled, Token
+    from tailgate.server.feed import ItlWindow
+
+    w = ItlWindow()
+    # Two engine steps' event lists, as the observer hands them over: a first token has no gap.
+    w.pending.append([Scheduled("a", at=10.0), Token("a", at=10.0), Token("b", at=10.5, gap=0.5)])
+    w.pending.append([Token("a", at=70.2, gap=0.1), Token("b", at=70.2, gap=0.3)])
+    assert w.stats(70.4) == {"n": 3, "p50_s": 0.3, "p99_s": 0.5, "window_s": 60.0}  # 10.5 is within 60 s
+    assert w.stats(71.0) == {"n": 2, "p50_s": 0.3, "p99_s": 0.3, "window_s": 60.0}  # and now it is not
+    assert w.stats(200.0)["n"] == 0 and w.stats(200.0)["p99_s"] is None
+
+
 def test_the_pages_and_their_files_are_served_and_nothing_else_is():
     c = TestClient(create_app(ServerState(served_name="m")))
     for path, ctype in (("/", "text/html"), ("/dashboard", "text/html"), ("/static/dashboard.js", "text/javascript"),
