@@ -90,6 +90,24 @@ def test_a_typed_message_streams_its_reply_in_over_several_frames_with_its_timin
 
 
 @needs_browser
+def test_a_chat_sends_the_system_message_and_the_conversation_so_far(server, browser):
+    browser.get(server[0] + "/")
+    fill(browser, "max-tokens", "4")
+    fill(browser, "system", "You answer in French.")
+    prompts = []
+    for i, text in enumerate(("Hello!", "And again?")):
+        fill(browser, "prompt-input", text)
+        el(browser, "send").click()
+        assert until(lambda: "finish:" in el(browser, "reply-stats").text, 120), el(browser, "reply-stats").text
+        prompts.append(int(re.search(r"prompt (\d+) tokens", el(browser, "reply-stats").text).group(1)))
+    first = httpx.post(server[0] + "/tokenize", json={"messages": [
+        {"role": "system", "content": "You answer in French."}, {"role": "user", "content": "Hello!"}]}).json()
+    assert prompts[0] == first["count"]
+    # The second turn carried the first question and answer: a longer prompt than both of them.
+    assert prompts[1] > prompts[0] + 2
+
+
+@needs_browser
 def test_the_json_schema_box_makes_the_answer_match_the_schema(server, browser):
     schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Lyon"]}}, "required": ["city"],
               "additionalProperties": False}

@@ -70,7 +70,9 @@ async function send() {
   }
   addTurn("user", prompt);
   $("prompt").value = "";
-  document.querySelector('[data-testid="reply"]')?.removeAttribute("data-testid");
+  for (const id of ["reply", "reply-stats", "gap-strip"]) { // these name the latest answer's parts only
+    document.querySelector(`[data-testid="${id}"]`)?.removeAttribute("data-testid");
+  }
   const turn = addTurn("assistant", "");
   const text = turn.querySelector(".text");
   text.setAttribute("data-testid", "reply");
@@ -92,7 +94,8 @@ async function send() {
   const show = () => {
     const rate = tokens > 1 && last > first ? ((tokens - 1) * 1000) / (last - first) : null;
     stats.textContent = `TTFT ${first == null ? "–" : ms((first - sent) / 1000)} · ${tokens} tokens` +
-      (rate ? ` · ${rate.toFixed(1)} tok/s` : "") + (finish ? ` · finish: ${finish}` : "");
+      (rate ? ` · ${rate.toFixed(1)} tok/s` : "") + (usage ? ` · prompt ${usage.prompt_tokens} tokens` : "") +
+      (finish ? ` · finish: ${finish}` : "");
   };
   try {
     const path = mode === "chat" ? "/v1/chat/completions" : "/v1/completions";
