@@ -14,7 +14,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="gemma3-270m | smollm2-135m | path to a .gguf file | HF checkpoint directory")
     p.add_argument("--dtype", default="auto", help="auto | bf16 | fp32 | fp16 (auto: bf16 where the CPU has it)")
     p.add_argument("--kernels", default=os.environ.get("TAILGATE_KERNELS", "auto"),
-                   help="auto | torch | onednn | q8 | int8 | int4 (env TAILGATE_KERNELS; auto: the fastest for this "
+                   help="auto | torch | onednn | q8 | gguf | int8 | int4 (env TAILGATE_KERNELS; auto: the fastest for this "
                         "CPU, see docs/kernels.md; an explicit --dtype fp32/bf16 keeps weights dense)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=uint_arg(), default=0, help="torch threads (0 = torch's default)")
