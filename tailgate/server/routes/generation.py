@@ -14,6 +14,8 @@ from ..logs import log_request
 from ..protocol import parse_chat, parse_completion
 
 router = APIRouter()
+# `stream: true` answers server-sent events: documented beside the JSON body (schemathesis' ST105).
+SSE = {"text/event-stream": {"schema": {"type": "string", "description": "data: {chunk} lines, then data: [DONE]"}}}
 
 
 async def generate(req: Request, kind: str):
@@ -46,12 +48,12 @@ async def generate(req: Request, kind: str):
 
 
 @router.post("/v1/completions", openapi_extra=openapi_body(schema.CompletionRequest),
-             responses={200: {"model": schema.CompletionResponse}, **ERRORS})
+             responses={200: {"model": schema.CompletionResponse, "content": SSE}, **ERRORS})
 async def completions(req: Request):
     return await generate(req, "completion")
 
 
 @router.post("/v1/chat/completions", openapi_extra=openapi_body(schema.ChatCompletionRequest),
-             responses={200: {"model": schema.ChatCompletionResponse}, **ERRORS})
+             responses={200: {"model": schema.ChatCompletionResponse, "content": SSE}, **ERRORS})
 async def chat(req: Request):
     return await generate(req, "chat")
