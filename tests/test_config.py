@@ -14,7 +14,8 @@ def table(**overrides):
 
 def test_defaults_resolve_without_any_knob():
     cfg = resolve(table())
-    assert cfg == ServingConfig(None, 16, 512, 4, 64, None, None, None, "auto")
+    # the walk is on and priced against the auto inter-token target, uncapped (no MIX_CHUNK_TOKENS)
+    assert cfg == ServingConfig(None, 16, 512, 4, None, None, None, None, "auto", itl_target_ms="auto")
     assert cfg.with_model_limit(32768).max_context == 4096
     assert cfg.with_model_limit(2048).max_context == 2048
 
@@ -72,8 +73,8 @@ def test_lanes_tailgate_does_not_build_refuse_instead_of_being_ignored():
 def test_the_walk_width_is_settled_in_the_config():
     assert resolve(table(MIX_CHUNK_TOKENS="300", MAX_CONTEXT="1024")).mix_chunk_tokens == 256
     assert resolve(table(MIX_CHUNK_TOKENS="off")).mix_chunk_tokens is None
-    assert resolve(table(MAX_CONTEXT="256")).mix_chunk_tokens == 64
-    assert resolve(table(MAX_CONTEXT="64")).mix_chunk_tokens is None  # the default walk needs room
+    assert resolve(table(MAX_CONTEXT="256", ITL_TARGET_MS="off")).mix_chunk_tokens == 64
+    assert resolve(table(MAX_CONTEXT="64", ITL_TARGET_MS="off")).mix_chunk_tokens is None  # the default walk needs room
 
 
 def test_chunk_width_rounds_down_to_whole_tiles():
@@ -126,7 +127,9 @@ def test_the_lane_width_is_ascii_digits_too(bad):
 
 @pytest.mark.parametrize("knob,word,want", [("KV_CACHE_MB", "OFF", None), ("KV_CACHE_MB", "Auto", "auto"),
                                             ("DEFAULT_MAX_TOKENS", "CONTEXT", None), ("PREFIX_CACHE", "Off", None),
-                                            ("ASYNC_PREFILL", "FALSE", None), ("MIX_CHUNK_TOKENS", "", 64)])
+                                            ("ASYNC_PREFILL", "FALSE", None), ("ITL_TARGET_MS", "OFF", None),
+                                            ("ITL_TARGET_MS", "", "auto"),  # "" is unset: the default
+                                            ("MIX_CHUNK_TOKENS", "", None)])  # unset: the target's uncapped walk
 def test_words_are_read_in_any_case(knob, word, want):
     assert getattr(resolve(table(**{knob: word})), knob.lower()) == want
 
@@ -153,3 +156,14 @@ def test_integer_flags_refuse_what_int_would_forgive(argv, capsys):
         build_parser().parse_args(argv)  # parsed only: nothing runs, whatever the parser accepts
     err = capsys.readouterr().err
     assert e.value.code == 2 and f"argument {argv[-2]}" in err and "accepted: N" in err, err
+
+
+def test_an_explicit_walk_width_or_lane_keeps_the_default_target_off_and_an_explicit_target_caps_at_the_width():
+    assert resolve(table(MIX_CHUNK_TOKENS="64")).itl_target_ms is None
+    assert resolve(table(MIX_CHUNK_TOKENS="64")).mix_chunk_tokens == 64
+    assert resolve(table(MIX_CHUNK_TOKENS="off")).itl_target_ms is None
+    assert resolve(table(ASYNC_PREFILL="cpu:1"), cores=2).itl_target_ms is None
+    assert resolve(table(MAX_CONTEXT="64")).itl_target_ms is None  # no room for the walk: nothing to price
+    both = resolve(table(MIX_CHUNK_TOKENS="128", ITL_TARGET_MS="90"))
+    assert (both.mix_chunk_tokens, both.itl_target_ms) == (128, 90)
+    assert resolve(table(ITL_TARGET_MS="off")).mix_chunk_tokens == 64  # the fixed walk of before
