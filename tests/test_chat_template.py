@@ -159,13 +159,13 @@ def test_a_chat_template_comes_from_a_file_or_inline_as_vllm_reads_it(tmp_path):
 
 @pytest.mark.parametrize("value", ["missing.jinja", "{% if %}"])
 def test_serve_refuses_a_bad_chat_template_before_anything_loads(value, tmp_path, monkeypatch, capsys):
-    import tailgate.server.main as main
+    import tailgate.assemble as assemble
     from tailgate.cli import main as cli
 
     def loaded(*a, **k):
         raise AssertionError("the model was touched before the template was checked")
 
-    monkeypatch.setattr(main, "resolve_model_path", loaded)
+    monkeypatch.setattr(assemble, "preflight", loaded)  # the first thing that reads a model file
     monkeypatch.chdir(tmp_path)
     assert cli(["serve", "--chat-template", value, "--port", "0"]) == 2
     assert capsys.readouterr().err.startswith("tailgate: --chat-template: ")
