@@ -67,7 +67,7 @@ class Blocks:
         """fp32 [len(rows) or out, in]: the stored values exactly (every block format is exact in fp32)."""
         idx = None if rows is None else rows.reshape(-1).to(torch.int64).contiguous()
         n = self.shape[0] if idx is None else idx.numel()
-        out = torch.empty(n, self.shape[1], dtype=torch.float32)
+        out = torch.empty(n, self.shape[1], dtype=torch.float32, device="cpu")  # blocks live in host memory
         if idx is not None and n and not (0 <= int(idx.min()) and int(idx.max()) < self.shape[0]):
             raise IndexError(f"row index outside 0..{self.shape[0] - 1}")
         native._lib().gq_dequantize(self.data.ctypes.data, TYPES[self.qtype], self.shape[1],
@@ -108,7 +108,7 @@ class BlockMatmul:
         m = x.shape[0]
         if x.shape[1] != self.k:
             raise ValueError(f"x has {x.shape[1]} columns, the blocks {self.k} inputs")
-        y = torch.empty(m, self.n, dtype=torch.float32)
+        y = torch.empty(m, self.n, dtype=torch.float32, device="cpu")  # a CPU kernel's output
         if m and native._LIB.gq_linear(x.data_ptr(), m, self.k, *self._args, y.data_ptr(), self.n):
             raise MemoryError("gguf blocks: no scratch memory for the quantized activations")
         return y

@@ -351,7 +351,10 @@ class Linear:
         leave it in bf16 (only on CPUs with AVX-512 BF16: `choose` gives dense bf16 nowhere else),
         for a consumer that takes either (our GeGLU)."""
         if self.quant == "gguf":
-            y = self.q(x) if x.shape[0] <= self.max_q_rows else native.q8_linear(x.float(), *self.wide)
+            # `q` is None when the panels take every call (cut 0); a step that samples no row asks
+            # the head for 0 rows, which must not pick the blocks that are not there
+            y = self.q(x) if self.q is not None and x.shape[0] <= self.max_q_rows \
+                else native.q8_linear(x.float(), *self.wide)
             return y.to(x.dtype)
         if self.quant is not None and x.shape[0] <= self.max_q_rows:
             if self.quant == "q8":
