@@ -37,8 +37,12 @@ def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, plan: KernelP
     dtype, device = plan.dtype, torch.device(plan.device)
     w = {}
     stored = plan.quant == "gguf"  # GGUF blocks stay as stored; any other plan widens them here
-    cast = lambda t: (t if stored else t.dequantize()) if isinstance(t, Blocks) else \
-        t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
+    def cast(t):  # a widened block matrix takes the plan's dtype like any other (bf16 plans included)
+        if isinstance(t, Blocks):
+            if stored:
+                return t
+            t = t.dequantize()
+        return t.to(device=device, dtype=dtype).contiguous()
 
     def fuse(names):
         if stored and all(isinstance(raw[n], Blocks) for n in names):
