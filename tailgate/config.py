@@ -19,7 +19,7 @@ OFF_WORDS = ("", "0", "off")
 # abandoned request's) while leaving long answers possible; `context` restores vLLM's behaviour.
 DEFAULT_MAX_TOKENS = 2048
 DEFAULT_CHUNK = 64  # MIX_CHUNK_TOKENS when unset (the grammar's floor; why: the comment in resolve)
-DEFAULT_ITL_TARGET = "auto"  # ITL_TARGET_MS when neither it nor another admission shape is set (why: resolve)
+DEFAULT_ITL_TARGET = "off"  # ITL_TARGET_MS when neither it nor another admission shape is set (why: resolve)
 PREFIX = "TAILGATE_"
 
 
@@ -168,7 +168,7 @@ KNOBS = (
     Knob("ADMIT_COALESCE_MS", "off", DOOR_GRAMMAR,
          "admission coalesce door: hold arrivals into a deep live batch up to N ms; auto: hold only while "
          "the stall it spares live streams (learned step costs) exceeds the wait it adds"),
-    Knob("ITL_TARGET_MS", "auto (off when MIX_CHUNK_TOKENS or ASYNC_PREFILL is set)", ITL_TARGET_GRAMMAR,
+    Knob("ITL_TARGET_MS", DEFAULT_ITL_TARGET, ITL_TARGET_GRAMMAR,
          "inter-token target: each walk round takes the most prompt rows whose predicted step time (a step-cost "
          "model fitted online from the engine's own steps) stays within N ms (auto: 2x the live batch's own predicted decode step), at least one; an idle engine "
          "prefills at full width. Turns the walk on; MIX_CHUNK_TOKENS, when set, caps every round; given explicitly it "
@@ -253,12 +253,13 @@ def resolve(lookup: Callable[[str], str | None], cores: int | None = None,
     door = parse_admit_coalesce_ms(raw["ADMIT_COALESCE_MS"])
     kv_mb = parse_kv_cache_mb(raw["KV_CACHE_MB"])
     max_out = parse_default_max_tokens(raw["DEFAULT_MAX_TOKENS"], max_context)
-    # The inter-token target is on (auto) by default, but only where nothing asked for another
-    # admission shape: an explicit MIX_CHUNK_TOKENS (a fixed walk width, or off) or a side lane
-    # keeps the target off unless ITL_TARGET_MS is given too. Why auto: AMD EPYC Zen 3, 256 / 64
-    # closed loop, two rounds beside vLLM (docs/benchmarks/itl-target-amd.md): ITL p99 128 / 124 ms
-    # at c4 / c8 against the 64-row walk's 224 / 262 and vLLM's 278 / 343, for -3 % / -8 % tok/s
-    # (still 3.3x / 2.7x vLLM's) and TTFT p50 1.7 / 3.7 s (vLLM's 4.2 / 8.5 s).
+    # The inter-token target's default (DEFAULT_ITL_TARGET) applies only where nothing asked for
+    # another admission shape: an explicit MIX_CHUNK_TOKENS (a fixed walk width, or off) or a side
+    # lane keeps it off unless ITL_TARGET_MS is given too. Why off: `auto` halves the tail but pays
+    # for it in TTFT at depth. AMD EPYC Zen 3, 256 / 64 closed loop, one run beside the 64-row walk
+    # (docs/benchmarks/itl-target-amd.md): ITL p99 116 / 136 / 164 ms at c4 / c8 / c16 against the
+    # walk's 189 / 229 / 363, for output tok/s 44.2 / 42.1 / 48.1 against 48.2 / 59.3 / 59.1 and TTFT
+    # p50 1.1 / 5.1 / 13.3 s against 0.8 / 0.9 / 1.3 s: past what the issue allows a default.
     default_target = "off" if present("MIX_CHUNK_TOKENS") or present("ASYNC_PREFILL") or chunk is None \
         else DEFAULT_ITL_TARGET
     target = parse_itl_target_ms(raw["ITL_TARGET_MS"] if present("ITL_TARGET_MS") else default_target)

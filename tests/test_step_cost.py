@@ -195,9 +195,9 @@ def table(**kw):
     return lambda name: kw.get(name)
 
 
-def test_the_target_is_auto_by_default_and_turns_the_walk_on_uncapped_unless_a_chunk_is_given():
-    assert resolve(table()).itl_target_ms == "auto" and resolve(table()).mix_chunk_tokens is None
-    for off in ("off", "OFF", "0"):
+def test_the_target_is_off_unless_given_and_turns_the_walk_on_uncapped_unless_a_chunk_is_given():
+    assert resolve(table()).itl_target_ms is None and resolve(table()).mix_chunk_tokens == 64
+    for off in ("off", "OFF", "0", ""):
         assert resolve(table(ITL_TARGET_MS=off)).itl_target_ms is None
         assert resolve(table(ITL_TARGET_MS=off)).mix_chunk_tokens == 64  # the fixed walk
     cfg = resolve(table(ITL_TARGET_MS="50"))
