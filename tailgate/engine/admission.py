@@ -102,11 +102,10 @@ class Admission:
         resumed, last_at = self._preempted.pop(req.id, ([], None))
         w = Walker(req, SeqPages(), resumed=resumed, last_at=last_at)
         w.scores = new_scores(req, resumed)
-        if w.scores is not None:  # every prompt row computed (its logprobs): none from the cache
-            req.status = Status.WALKING
-            return w
         req.status = Status.WALKING
-        if self.prefix is not None:  # a prompt, or a recompute (its own pages too), resumes at its longest cached prefix
+        # A prompt, or a recompute (its own pages too), resumes at its longest cached prefix; one
+        # asking for prompt logprobs computes every row itself (a cached row has no logits).
+        if self.prefix is not None and w.scores is None:
             w.done = w.cached = self.prefix.attach(w.tokens, len(req.prompt), req.id, w.pages)
         return w
 
