@@ -71,11 +71,13 @@ class FakeServer:
         self.meet = meet
         self.inflight = 0
         self.max_inflight = 0
+        self.bodies = []  # every request body as received
 
         async def completions(req):
             if self.fail:
                 return JSONResponse({"error": {"message": "boom"}}, status_code=500)
             body = await req.json()
+            self.bodies.append(body)
             start = self.clock.t if self.clock else None  # the client's send stamp: nothing moved it since
             self.inflight += 1
             self.max_inflight = max(self.max_inflight, self.inflight)
@@ -206,6 +208,17 @@ def test_result_fields_carry_vllm_names():
               "mean_tpot_ms", "p90_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "p50_e2el_ms",
               "max_output_tokens_per_s", "max_concurrent_requests"):
         assert k in m, k
+
+
+def test_an_extra_body_reaches_every_request_and_overrides_nothing_it_should_not():
+    extra = {"structured_outputs": {"regex": "[a-z]+"}, "temperature": 0.5}
+    with FakeServer() as fs:
+        res, _ = asyncio.run(run_load(fs.base, "/v1/completions", "m", samples(3), float("inf"), 1.0, 2, [],
+                                      0.0, True, progress=False, extra=extra))
+    assert all(r.success for r in res) and len(fs.bodies) == 3
+    for b in fs.bodies:  # merged last: the arm's body wins over the client's defaults it names
+        assert b["structured_outputs"] == {"regex": "[a-z]+"} and b["temperature"] == 0.5
+        assert b["max_tokens"] == TOKENS and b["stream"] is True
 
 
 def test_a_failing_server_shows_up_as_failures_not_fast_requests():

@@ -68,8 +68,10 @@ def cell_name(w: dict) -> str:
 
 
 def run(arms: list[tuple[str, str]], tok, workloads: list[dict], rounds: int, cool_s: float, log_dir: str,
-        health_timeout: float = 900, emit=print) -> dict:
-    """Every round boots each arm once and runs every workload cell on it, in the same order."""
+        health_timeout: float = 900, emit=print, bodies: dict | None = None) -> dict:
+    """Every round boots each arm once and runs every workload cell on it, in the same order.
+    `bodies[name]` is merged into every request that arm is sent, the warm-up's too (e.g. a
+    constraint: one server, two request mixes)."""
     # Every cell and the warm-up get prompts of their own (distinct seeds): a server with a prefix
     # cache must not be handed a later cell's prompts warm.
     data = {cell_name(w): random_dataset(tok, w["num_prompts"], w["input_len"], w["output_len"],
@@ -96,13 +98,14 @@ def run(arms: list[tuple[str, str]], tok, workloads: list[dict], rounds: int, co
                     emit(f"round {rnd} {name:>10s}: REFUSED: {e} (log: {log_dir}/{name}-r{rnd}.log)")
                     refused.append({"round": rnd, "arm": name, "problems": [str(e)]})
                     continue
+                extra = (bodies or {}).get(name)
                 asyncio.run(run_load(base, "/v1/completions", model, warm, float("inf"), 1.0, None, [], 0.0, True,
-                                     progress=False))
+                                     progress=False, extra=extra))
                 for w in workloads:
                     cell = cell_name(w)
                     res, dur = asyncio.run(run_load(base, "/v1/completions", model, data[cell], w["rate"],
                                                     w.get("burstiness", 1.0), w["concurrency"], probes[cell], 0.0,
-                                                    True, progress=False, seed=rnd))
+                                                    True, progress=False, seed=rnd, extra=extra))
                     problems = checks(res, True)
                     m = compute_metrics(res, dur)
                     emit(f"round {rnd} {cell} {name:>10s}: " + "  ".join(f"{k}={m[k]:.1f}" for k in METRICS if k in m)
@@ -114,7 +117,7 @@ def run(arms: list[tuple[str, str]], tok, workloads: list[dict], rounds: int, co
             finally:
                 stop(p)
             time.sleep(cool_s)
-    return {"arms": [n for n, _ in arms], "workloads": workloads, "cells": out, "refused": refused}
+    return {"arms": [n for n, _ in arms], "workloads": workloads, "bodies": bodies or {}, "cells": out, "refused": refused}
 
 
 def table(result: dict) -> str:
@@ -139,7 +142,18 @@ def main(args) -> int:
                               "output_len": args.random_output_len, "rate": float(r), "burstiness": args.burstiness,
                               "concurrency": c_int, "seed": args.seed, "probe_rate": args.probe_request_rate,
                               "prefix_len": args.random_prefix_len})
-    res = run(arms, load_tokenizer(args.tokenizer), workloads, args.rounds, args.cool, args.log_dir)
+    bodies = {}
+    for b in args.arm_body:
+        name, _, body = b.partition("=")
+        if name not in dict(arms):
+            raise SystemExit(f"--arm-body {b!r}: no arm named {name!r}")
+        try:
+            bodies[name] = json.loads(body)
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"--arm-body {b!r}: not a JSON object ({e})") from None
+        if not isinstance(bodies[name], dict):
+            raise SystemExit(f"--arm-body {b!r}: not a JSON object")
+    res = run(arms, load_tokenizer(args.tokenizer), workloads, args.rounds, args.cool, args.log_dir, bodies=bodies)
     print(table(res))
     if args.save_result:
         with open(args.save_result, "w") as f:
@@ -151,6 +165,9 @@ def add_args(p) -> None:
     p.add_argument("--arm", action="append", required=True,
                    help="NAME=COMMAND that serves on {port}, e.g. 'door=TAILGATE_ADMIT_COALESCE_MS=300 "
                         ".venv/bin/tailgate serve --port {port}'")
+    p.add_argument("--arm-body", action="append", default=[],
+                   help="NAME=JSON merged into every request that arm is sent (two arms may share a server "
+                        "command and differ in what they ask, e.g. a structured_outputs constraint)")
     p.add_argument("--tokenizer", default="gemma3-270m")
     p.add_argument("--num-prompts", type=int, default=0, help="0: 4 x concurrency (32 for an open loop)")
     p.add_argument("--random-input-len", type=int, default=256)

@@ -15,7 +15,8 @@ from .workload import (Result, Sample, add_workload_args, checks, compute_metric
                        gamma_offsets, print_table, probe_schedule, random_dataset)
 
 
-async def send_one(client, url, sample: Sample, model, kind, temperature, ignore_eos, headers) -> Result:
+async def send_one(client, url, sample: Sample, model, kind, temperature, ignore_eos, headers,
+                   extra: dict | None = None) -> Result:
     res = Result(sample.prompt_len, sample.output_len, sample.probe)
     if kind == "chat":
         body = {"model": model, "messages": [{"role": "user", "content": sample.prompt}],
@@ -24,6 +25,7 @@ async def send_one(client, url, sample: Sample, model, kind, temperature, ignore
         body = {"model": model, "prompt": sample.prompt, "max_tokens": sample.output_len}
     body.update({"temperature": temperature, "stream": True, "stream_options": {"include_usage": True},
                  "ignore_eos": ignore_eos})
+    body.update(extra or {})  # e.g. a constraint every request carries (`bench ab --arm-body`)
     res.send = time.perf_counter()
     try:
         async with client.stream("POST", url, json=body, headers=headers) as r:
@@ -60,7 +62,7 @@ async def send_one(client, url, sample: Sample, model, kind, temperature, ignore
 
 
 async def run_load(base_url, endpoint, model, samples, rate, burstiness, concurrency, probes, temperature,
-                   ignore_eos, api_key=None, seed=0, progress=True) -> tuple[list[Result], float]:
+                   ignore_eos, api_key=None, seed=0, progress=True, extra=None) -> tuple[list[Result], float]:
     kind = "chat" if "chat" in endpoint else "completion"
     url = base_url.rstrip("/") + endpoint
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -76,9 +78,9 @@ async def run_load(base_url, endpoint, model, samples, rate, burstiness, concurr
             q0 = time.perf_counter()
             if sem is not None and not s.probe:  # probes bypass the cap: they measure a newcomer's stall
                 async with sem:
-                    r = await send_one(client, url, s, model, kind, temperature, ignore_eos, headers)
+                    r = await send_one(client, url, s, model, kind, temperature, ignore_eos, headers, extra)
             else:
-                r = await send_one(client, url, s, model, kind, temperature, ignore_eos, headers)
+                r = await send_one(client, url, s, model, kind, temperature, ignore_eos, headers, extra)
             r.queued = r.send - q0
             if bar:
                 bar.update(1)
@@ -112,7 +114,8 @@ def main(args) -> int:
     goodput = dict((k, float(v)) for k, v in (g.split(":") for g in args.goodput)) if args.goodput else None
     results, dur = asyncio.run(run_load(args.base_url, args.endpoint, args.model, samples, args.request_rate,
                                         args.burstiness, args.max_concurrency, probes, args.temperature,
-                                        args.ignore_eos, args.api_key, args.seed))
+                                        args.ignore_eos, args.api_key, args.seed,
+                                        extra=json.loads(args.extra_body) if args.extra_body else None))
     m = compute_metrics(results, dur, pct, goodput)
     print_table(m, pct)
     for w in checks(results, args.ignore_eos):
@@ -148,6 +151,8 @@ def add_args(p) -> None:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--goodput", nargs="*", default=None, help="e.g. ttft:500 itl:100")
     p.add_argument("--api-key", default=None)
+    p.add_argument("--extra-body", default=None, help="a JSON object merged into every request body, e.g. "
+                   "'{\"structured_outputs\": {\"regex\": \"[a-z ]+\"}}'")
     p.add_argument("--save-result", default=None)
     p.add_argument("--save-detailed", action="store_true")
     p.add_argument("--strict", action="store_true", help="exit 1 when a trust check fails")
