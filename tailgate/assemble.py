@@ -77,7 +77,7 @@ def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device:
     from .model.kernels import choose
     from .model.kv_cache import token_bytes
     from .model.runner import ModelRunner
-    from .model.weights import load_model
+    from .model.weights import load_model, release_free_heap
 
     plan = choose(dtype, kernels, device)  # a choice this machine cannot run refuses before loading
     log(plan.line())
@@ -105,6 +105,7 @@ def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device:
     log(resident_line(runner, m.source))
     book = KVBook(pages["global"], pages.get("local"), window)
     log(f"warm-up step: {runner.warm_up(book):.2f} s")
+    release_free_heap()
     lane = int(cfg.async_prefill.removeprefix("cpu:")) if cfg.async_prefill else None
     if lane:
         log(f"side lane: one prefill at a time on {lane} thread(s) of its own while the live batch decodes")

@@ -80,6 +80,23 @@ class LoadedModel:
     source: Path
 
 
+def release_free_heap() -> None:
+    """Hand the C heap's free pages back to the OS (glibc's malloc_trim; a no-op where there is none).
+    Building Gemma 3's tokenizer parses its 33 MB tokenizer.json through ~195 MiB of transient
+    objects (94 MiB stay), and the q8 panels are quantized from fp32 chunks: glibc kept what they
+    freed, 55-85 MiB of the resident set after a load (issue 27)."""
+    global _TRIM
+    if _TRIM is None:
+        import ctypes
+
+        _TRIM = getattr(ctypes.CDLL(None), "malloc_trim", False)  # the C library this process runs on
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM = None
+
+
 def _spec_to_json(spec: ModelSpec) -> dict:
     d = asdict(spec)
     d.pop("extra", None)
@@ -107,9 +124,11 @@ def _load_gguf(path: Path, log) -> LoadedModel:
             bar.update()
         # meta.json is written last: its presence marks a complete cache entry.
         meta_path.write_text(json.dumps({"spec": _spec_to_json(spec), "tokenizer": tok_meta, "source": str(path)}))
+    tok = Tokenizer(str(cdir / "tokenizer.json"), tok_meta)
+    release_free_heap()
     weights = gguf_loader.read_stored(
         path, layout, spec, progress=lambda it: tqdm(it, desc="map tensors", unit="tensor", file=sys.stderr, mininterval=2))
-    return LoadedModel(spec, weights, Tokenizer(str(cdir / "tokenizer.json"), tok_meta), path)
+    return LoadedModel(spec, weights, tok, path)
 
 
 def read_spec(path: Path) -> ModelSpec:
