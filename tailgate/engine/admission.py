@@ -29,8 +29,8 @@ class Admission:
             return True
         opened, reason = self.door.decide(self._door_view(), now)
         if not opened:
-            for r in self.queue:
-                if r.held_at is None:
+            for r in self.queue:  # a passed or preempted request never waits at the door
+                if r.held_at is None and not r.preemptions and r.id not in self._passed:
                     r.held_at = now
                     r.status = Status.HELD
             return False
@@ -47,6 +47,10 @@ class Admission:
     def _pop(self) -> Request:
         r = self.queue.popleft()
         self._passed.discard(r.id)
+        if r.held_at is not None:  # held behind a head the door lets through (a parked one): released with it
+            self.metrics.door_hold.observe(self.clock() - r.held_at)
+            r.held_at = None
+            r.status = Status.WAITING
         return r
 
     def intake_turn(self, now: float) -> bool:
