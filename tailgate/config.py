@@ -20,6 +20,7 @@ OFF_WORDS = ("", "0", "off")
 DEFAULT_MAX_TOKENS = 2048
 DEFAULT_CHUNK = 64  # MIX_CHUNK_TOKENS when unset (the grammar's floor; why: the comment in resolve)
 DEFAULT_ITL_TARGET = "off"  # ITL_TARGET_MS when neither it nor another admission shape is set (why: resolve)
+DEFAULT_TTFT_TARGET = "2000"  # TTFT_TARGET_MS under an inter-token target (why: step_cost.RoundBudget)
 PREFIX = "TAILGATE_"
 
 
@@ -109,6 +110,18 @@ def parse_itl_target_ms(raw: str | None) -> int | str | None:
     return _int_in("ITL_TARGET_MS", raw, 1, 10000, ITL_TARGET_GRAMMAR)
 
 
+TTFT_TARGET_GRAMMAR = "off | N ms, 100 <= N <= 600000"
+
+
+def parse_ttft_target_ms(raw: str | None) -> int | None:
+    """off | N ms with 100 <= N <= 600000: under an inter-token target, a walk round takes at least
+    the prompt rows that clear the waiting prompts (walkers' rest + the queue's) within N ms at
+    the predicted step time (engine/step_cost.py). Off: the inter-token target alone decides."""
+    if raw is None or raw.lower() in OFF_WORDS:
+        return None
+    return _int_in("TTFT_TARGET_MS", raw, 100, 600000, TTFT_TARGET_GRAMMAR)
+
+
 LANE_GRAMMAR = "off | 0 | false | shared | green:NN (1 <= NN <= 99) | cpu:N (1 <= N < cores)"
 
 
@@ -173,6 +186,11 @@ KNOBS = (
          "model fitted online from the engine's own steps) stays within N ms (auto: 2x the live batch's own predicted decode step), at least one; an idle engine "
          "prefills at full width. Turns the walk on; MIX_CHUNK_TOKENS, when set, caps every round; given explicitly it "
          "refuses with MIX_CHUNK_TOKENS=off and with ASYNC_PREFILL (unset, the default yields to them)"),
+    Knob("TTFT_TARGET_MS", DEFAULT_TTFT_TARGET + " (under ITL_TARGET_MS)", TTFT_TARGET_GRAMMAR,
+         "under an inter-token target, a walk round widens past it to the prompt rows that clear every waiting "
+         "prompt (the walkers' rest and the queue's) within N ms at the predicted step time, so arrivals do not "
+         "queue without bound behind narrow rounds; off: the inter-token target alone. Given explicitly it refuses "
+         "without ITL_TARGET_MS"),
     Knob("DEFAULT_MAX_TOKENS", f"min({DEFAULT_MAX_TOKENS}, MAX_CONTEXT)", "context | N, 1 <= N <= MAX_CONTEXT",
          "max_tokens of a request that sets none (never past the context); context: the rest of the context, "
          "as vLLM does"),
@@ -199,6 +217,7 @@ class ServingConfig:
     # ms each walk round's predicted step time stays within (None: off). With a target,
     # mix_chunk_tokens is the explicit cap on a round, and None there means uncapped, not walk off.
     itl_target_ms: int | str | None = None  # N ms, "auto", or None (off)
+    ttft_target_ms: int | None = None  # under itl_target_ms: clear the waiting prompts within N ms (None: off)
 
     def with_model_limit(self, model_max: int) -> "ServingConfig":
         """Settle MAX_CONTEXT against the model (after its metadata is read, before weights are cast)."""
@@ -286,7 +305,14 @@ def resolve(lookup: Callable[[str], str | None], cores: int | None = None,
                             "into a live batch beside it, so no walk round the target prices would carry live rows")
         if not present("MIX_CHUNK_TOKENS"):
             chunk = None
-    return ServingConfig(max_context, slots, gather, prompts, chunk, lane, cache, door, kv_mb, max_out, target)
+    ttft = parse_ttft_target_ms(raw["TTFT_TARGET_MS"] if present("TTFT_TARGET_MS") else DEFAULT_TTFT_TARGET)
+    if target is None:
+        if present("TTFT_TARGET_MS") and ttft is not None:
+            raise KnobError(f"{PREFIX}TTFT_TARGET_MS={raw['TTFT_TARGET_MS']!r} refuses without "
+                            f"{PREFIX}ITL_TARGET_MS: it widens the walk rounds the inter-token target prices, "
+                            "and no target is on (set ITL_TARGET_MS=auto or N)")
+        ttft = None
+    return ServingConfig(max_context, slots, gather, prompts, chunk, lane, cache, door, kv_mb, max_out, target, ttft)
 
 
 def add_knob_args(parser) -> None:

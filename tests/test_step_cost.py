@@ -168,6 +168,36 @@ def test_a_cold_budget_takes_the_fixed_width_and_counts_every_round():
     assert metrics.step_cost["target_s"] == 0.020
 
 
+def test_a_ttft_horizon_widens_a_narrow_round_to_the_fewest_rows_that_clear_the_backlog_in_time():
+    walkers, rows = [walker(300), walker(256)], live(100, 700, 350)
+    kp = sum(c + 1 for c in (100, 700, 350)) / 1000
+    metrics = EngineMetrics()
+    b = RoundBudget(0.005, None, metrics, model=fitted(), horizon_s=2.0)
+    narrow = RoundBudget(0.005, None, model=fitted()).rows(walkers, rows)
+    take = b.rows(walkers, rows, queued_rows=200)
+
+    def rate(n):  # prompt rows a second at n rows a round
+        return n / b.model.predict(b.round_features(walkers, 3, kp, n))
+
+    backlog = 300 + 256 + 200
+    assert narrow == 1 and take > narrow  # the target alone would crawl
+    assert rate(take) >= backlog / 2.0 > rate(take - 1)  # the fewest rows that clear it within 2 s
+    assert b.predicted == pytest.approx(b.model.predict(b.round_features(walkers, 3, kp, take)))
+    assert metrics.rounds_widened == 1
+
+
+def test_a_ttft_horizon_never_widens_past_the_fixed_walk_nor_narrows_a_round_the_target_allows():
+    walkers, rows = [walker(900), walker(900)], live(100, 200)
+    # a backlog no width clears in time: the fixed walk's width, not every walker's rest
+    assert RoundBudget(0.005, None, model=fitted(), horizon_s=0.1).rows(walkers, rows, 10_000) == 64
+    assert RoundBudget(0.005, 96, model=fitted(), horizon_s=0.1).rows(walkers, rows, 10_000) == 96
+    # a generous target keeps its own (wider) round whatever the horizon
+    wide = RoundBudget(0.5, None, model=fitted()).rows(walkers, rows)
+    assert wide > 64 and RoundBudget(0.5, None, model=fitted(), horizon_s=600.0).rows(walkers, rows, 5) == wide
+    # a short backlog under a long horizon leaves the inter-token price alone
+    assert RoundBudget(0.005, None, model=fitted(), horizon_s=600.0).rows(walkers, rows) == 1
+
+
 def test_the_metered_executor_prices_times_and_teaches_every_step_and_passes_the_rest_through():
     now = [0.0]
 
@@ -207,6 +237,20 @@ def test_the_target_is_off_unless_given_and_turns_the_walk_on_uncapped_unless_a_
     assert resolve(table(ITL_TARGET_MS="1")).itl_target_ms == 1
     assert resolve(table(ITL_TARGET_MS="10000")).itl_target_ms == 10000
     assert resolve(table(ITL_TARGET_MS="Auto")).itl_target_ms == "auto"
+
+
+def test_the_ttft_target_defaults_on_under_an_itl_target_and_refuses_without_one_or_as_garbage():
+    assert resolve(table(ITL_TARGET_MS="auto")).ttft_target_ms == 2000
+    assert resolve(table(ITL_TARGET_MS="auto", TTFT_TARGET_MS="off")).ttft_target_ms is None
+    assert resolve(table(ITL_TARGET_MS="50", TTFT_TARGET_MS="750")).ttft_target_ms == 750
+    assert resolve(table()).ttft_target_ms is None  # no inter-token target: nothing to widen
+    assert resolve(table(TTFT_TARGET_MS="off")).ttft_target_ms is None
+    with pytest.raises(KnobError, match=re.escape("TAILGATE_TTFT_TARGET_MS='500' refuses without")):
+        resolve(table(TTFT_TARGET_MS="500"))
+    for bad in ("99", "600001", "2s", " 500", "auto"):
+        with pytest.raises(KnobError) as e:
+            resolve(table(ITL_TARGET_MS="auto", TTFT_TARGET_MS=bad))
+        assert f"TAILGATE_TTFT_TARGET_MS={bad!r}" in str(e.value) and "off | N ms, 100 <= N <= 600000" in str(e.value)
 
 
 @pytest.mark.parametrize("bad", ["AUTO ", "fast", "-5", "5ms", "0.5", "10001", " 50", "50 ", "+50", "5_0", "٥٠",
@@ -360,8 +404,8 @@ def sim_run(target: str, **knobs):
 
 
 def test_a_tighter_target_gives_a_lower_itl_p99_under_the_simulator():
-    loose, s_loose = sim_run("200")
-    tight, s_tight = sim_run("110")
+    loose, s_loose = sim_run("200", TTFT_TARGET_MS="off")  # the inter-token price alone
+    tight, s_tight = sim_run("110", TTFT_TARGET_MS="off")
     assert tight["p99_itl_ms"] < loose["p99_itl_ms"]
     assert tight["p90_itl_ms"] <= 110 * 1.01 and loose["p90_itl_ms"] <= 200 * 1.01
     assert tight["mean_ttft_ms"] > loose["mean_ttft_ms"]  # what the tail costs: arrivals walk in slower
@@ -369,6 +413,13 @@ def test_a_tighter_target_gives_a_lower_itl_p99_under_the_simulator():
     assert t["target_ms"] == 110 and t["within_5pct"] > 0.95 and t["rounds"] > 0
     assert t["fit"]["prompt_row"] == pytest.approx(load_preset("local").prompt_row, rel=0.05)
     assert "itl_target" not in sim_run("off")[1]
+
+
+def test_a_ttft_horizon_buys_back_the_wait_a_tight_target_adds_under_the_simulator():
+    alone, _ = sim_run("110", TTFT_TARGET_MS="off")
+    held, _ = sim_run("110", TTFT_TARGET_MS="1000")
+    assert held["mean_ttft_ms"] < alone["mean_ttft_ms"]
+    assert held["p99_itl_ms"] >= alone["p99_itl_ms"]  # what the wider rounds cost the streams
 
 
 # ---- /metrics -------------------------------------------------------------------------------

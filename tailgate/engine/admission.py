@@ -173,7 +173,11 @@ class Admission:
         self._ready_decode_rows()
         self.walk.sort(key=lambda w: w.req.arrival)  # stable: admission order among equals
         chunks = []
-        budget = self.chunk if self.pace is None else self.pace.rows(self.walk, self.roster)  # ITL_TARGET_MS
+        if self.pace is None:
+            budget = self.chunk
+        else:  # ITL_TARGET_MS (and TTFT_TARGET_MS, which reads the queue's prompts too)
+            queued = sum(len(r.prompt) for r in self.queue) if self.pace.horizon is not None else 0
+            budget = self.pace.rows(self.walk, self.roster, queued)
         for w, take in plan_round(self.walk, budget):
             if w not in self.walk:  # preempted by an older walker of this round
                 continue

@@ -64,6 +64,7 @@ class EngineMetrics:
     step_prompt_rows: Histogram = field(default_factory=lambda: Histogram(ROW_BUCKETS))
     step_cost_error: Histogram = field(default_factory=lambda: Histogram(ERROR_BUCKETS))
     step_cost: dict = field(default_factory=dict)
+    rounds_widened: int = 0  # walk rounds TTFT_TARGET_MS widened past the inter-token price
 
     def gaps(self, cause: str) -> Histogram:
         """The gap histogram of steps of this kind (made at its first gap)."""

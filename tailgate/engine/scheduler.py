@@ -90,7 +90,9 @@ class Scheduler(Admission, Preemption):
             from .step_cost import RoundBudget
 
             t = config.itl_target_ms
-            self.pace = RoundBudget(None if t == "auto" else t / 1000, config.mix_chunk_tokens, self.metrics)
+            ttft = config.ttft_target_ms
+            self.pace = RoundBudget(None if t == "auto" else t / 1000, config.mix_chunk_tokens, self.metrics,
+                                    horizon_s=None if ttft is None else ttft / 1000)
             self.chunk = self.chunk or config.max_context  # the walk is on; its width is the budget's
             self.executor = self.pace.metered(executor, clock)
         self._events: list[tuple[Request, Event]] = []  # not yet delivered

@@ -10,6 +10,14 @@ decode rows, their contexts, the sampled rows):
   time degenerates to one row a round, the tightest the walk can be);
 - with no live rows the target is ignored (nobody to protect): the walk takes every walker's
   rest at once, or MIX_CHUNK_TOKENS rows when that is set (a cap on every round);
+- with a TTFT target (TTFT_TARGET_MS, on by default under a target), a round widens past the
+  inter-token price to the fewest rows that clear every waiting prompt row (the walkers' rest and
+  the queue's prompts) within that many seconds at the round's predicted step time. At saturation
+  a closed loop's arrivals need a fixed number of prompt rows per step whatever the policy; rounds
+  narrower than that only move the wait from the stream to the queue (AMD EPYC Zen 3, 256/64 c16:
+  `auto` alone held ITL p99 at 164 ms against the 64-row walk's 363 but TTFT p50 went 1.3 -> 13.3 s,
+  above vLLM's 11.0, docs/benchmarks/itl-target-amd.md). The term bounds that wait near N ms and
+  costs nothing below saturation (a short backlog clears within N at the inter-token width);
 - until the model has seen a few steps with prompt rows, at two widths or beside decode-only
   steps (`ready`), rounds with live rows take the fixed width (MIX_CHUNK_TOKENS, else the default 64): the engine's
   behaviour without a target, whose rounds are also what teaches the model a prompt row's price.
@@ -180,8 +188,8 @@ class RoundBudget:
     live rows. `cap` is MIX_CHUNK_TOKENS when set explicitly (None: uncapped)."""
 
     def __init__(self, target_s: float, cap: int | None, metrics=None, model: StepCostModel | None = None,
-                 fallback: int = DEFAULT_CHUNK):
-        self.target, self.cap = target_s, cap
+                 fallback: int = DEFAULT_CHUNK, horizon_s: float | None = None):
+        self.target, self.cap, self.horizon = target_s, cap, horizon_s
         self.model = model or StepCostModel()
         self.fallback = cap or fallback
         self.metrics = metrics
@@ -189,10 +197,11 @@ class RoundBudget:
         if metrics is not None and target_s is not None:
             metrics.step_cost["target_s"] = target_s
 
-    def rows(self, walkers, live) -> int:
+    def rows(self, walkers, live, queued_rows: int = 0) -> int:
         """The budget `walk.plan_round` spreads over `walkers` (admission order; each with
         `done`, `rest`, `tokens`) this round, with `live` rows riding it (each with
-        `pages.frontier`, the position its next token is fed at)."""
+        `pages.frontier`, the position its next token is fed at); `queued_rows` are the prompt
+        rows of requests not yet admitted (the TTFT target's backlog beside the walkers' rest)."""
         total = sum(w.rest for w in walkers)
         widest = total if self.cap is None else min(self.cap, total)
         self.predicted = None
@@ -202,6 +211,17 @@ class RoundBudget:
             take = min(self.fallback, widest)
         else:
             take = self._largest_within(walkers, live, widest)
+            # Widened at most to the fixed walk's width (MIX_CHUNK_TOKENS, else 64): under load
+            # a stream waits no longer than it would behind the plain walk. Uncapped, a backlog
+            # no width clears in time took every walker's rest at once (the simulator, `local`
+            # costs, c8 with a 1 s horizon: ITL p99 2.1 s, one 1000-row round).
+            if self.horizon is not None and take < min(widest, self.fallback):
+                wide = self._clearing(walkers, live, min(widest, self.fallback), total + queued_rows)
+                if wide > take:
+                    take = wide
+                    self.predicted = self._cost(walkers, live, take)
+                    if self.metrics is not None:
+                        self.metrics.rounds_widened += 1
         if self.metrics is not None and take > 0:
             self.metrics.step_prompt_rows.observe(take)
         return take
@@ -226,6 +246,32 @@ class RoundBudget:
                 sampled += 1
             pairs += n * st + n * (n + 1) // 2
         return prompt, decode + live_n, sampled, live_kpairs + pairs / 1000
+
+    def _cost(self, walkers, live, b: int) -> float:
+        kpairs = sum(a.pages.frontier + 1 for a in live) / 1000
+        return self.model.predict(self.round_features(walkers, len(live), kpairs, b))
+
+    def _clearing(self, walkers, live, widest: int, backlog: int) -> int:
+        """The fewest rows r (<= widest) whose rate r / step(r) clears `backlog` rows within the
+        horizon; `widest` when none does. r / step(r) grows with r (a step costs a floor plus a
+        price per row), so a bisection finds it."""
+        need = backlog / self.horizon  # rows per second
+        n = len(live)
+        kpairs = sum(a.pages.frontier + 1 for a in live) / 1000
+
+        def fast_enough(b: int) -> bool:
+            return b >= need * self.model.predict(self.round_features(walkers, n, kpairs, b))
+
+        if not fast_enough(widest):
+            return widest
+        lo, hi = 1, widest
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if fast_enough(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     def _largest_within(self, walkers, live, widest: int) -> int:
         if widest <= 0:

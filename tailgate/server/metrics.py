@@ -76,6 +76,8 @@ class TailgateCollector:
                         "(decode, mixed, walk, prefill, recompute, lane).", label="cause")
             x.histogram("tailgate:step_prompt_rows", m.step_prompt_rows,
                         "Prompt rows each walk round took under ITL_TARGET_MS (what the target chose).")
+            x.counter("tailgate:walk_rounds_widened_total", m.rounds_widened,
+                      "Walk rounds TTFT_TARGET_MS widened past the inter-token price to clear the waiting prompts.")
             x.histogram("tailgate:step_cost_error_ratio", m.step_cost_error,
                         "|predicted - measured| / measured step time, per step the fitted cost model priced (ITL_TARGET_MS).")
             if m.step_cost:  # the last step and the fit; the target only under ITL_TARGET_MS
