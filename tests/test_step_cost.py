@@ -444,6 +444,13 @@ def test_the_rows_the_target_chose_and_the_fits_error_are_exported_on_metrics():
     assert sample("tailgate:step_seconds") == pytest.approx(ex.steps[-1][0])
     assert 'tailgate:step_cost_coefficient{model_name="m",term="prompt_row"}' in text
     assert sample("tailgate:step_predicted_seconds") > 0
+    # what `bench ab` reads back from it for a cell: the fit's share within 15 %, the widened rounds
+    from tailgate.bench.ab import engine_figures, parse_engine_counts
+
+    got = engine_figures({}, parse_engine_counts(text))  # from a fresh server's zero
+    within = sum(c for b, c in zip(m.step_cost_error.buckets, m.step_cost_error.counts) if b <= 0.15)
+    assert got["fit_within_15pct"] == pytest.approx(within / m.step_cost_error.n)
+    assert got["rounds_widened"] == m.rounds_widened
 
 
 # ---- on the real model --------------------------------------------------------------------

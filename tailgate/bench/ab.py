@@ -21,7 +21,45 @@ from .serve import Sample, checks, compute_metrics, probe_schedule, random_datas
 from .stats import ab_table
 
 METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms",
-           "probe_median_ttft_ms", "probe_p99_ttft_ms")
+           "probe_median_ttft_ms", "probe_p99_ttft_ms", "fit_within_15pct", "rounds_widened")
+FIT = "tailgate:step_cost_error_ratio"
+WIDENED = "tailgate:walk_rounds_widened"
+
+
+def engine_counts(base: str) -> dict | None:
+    """The step-cost fit's error buckets (le -> cumulative count) and the widened rounds from a
+    tailgate server's /metrics; None from a server without them (the peers)."""
+    try:
+        return parse_engine_counts(httpx.get(base + "/metrics", timeout=10).text)
+    except (httpx.HTTPError, ValueError):  # no /metrics, or not Prometheus text
+        return None
+
+
+def parse_engine_counts(text: str) -> dict | None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if fam.name == FIT and smp.name.endswith("_bucket"):
+                out[float(smp.labels["le"])] = smp.value
+            elif fam.name == WIDENED and smp.name.endswith("_total"):
+                out["widened"] = smp.value
+    return out or None
+
+
+def engine_figures(before: dict | None, after: dict | None) -> dict:
+    """What one cell added: the share of its priced steps predicted within 15 % of their measured
+    time (issue 26 asks >= 0.9, i.e. a p90 error <= 15 %) and the rounds TTFT_TARGET_MS widened."""
+    if before is None or after is None:
+        return {}
+    out = {}
+    if "widened" in after:
+        out["rounds_widened"] = after["widened"] - before.get("widened", 0.0)
+    total = after.get(float("inf"), 0.0) - before.get(float("inf"), 0.0)
+    if total > 0 and 0.15 in after:
+        out["fit_within_15pct"] = (after[0.15] - before.get(0.15, 0.0)) / total
+    return out
 
 
 def free_port() -> int:
@@ -103,12 +141,15 @@ def run(arms: list[tuple[str, str]], tok, workloads: list[dict], rounds: int, co
                                      progress=False, extra=extra))
                 for w in workloads:
                     cell = cell_name(w)
+                    before = engine_counts(base)
                     res, dur = asyncio.run(run_load(base, "/v1/completions", model, data[cell], w["rate"],
                                                     w.get("burstiness", 1.0), w["concurrency"], probes[cell], 0.0,
                                                     True, progress=False, seed=rnd, extra=extra))
                     problems = checks(res, True)
                     m = compute_metrics(res, dur)
-                    emit(f"round {rnd} {cell} {name:>10s}: " + "  ".join(f"{k}={m[k]:.1f}" for k in METRICS if k in m)
+                    m.update(engine_figures(before, engine_counts(base)))
+                    emit(f"round {rnd} {cell} {name:>10s}: " + "  ".join(f"{k}={m[k]:.{2 if k.startswith('fit') else 1}f}"
+                                                                        for k in METRICS if k in m)
                          + (f"  REFUSED: {'; '.join(problems)}" if problems else ""))
                     if problems:
                         refused.append({"round": rnd, "cell": cell, "arm": name, "problems": problems})
