@@ -195,6 +195,19 @@ def test_a_recompute_after_preemption_rehits_its_own_prompt_and_output_pages():
     # the recompute (prompt + output so far, > 10 rows) resumed past its own cached pages
     recomputes = [seg for step in ex.segments for seg in step if seg[2] and seg[1] > 0 and seg[0] > 1]
     assert recomputes and s.prefix.recompute_hits == sum(start for _, start, _ in recomputes) > 0
+    # both are on /metrics: the recompute's hits, and the pages the cache keeps idle
+    from types import SimpleNamespace
+
+    from tailgate.engine.metrics import Histogram, snapshot
+    from tailgate.server.metrics import registry_for, render
+
+    snap = snapshot(s)
+    assert snap.recompute_hits == s.prefix.recompute_hits > 0 and snap.kv_pages_idle == s.book.glob.idle
+    state = SimpleNamespace(served_name="m", ready=True, engine=SimpleNamespace(snapshot=snap),
+                            ttft=Histogram(), itl=Histogram(), e2e=Histogram(), queue_time=Histogram())
+    text = render(registry_for(state)).decode()
+    assert f'tailgate:recompute_prefix_hits_total{{model_name="m"}} {float(snap.recompute_hits)}' in text
+    assert f'tailgate:kv_pages_idle{{model_name="m"}} {float(snap.kv_pages_idle)}' in text
 
 
 def test_a_preempted_requests_output_pages_are_not_served_to_another_prompt_with_the_same_text():

@@ -84,6 +84,8 @@ class EngineSnapshot:
     held: int = 0
     kv_usage: float = 0.0
     kv_pages_used: int = 0
+    kv_pages_idle: int = 0  # unheld pages the prefix cache keeps (both pools; evicted only on demand)
+    recompute_hits: int = 0  # tokens a recompute after preemption found in the prefix cache
     metrics: EngineMetrics = field(default_factory=EngineMetrics)
     steps: tuple = ()  # the last model steps (engine/plan.py StepRecord), oldest first
 
@@ -93,4 +95,6 @@ def snapshot(scheduler, inbox: int = 0) -> EngineSnapshot:
     return EngineSnapshot(running=scheduler.running, waiting=inbox + len(scheduler.queue), held=scheduler.held,
                           kv_usage=round(book.usage(), 6),
                           kv_pages_used=book.glob.used + (book.local.used if book.local else 0),
+                          kv_pages_idle=book.glob.idle + (book.local.idle if book.local else 0),
+                          recompute_hits=scheduler.prefix.recompute_hits if scheduler.prefix is not None else 0,
                           metrics=copy.deepcopy(scheduler.metrics), steps=tuple(scheduler.step_log))

@@ -56,6 +56,10 @@ class TailgateCollector:
             x.gauge("vllm:num_requests_waiting", snap.waiting, "Requests waiting to be admitted.")
             x.gauge("vllm:kv_cache_usage_perc", snap.kv_usage, "Fraction of KV pages in use (both pools).")
             x.gauge("tailgate:kv_pages_used", snap.kv_pages_used, "KV pages in use, both pools.")
+            x.gauge("tailgate:kv_pages_idle", snap.kv_pages_idle,
+                    "Unheld KV pages the prefix cache keeps, both pools (evicted only when an allocation needs them).")
+            x.counter("tailgate:recompute_prefix_hits", snap.recompute_hits,
+                      "Tokens a recompute after preemption found in the prefix cache (its own prompt and output pages).")
             x.counter("vllm:prompt_tokens_total", m.prompt_tokens, "Prefilled prompt tokens.")
             x.counter("vllm:generation_tokens_total", m.generation_tokens, "Generated tokens.")
             x.counter("vllm:request_success_total", {k: v for k, v in m.finished.items() if k in ("stop", "length")},
