@@ -53,21 +53,34 @@ async def _lifespan(app):
             m.lane_prefills)
 
 
-def _served_bounds(node, vocab: int | None, names: list[str]) -> None:
+def below(n: int) -> str:
+    """A regex for the decimal strings of 0..n-1 (leading zeros too: the server reads them with int())."""
+    top = str(n - 1)
+    alts = [f"[0-9]{{1,{len(top) - 1}}}"] if len(top) > 1 else []
+    alts += [top[:i] + f"[0-{int(d) - 1}][0-9]{{{len(top) - i - 1}}}" for i, d in enumerate(top) if d != "0"]
+    return "^0*(" + "|".join(alts + [top]) + ")$"
+
+
+def _served_bounds(node, vocab: int | None, context: int | None, names: list[str]) -> None:
     """Say in the schema what the server enforces for the model it serves: token ids below its
-    vocabulary size, and `model` one of the names it answers to (else a 400 model_not_found)."""
+    vocabulary size (`logit_bias`' keys too), max_tokens below its context, and `model` one of
+    the names it answers to (else a 400 model_not_found)."""
     if isinstance(node, dict):
         if node.pop("x-tailgate-token-id", None) and vocab is not None:
             node["maximum"] = vocab - 1
+        if node.pop("x-tailgate-token-key", None) and vocab is not None:
+            node["pattern"] = below(vocab)
+        if node.pop("x-tailgate-context", None) and context is not None:
+            node["maximum"] = context - 1
         props = node.get("properties")
         if isinstance(props, dict) and "model" in props and "messages" in props or \
                 isinstance(props, dict) and "model" in props and "prompt" in props:
             props["model"] = {"anyOf": [{"type": "string", "enum": names}, {"type": "null"}], "title": "Model"}
         for v in node.values():
-            _served_bounds(v, vocab, names)
+            _served_bounds(v, vocab, context, names)
     elif isinstance(node, list):
         for v in node:
-            _served_bounds(v, vocab, names)
+            _served_bounds(v, vocab, context, names)
 
 
 def _openapi(app: FastAPI):
@@ -81,7 +94,8 @@ def _openapi(app: FastAPI):
                 comps.update(s.pop("$defs", {}))
                 comps[model.__name__] = s
             vocab = state.model.spec.vocab_size if state.ready else None
-            _served_bounds(comps, vocab, [state.served_name, "default"])
+            context = state.cfg.max_context if state.ready else None
+            _served_bounds(comps, vocab, context, [state.served_name, "default"])
             if not state.ready:  # the bounds are the model's: asked while it loads, build it again later
                 return doc
             app.openapi_schema = doc

@@ -54,6 +54,10 @@ class Generation:
         loop = asyncio.get_running_loop()
         tok = st.model.tokenizer
         ceiling = st.cfg.max_context
+        for name, v in g.max_tokens_asked.items():  # /openapi.json's maximum: no prompt would leave room
+            if v >= ceiling:
+                raise bad(f"'{name}' is {v}, but this model's maximum context length is {ceiling} tokens "
+                          f"(a prompt takes at least one): at most {ceiling - 1}", name)
         for p in g.prompts:
             if len(p) >= ceiling:
                 raise bad(f"This model's maximum context length is {ceiling} tokens, but the prompt contains "
@@ -72,8 +76,12 @@ class Generation:
                 params = g.params
                 if params.seed is not None and j:
                     params = replace(params, seed=params.seed + j)
-                # max_tokens unset: the engine resolves it (engine/stop.py), as for every caller
-                r = Request(prompt=p, max_tokens=g.max_tokens, params=params, eos_ids=frozenset(tok.eos_ids),
+                # max_tokens unset: the engine resolves it (engine/stop.py), as for every caller.
+                # Set, it is a ceiling beside the context's: the answer ends at whichever comes first
+                # (finish "length"). A schema cannot say how many tokens a prompt is, so a value the
+                # schema takes is served rather than refused for this prompt (schemathesis' ST202).
+                cap = g.max_tokens if g.max_tokens is None else min(g.max_tokens, ceiling - len(p))
+                r = Request(prompt=p, max_tokens=cap, params=params, eos_ids=frozenset(tok.eos_ids),
                             stop_token_ids=frozenset(g.stop_token_ids), ignore_eos=g.ignore_eos,
                             min_tokens=g.min_tokens, logprobs=g.logprobs, prompt_logprobs=g.score_prompt)
                 if g.max_tokens == 0:  # the prompt's echo and logprobs only: one token runs and is dropped

@@ -63,6 +63,7 @@ class GenRequest:
     prompts: list[list[int]]
     prompt_texts: list[str]
     max_tokens: int | None
+    max_tokens_asked: dict = field(default_factory=dict)  # each of max_tokens / max_completion_tokens given
     n: int = 1
     params: SamplingParams = field(default_factory=SamplingParams)
     stop: list[str] = field(default_factory=list)
@@ -139,6 +140,7 @@ def parse_common(body: dict, kind: str, vocab_size: int) -> tuple[GenRequest, Ba
     # say "only with stream" in a way schema fuzzers honour, and a schema-valid body is served.
     g = GenRequest(
         kind=kind, model=m.model, prompts=[], prompt_texts=[], max_tokens=_pick(m.max_completion_tokens, m.max_tokens),
+        max_tokens_asked={k: v for k in ("max_tokens", "max_completion_tokens") if (v := getattr(m, k)) is not None},
         n=_pick(m.n, default=1), params=params, stop=stop, stop_token_ids=stop_ids, ignore_eos=bool(m.ignore_eos),
         min_tokens=_pick(m.min_tokens, default=0), stream=stream,
         include_usage=bool(m.stream_options is not None and m.stream_options.include_usage),

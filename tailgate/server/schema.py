@@ -4,7 +4,8 @@ Requests are validated strictly (no "1" for 1, no true for 1, no NaN or Infinity
 neither) against the ranges vLLM and OpenAI document; unknown fields are kept so that
 `protocol.py` can refuse the ones we do not implement by name and ignore the harmless rest.
 The response models document `/openapi.json`; the routes build the same shapes as plain dicts
-(one pass, no re-validation on the hot path), and the tests hold the two together.
+(one pass, no re-validation on the hot path), and the tests hold the two together. What a model
+cannot say (fields read from the raw body, rules across fields) is added from `schema_rules.py`.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
+
+from . import schema_rules
 
 I64_MAX, U64_MAX = (1 << 63) - 1, (1 << 64) - 1
 MAX_N = 16
@@ -30,6 +33,9 @@ def Int(**bounds):
 
 # The vocabulary's bound is the served model's: app.py's /openapi.json fills it in where this marks.
 TokenId = Annotated[int, Field(ge=0, json_schema_extra={"x-tailgate-token-id": True}), BeforeValidator(_integral)]
+# So is the context's: at most MAX_CONTEXT - 1 (a prompt takes one); a prompt that leaves less room
+# ends the answer there (finish "length"), since no schema can say how many tokens a prompt is.
+CONTEXT = {"x-tailgate-context": True}
 Text = Annotated[str, Field(min_length=1)]
 
 
@@ -44,8 +50,8 @@ class StreamOptions(_Strict):
 class _Sampling(_Strict):
     """Fields both generation endpoints share."""
     model: str | None = None
-    max_tokens: Int(ge=1) | None = None
-    max_completion_tokens: Int(ge=1) | None = None
+    max_tokens: Int(ge=1, json_schema_extra=CONTEXT) | None = None
+    max_completion_tokens: Int(ge=1, json_schema_extra=CONTEXT) | None = None
     temperature: float | None = Field(None, ge=0, le=2, description="< 1e-5 is greedy (as vLLM)")
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: Int(ge=-1, le=I64_MAX) | None = Field(None, description="0 or -1: off")
@@ -67,11 +73,13 @@ class _Sampling(_Strict):
 
 
 class CompletionRequest(_Sampling):
+    model_config = ConfigDict(json_schema_extra=schema_rules.completion_extra)
     prompt: Text | Annotated[list[Text], Field(min_length=1)] | Annotated[list[TokenId], Field(min_length=1)] | \
         Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
     logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
     echo: bool | None = None
-    max_tokens: Int(ge=0) | None = Field(None, description="0: no completion, only the prompt's echo and logprobs")
+    max_tokens: Int(ge=0, json_schema_extra=CONTEXT) | None = Field(
+        None, description="0: no completion, only the prompt's echo and logprobs")
     prompt_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = Field(
         None, description="vLLM's: each prompt token's logprob and rank, with the top k")
 
@@ -108,6 +116,7 @@ class _ChatTemplateFields(_Strict):
 
 
 class ChatCompletionRequest(_Sampling, _ChatTemplateFields):
+    model_config = ConfigDict(json_schema_extra=schema_rules.chat_extra)
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool | None = None
     top_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
@@ -115,7 +124,7 @@ class ChatCompletionRequest(_Sampling, _ChatTemplateFields):
 
 class TokenizeRequest(_ChatTemplateFields):
     """`prompt` or `messages`."""
-    model_config = ConfigDict(json_schema_extra={"anyOf": [{"required": ["prompt"]}, {"required": ["messages"]}]})
+    model_config = ConfigDict(json_schema_extra=schema_rules.tokenize_extra)
     # Either may be left out, but not sent as null: the schema says string / array, and the
     # server holds to it (schemathesis' negative cases check that it refuses what the schema does).
     prompt: str | SkipJsonSchema[None] = None

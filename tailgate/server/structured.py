@@ -85,8 +85,9 @@ def requested(body: dict) -> tuple[str, str, str] | None:
     if so is not None:
         if not isinstance(so, dict):
             raise bad("'structured_outputs' must be an object", "structured_outputs")
-        given = [k for k in SO_KINDS if so.get(k) not in (None, False)]
-        unknown = sorted(k for k, v in so.items() if k not in SO_KINDS and v not in (None, False, "", [], {}))
+        # Unset is null or false (0 is a value, not false: /openapi.json says which types go where).
+        given = [k for k in SO_KINDS if not _off(so.get(k))]
+        unknown = sorted(k for k, v in so.items() if k not in SO_KINDS and not _off(v) and v not in ("", [], {}))
         if unknown:
             raise bad(f"'structured_outputs.{unknown[0]}' is not supported by this server", "structured_outputs")
         if len(given) > 1:
@@ -101,6 +102,10 @@ def requested(body: dict) -> tuple[str, str, str] | None:
     if len(asks) > 1:
         raise bad(f"one output constraint per request: {', '.join(a[2] for a in asks)} each ask for one", asks[1][2])
     return asks[0] if asks else None
+
+
+def _off(v) -> bool:
+    return v is None or v is False
 
 
 def _one(kind: str, value, param: str) -> str:

@@ -37,7 +37,9 @@ def _function(t, param: str) -> dict:
     if params is not None and not isinstance(params, dict):
         raise bad(f"'{param}.parameters' must be a JSON schema object", param.split("[")[0])
     out = {"name": t["name"]}
-    if isinstance(t.get("description"), str):
+    if t.get("description") is not None:
+        if not isinstance(t["description"], str):
+            raise bad(f"'{param}.description' must be a string", param.split("[")[0])
         out["description"] = t["description"]
     out["parameters"] = params if params is not None else {"type": "object", "properties": {}}
     return out
@@ -47,6 +49,9 @@ def plan(body: dict, tokenizer) -> ToolPlan | None:
     """The request's tools, or None when it has none (or tool_choice "none": the model answers
     in text and is not shown the tools, as vLLM does unless asked otherwise)."""
     tools, choice = body.get("tools"), body.get("tool_choice")
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):  # checked with or without tools
+        raise bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
     if body.get("functions") is not None:  # legacy: functions + function_call
         if tools is not None:
             raise bad("'functions' and 'tools' cannot both be given", "functions")
@@ -69,9 +74,9 @@ def plan(body: dict, tokenizer) -> ToolPlan | None:
         if not isinstance(t, dict) or t.get("type", "function") != "function":
             raise bad(f"'tools[{i}].type' must be \"function\"", "tools")
         fns.append({"type": "function", "function": _function(t.get("function"), f"tools[{i}].function")})
+    # Names need not be unique (vLLM does not ask it, and no JSON schema can say it of a list's
+    # items): a forced call to a repeated name takes either definition's arguments.
     names = [f["function"]["name"] for f in fns]
-    if len(set(names)) != len(names):
-        raise bad("'tools' names must be unique", "tools")
     named = None
     if choice is None:
         choice = "auto"
@@ -85,9 +90,6 @@ def plan(body: dict, tokenizer) -> ToolPlan | None:
         raise bad(f"'tool_choice' must be none, auto, required or a named function; got {choice!r}", "tool_choice")
     if choice == "none":
         return None
-    parallel = body.get("parallel_tool_calls")
-    if parallel is not None and not isinstance(parallel, bool):
-        raise bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
     template = tokenizer.chat_template or ""
     p = ToolPlan(fns, choice, format_for(template, None), named, parallel is not False and named is None,
                  template_tools="tools" in template)
@@ -124,16 +126,19 @@ def template_messages(messages: list[dict], p: ToolPlan | None, fmt: ToolFormat)
 
 
 def _args(a):
+    """An earlier call's arguments as the template gets them: a JSON object string parsed (HF's
+    shape); "" or blank is no arguments (vLLM's rule); any other text is passed on as written.
+    It is history the client replays (a model's call can carry arguments that are not JSON), and
+    OpenAI's schema, like ours, takes any string: refusing it would refuse a schema-valid body."""
     if isinstance(a, dict):
         return a
+    if not a.strip():
+        return {}
     try:
         v = json.loads(a)
-    except (TypeError, ValueError):
-        raise bad("an assistant message's 'tool_calls[].function.arguments' must be a JSON object string",
-                  "messages") from None
-    if not isinstance(v, dict):
-        raise bad("an assistant message's 'tool_calls[].function.arguments' must be a JSON object", "messages")
-    return v
+    except ValueError:
+        return a
+    return v if isinstance(v, dict) else a
 
 
 @dataclass
