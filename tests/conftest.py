@@ -48,7 +48,10 @@ def rig(loaded):
 
     def get(name="gemma3-270m", dtype="fp32", kernels="auto"):
         if (name, dtype, kernels) not in cache:
-            cache[(name, dtype, kernels)] = Rig(loaded(name), dtype, kernels=kernels)
+            from harness import shared_weights
+
+            with shared_weights():  # the same prepared weights as the engine gates' (harness.py)
+                cache[(name, dtype, kernels)] = Rig(loaded(name), dtype, kernels=kernels)
         return cache[(name, dtype, kernels)]
 
     return get

@@ -10,7 +10,7 @@ import pytest
 
 from tailgate.engine.request import Finished, Rejected, Scheduled
 from tailgate.model import serial
-from harness import Harness, ManualClock, ids
+from harness import Harness, ManualClock, ids, shared_weights
 
 
 @pytest.fixture(scope="module")
@@ -211,9 +211,11 @@ def test_the_auto_kv_budget_is_half_the_free_ram_when_slots_times_context_do_not
     tb = token_bytes(gemma.spec, torch.float32)
     sliding_mb = full["local"] * 16 * tb["local"] >> 20
     lines: list[str] = []
-    roomy, _, c1 = build_engine("", cfg, dtype="fp32", device="cpu", loaded=gemma, ram_bytes=1 << 40, log=lines.append)
     ram = (sliding_mb + 200) << 21  # half of it: the sliding pool plus 200 MiB of global pages
-    tight, _, c2 = build_engine("", cfg, dtype="fp32", device="cpu", loaded=gemma, ram_bytes=ram, log=lines.append)
+    with shared_weights():  # the pools are under test, not the weights: the session's fp32 ones
+        roomy, _, c1 = build_engine("", cfg, dtype="fp32", device="cpu", loaded=gemma, ram_bytes=1 << 40,
+                                    log=lines.append)
+        tight, _, c2 = build_engine("", cfg, dtype="fp32", device="cpu", loaded=gemma, ram_bytes=ram, log=lines.append)
     assert c1.kv_cache_mb is None and c2.kv_cache_mb == sliding_mb + 200
     assert roomy.scheduler.book.glob.capacity == full["global"] - 1  # a full context per slot (+1: padding)
     assert tight.scheduler.book.glob.capacity < full["global"] // 2
