@@ -2,6 +2,8 @@
 every kernel plan this CPU can choose: the quality gate."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -9,11 +11,16 @@ from tailgate.model import serial
 from tailgate.model.check import PLAN_BOUNDS, PROMPTS, compare, precision_class
 from tailgate.model.kernels import KernelError, choose
 from conftest import LONG_TEXT, MODELS, Rig
+from harness import shared_weights
 
 # (dtype, kernels) pairs a user can pass; the gate runs each distinct plan this CPU gives them:
 # `auto` first (what `tailgate serve` runs here), then every alternative it can run.
 CHOICES = [("auto", "auto"), ("fp32", "auto"), ("fp32", "torch"), ("bf16", "auto"), ("fp32", "q8"),
            ("fp32", "gguf"), ("fp32", "int8"), ("fp32", "int4")]
+# The plans the session's rigs and engine gates build anyway (conftest.py `rig`, harness.py): their
+# prepared weights are the ones those already made (harness.shared_weights), not a second copy; the
+# other plans' are built here, one plan at a time, and dropped after their case.
+SHARED_PLANS = {("auto", "auto"), ("fp32", "auto")}
 
 
 def sequences(tok):
@@ -73,7 +80,8 @@ def measure(r, refs):
 @pytest.mark.parametrize("dtype,kernels", plans_here())
 def test_every_plan_this_cpu_can_choose_stays_within_its_bounds_of_hf(name, dtype, kernels, loaded, hf_reference):
     refs, greedy_hf = hf_reference(name)
-    r = Rig(loaded(name), dtype, kernels=kernels)  # not the shared rig: one plan's weights at a time
+    with shared_weights() if (dtype, kernels) in SHARED_PLANS else contextlib.nullcontext():
+        r = Rig(loaded(name), dtype, kernels=kernels)  # its own pages and book
     cls = precision_class(r.runner.plan)
     mean, p99, kl, rows = measure(r, refs)
     ours = serial.generate(r.runner, r.book, refs[0][0], len(greedy_hf))
