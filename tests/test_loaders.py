@@ -87,6 +87,23 @@ def test_the_stored_loader_gives_the_gguf_readers_values_for_every_tensor(loaded
         assert torch.equal(ours.dequantize() if isinstance(ours, Blocks) else ours, torch.from_numpy(want)), name
 
 
+def test_the_loaders_block_sizes_and_float_formats_are_ggufs_own():
+    """read_stored sizes every tensor from its own table and widens F32 / F16 / BF16 itself (a start
+    imports no gguf): the table is gguf's, and the widened values are gguf's dequantizer's, bit for bit."""
+    import gguf
+    import numpy as np
+    from gguf.quants import dequantize
+
+    from tailgate.model.gguf_loader import QUANT_SIZES, _widen
+
+    assert QUANT_SIZES == {k: gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[k]] for k in QUANT_SIZES}
+    raw = np.random.default_rng(0).integers(0, 256, size=(3, 64), dtype=np.uint8)
+    for qtype in ("F32", "F16", "BF16"):
+        want = np.asarray(dequantize(raw, gguf.GGMLQuantizationType[qtype]), dtype=np.float32)
+        got = _widen(raw, qtype)
+        assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), want.view(np.uint32)), qtype
+
+
 def test_the_cache_key_reads_the_size_mtime_and_header_not_the_tensor_data(tmp_path):
     import os
 

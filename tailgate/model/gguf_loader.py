@@ -17,8 +17,14 @@ import torch
 from . import families
 from .spec import ModelSpec
 
-# GGUF tensor types the two packaged models use (and their close relatives).
-SUPPORTED_QTYPES = {"F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "Q2_K", "Q3_K"}
+# GGUF tensor types the two packaged models use (and their close relatives): (values, bytes) per
+# block, as gguf's GGML_QUANT_SIZES has them (a test holds the two equal). Kept here so a start
+# reads the file without importing gguf (~4 MiB resident and ~0.1 s) unless a tensor needs its
+# dequantizer (the formats the block kernel does not read: Q8_K, Q2_K, Q3_K).
+QUANT_SIZES = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q5_0": (32, 22), "Q5_1": (32, 24),
+               "Q4_0": (32, 18), "Q4_1": (32, 20), "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
+               "Q8_K": (256, 292), "Q2_K": (256, 84), "Q3_K": (256, 110)}
+SUPPORTED_QTYPES = set(QUANT_SIZES)
 
 def _field(reader, key, default=None):
     f = reader.fields.get(key)
@@ -179,9 +185,6 @@ def read_stored(path, layout: Layout, spec: ModelSpec, progress=None) -> dict:
     kernel reads stays a `blocks.Blocks` view of the file (Llama's q/k rows un-permuted into a copy:
     whole rows of blocks move as they are); vectors, float matrices and the few other formats are
     read into fp32 tensors (exact for every GGUF format). The map stays open while a view lives."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-    from gguf.quants import dequantize
-
     from .blocks import BLOCK, Blocks
 
     kinds = {k: _GGML_NAMES.get(k, str(k)) for _, k, _ in layout.tensors.values()}
@@ -198,7 +201,7 @@ def read_stored(path, layout: Layout, spec: ModelSpec, progress=None) -> dict:
         name = internal_name(gname, family)
         qtype = kinds[kind]
         rows = int(np.prod(dims[1:], dtype=np.int64)) if len(dims) > 1 else 1
-        per, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]]
+        per, nbytes = QUANT_SIZES[qtype]
         row_bytes = dims[0] // per * nbytes
         raw = whole[offset:offset + rows * row_bytes].reshape(rows, row_bytes)
         part = name.split(".")[2] if name.startswith("layers.") else ""
@@ -208,11 +211,26 @@ def read_stored(path, layout: Layout, spec: ModelSpec, progress=None) -> dict:
             t = Blocks(raw, qtype, (rows, dims[0]), mm)
             out[name] = t.take_rows(_unpermute(np.arange(rows), heads)) if unpermute else t
             continue
-        a = np.asarray(dequantize(raw, GGMLQuantizationType[qtype]), dtype=np.float32).reshape(*reversed(dims))
+        a = _widen(raw, qtype).reshape(*reversed(dims))
         if unpermute:
             a = _unpermute(a, heads)
         out[name] = torch.from_numpy(np.array(a, dtype=np.float32))  # owned: the map may close
     return out
+
+
+def _widen(raw: np.ndarray, qtype: str) -> np.ndarray:
+    """fp32 values of rows of a GGUF tensor (exact): the float formats here, the rest by gguf's own
+    dequantizer (imported only then)."""
+    if qtype == "F32":
+        return raw.view(np.float32)
+    if qtype == "F16":
+        return raw.view(np.float16).astype(np.float32)
+    if qtype == "BF16":
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    return np.asarray(dequantize(raw, GGMLQuantizationType[qtype]), dtype=np.float32)
 
 
 def read_tokenizer_meta(reader) -> dict:
