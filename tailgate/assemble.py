@@ -125,6 +125,9 @@ def resident_line(runner, source) -> str:
             rss = next((int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS")), 0)
     except OSError:  # not Linux
         rss = 0
+    from .model.blocks import PanelRows
+
+    lookups = "; embedding lookups read the head's panels" if isinstance(runner.w.get("embed"), PanelRows) else \
+        f"; {mib(held['mapped'])} of stored blocks mapped for lookups" if held["mapped"] else ""
     return (f"weights resident: {mib(held['kernels'] + held['tensors'])} ({mib(held['kernels'])} in the kernels' "
-            f"forms, {mib(held['tensors'])} other tensors; {mib(held['mapped'])} of stored blocks mapped for "
-            f"lookups) for a {mib(size)} model file; process RSS {mib(rss)}")
+            f"forms, {mib(held['tensors'])} other tensors{lookups}) for a {mib(size)} model file; process RSS {mib(rss)}")

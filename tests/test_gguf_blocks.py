@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tailgate.model import native
-from tailgate.model.blocks import BLOCK, BlockMatmul, Blocks, dequantize_all, q8_panels
+from tailgate.model.blocks import BLOCK, BlockMatmul, Blocks, PanelRows, dequantize_all, q8_panels
 from tailgate.model.kernels import Linear
 from tailgate.model.runner import resident_bytes
 
@@ -91,6 +91,56 @@ def test_q8_panels_made_from_blocks_a_chunk_at_a_time_are_the_panels_of_the_whol
     assert torch.equal(q, rq) and torch.equal(d, rd) and code == rcode
 
 
+def q8_0_blocks(n: int, k: int, seed: int = 0) -> Blocks:
+    """Q8_0 blocks as llama.cpp writes them: d = amax / 127 (fp16), q = round(x / d), so every
+    block holds a q of +-127."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, k // 32, 32)).astype(np.float32) * rng.uniform(0.01, 0.1, (n, k // 32, 1))
+    d = (np.abs(x).max(-1, keepdims=True) / 127).astype(np.float16)
+    q = np.clip(np.round(x / d.astype(np.float32)), -127, 127).astype(np.int8)
+    assert (np.abs(q).max(-1) == 127).all()
+    data = np.concatenate([d.view(np.uint8), q.view(np.uint8)], -1).reshape(n, k // 32 * 34)
+    return Blocks(np.ascontiguousarray(data), "Q8_0", (n, k))
+
+
+def test_q8_0_blocks_moved_into_the_panels_are_the_panels_quantized_from_their_values():
+    """gq_q8_0_panels moves llama.cpp-style Q8_0 blocks (and all-zero ones, of either sign of scale)
+    into the AVX2 panels with q8_quantize's bits, and the rows read back are the blocks' own."""
+    b = q8_0_blocks(48, 256)
+    v = b.data.reshape(48, 8, 34)
+    v[3, 2, 2:] = 0  # a block of zero values under a nonzero scale
+    v[4, 5, :2] = np.frombuffer(np.float16(-0.03).tobytes(), np.uint8)  # a negative scale
+    v[5, 1, :2] = 0  # a zero scale over nonzero values
+    p = q8_panels([b], "avx2", 8, chunk=16)
+    rq, rd, _ = native.q8_quantize(b.dequantize(), "avx2")
+    assert p.as_stored and torch.equal(p[0], rq) and torch.equal(p[1], rd)
+    rows = PanelRows(p)
+    ids = torch.tensor([[0, 47, 3], [4, 5, 20]])
+    assert torch.equal(rows[ids], b.dequantize(ids)) and rows[ids].shape == (2, 3, 256)
+    with pytest.raises(IndexError):
+        rows[torch.tensor([48])]
+
+
+@pytest.mark.parametrize("odd", ["small", "minus128", "inf"])
+def test_q8_0_blocks_that_quantize_differently_are_quantized_not_moved(odd):
+    """A block whose max |q| is not 127 (another writer), a q of -128 or a scale that is not finite:
+    the panels are quantized from the values as before (the q8 plan's bits), and not read back."""
+    b = q8_0_blocks(32, 128, 1)
+    v = b.data.reshape(32, 4, 34)
+    if odd == "small":
+        v[9, 1, 2:] = (v[9, 1, 2:].view(np.int8) // 2).view(np.uint8)
+    elif odd == "minus128":
+        v[9, 1, 2] = 0x80
+    else:
+        v[9, 1, :2] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)
+    p = q8_panels([b, q8_0_blocks(16, 128, 2)], "avx2", 8, chunk=16)
+    rq, rd, _ = native.q8_quantize(dequantize_all([b, q8_0_blocks(16, 128, 2)]), "avx2")
+    assert not p.as_stored
+    assert torch.equal(p[0], rq) and (torch.equal(p[1], rd) if odd != "inf" else True)
+    with pytest.raises(ValueError):
+        PanelRows(p)
+
+
 def test_the_gguf_plan_holds_no_fp32_matrix_and_its_panels_are_the_q8_plans(loaded):
     from conftest import Rig
     from tailgate.model.kernels import choose
@@ -98,7 +148,10 @@ def test_the_gguf_plan_holds_no_fp32_matrix_and_its_panels_are_the_q8_plans(load
     m = loaded("smollm2-135m")
     stored = Rig(m, "fp32", slots=1, max_context=64, kernels="gguf")
     w = stored.runner.w
-    assert isinstance(w["embed"], Blocks) and w["head"].w is None and w["head"].wide is not None
+    # the tied Q8_0 table: the head's panels hold it as stored, and lookups read them
+    assert isinstance(w["embed"], PanelRows) and w["head"].w is None and w["head"].wide.as_stored
+    ids = torch.tensor([[0, 1, m.spec.vocab_size - 1], [5, 8, 13]])
+    assert torch.equal(w["embed"][ids], m.weights["embed"][ids])
     assert all(t.dim() <= 1 for t in w.values() if isinstance(t, torch.Tensor))  # norms only
     assert all(v.w is None for v in w.values() if isinstance(v, Linear))  # no dense copy of any matrix
     weights = sum(v.out_features * (v.wide[0].shape[1]) for v in w.values() if isinstance(v, Linear))

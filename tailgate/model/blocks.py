@@ -114,22 +114,37 @@ class BlockMatmul:
         return y
 
 
-def q8_panels(parts: list[Blocks], variant: str, panel: int, chunk: int = 4096):
+class Panels(tuple):
+    """(q, d, variant code): the q8 kernel's weights (`native.q8_linear(x, *panels)`). `as_stored`:
+    every value is the blocks' own (Q8_0 blocks moved into the AVX2 layout: `gq_q8_0_panels`), so
+    rows read back from the panels (`PanelRows`) are the blocks' rows, bit for bit."""
+
+    as_stored = False
+
+
+def q8_panels(parts: list[Blocks], variant: str, panel: int, chunk: int = 4096) -> Panels:
     """The q8 kernel's panels (native.q8_quantize) of the parts stacked along the outputs, made a
     few thousand rows at a time so no fp32 copy of a whole matrix is ever held (the 262k-row head
     would be 671 MB of it). Each panel covers `panel` consecutive rows and lies whole in the rows'
-    share of the arrays, so chunks of a multiple of `panel` rows fill them in place."""
+    share of the arrays, so chunks of a multiple of `panel` rows fill them in place. Q8_0 rows
+    bound for the AVX2 panels are moved there as stored when that gives the same bits (csrc/blocks.c
+    `gq_q8_0_panels`: every file llama.cpp or gguf wrote), instead of dequantized and quantized again."""
     k = parts[0].shape[1]
     n = sum(p.shape[0] for p in parts)
     q = torch.empty(n, k, dtype=torch.int8)
     d = torch.empty(n, k // native.GROUP, dtype=torch.float32)
     if any(p.shape[0] % panel for p in parts):
         q, d, code = native.q8_quantize(dequantize_all(parts), variant)
-        return q, d, code
-    at, code = 0, native.Q8_VARIANTS[variant]
+        return Panels((q, d, code))
+    at, code, moved = 0, native.Q8_VARIANTS[variant], True
     for p in parts:
         for r0 in range(0, p.shape[0], chunk):
             rows = torch.arange(r0, min(r0 + chunk, p.shape[0]))
+            if code == 0 and p.qtype == "Q8_0" and not native._lib().gq_q8_0_panels(
+                    p.data[r0:].ctypes.data, len(rows), k, q[at].data_ptr(), d[at].data_ptr()):
+                at += len(rows)
+                continue
+            moved = False
             x = p.dequantize(rows)
             if code == 0:  # the AVX2 panels need no reordering after: quantize straight into place
                 native._lib().q8_quantize(x.data_ptr(), len(rows), k, q[at].data_ptr(), d[at].data_ptr())
@@ -137,4 +152,42 @@ def q8_panels(parts: list[Blocks], variant: str, panel: int, chunk: int = 4096):
                 cq, cd, code = native.q8_quantize(x, variant)
                 q[at:at + len(rows)], d[at:at + len(rows)] = cq, cd
             at += len(rows)
-    return q, d, code
+    out = Panels((q, d, code))
+    out.as_stored = moved
+    return out
+
+
+class PanelRows:
+    """An embedding table read from the tied head's AVX2 q8 panels, where those hold the table's
+    values as stored (`Panels.as_stored`): a lookup gives the blocks' rows bit for bit, and the
+    file's blocks are not read again. (Read from the mapped file, each new token's rows brought
+    its pages back into the resident set: after the ~7k distinct tokens of this repository's docs
+    and code, 104 MiB of Gemma 3 270M's 170 MiB table, on top of the head's panels.)"""
+
+    __slots__ = ("q", "d", "shape")
+    dtype = torch.float32
+    device = torch.device("cpu")
+
+    def __init__(self, panels: Panels):
+        q, d, code = panels
+        if code != 0 or not panels.as_stored:
+            raise ValueError("rows are read back only from AVX2 panels that hold the values as stored")
+        self.q, self.d, self.shape = q, d, tuple(q.shape)
+
+    def dim(self) -> int:
+        return 2
+
+    @property
+    def nbytes(self) -> int:
+        return 0  # the head's panels: counted there
+
+    def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+        """fp32 rows `ids` names (csrc/blocks.c `gq_panel_rows`): each value q * d, as the blocks' d * q."""
+        idx = ids.reshape(-1).to(torch.int64).contiguous()
+        n, k = self.shape
+        if idx.numel() and not (0 <= int(idx.min()) and int(idx.max()) < n):
+            raise IndexError(f"row index outside 0..{n - 1}")
+        out = torch.empty(idx.numel(), k, dtype=torch.float32)
+        native._lib().gq_panel_rows(self.q.data_ptr(), self.d.data_ptr(), k, idx.data_ptr(), idx.numel(),
+                                    out.data_ptr())
+        return out.view(*ids.shape, k)

@@ -22,8 +22,9 @@ Why these kernels (torch 2.13, 2 threads, Gemma 3 270M shapes; see docs/kernels.
   oneDNN fp32 keeps the larger head calls. Where q8 cannot be built, weight-only int8 (torch's
   `_weight_int8pack_mm`, bf16 activations, small steps only) takes its place.
   `auto` there is the gguf plan: a GGUF file's matrices stay in their stored blocks (model/blocks.py),
-  the embedding looks its rows up in them, and those q8 panels are made from the blocks at load for
-  every call, so no fp32 copy of any matrix is held (an HF checkpoint's matrices run q8 throughout).
+  the embedding looks its rows up in them (or, a tied Q8_0 table, in the head's panels, which then
+  hold it as stored), and those q8 panels are made from the blocks at load for every call, so no
+  fp32 copy of any matrix is held (an HF checkpoint's matrices run q8 throughout).
   int4 is lossy on this file (its q/k/v, gate/up are 5-bit and its head 8-bit), so it is opt-in.
 """
 from __future__ import annotations
@@ -61,7 +62,8 @@ EVERY = 1 << 31
 # block kernel lost to the panels at every row count (18 layers' matmuls, one thread, min of 9 on a
 # busy host, ms at M = 1/4/16/64: blocks 41/40/248/945, panels 27/30/138/481; head 53/61/338/1456
 # against 48/47/197/943; docs/kernels.md, "GGUF blocks as stored"), so its cut there is 0: the
-# panels run every call and the blocks serve the embedding. Until measured elsewhere, the same.
+# panels run every call and the blocks serve the embedding (a tied Q8_0 one: the head's panels,
+# `blocks.PanelRows`). Until measured elsewhere, the same.
 GGUF_ROWS = (0, 0)
 QUANT_ROWS = {
     ("avx2", "q8"): (EVERY, 64),

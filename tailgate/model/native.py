@@ -84,6 +84,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     # csrc/blocks.c: GGUF matrices as stored (model/blocks.py)
     lib.gq_row_bytes.argtypes, lib.gq_row_bytes.restype = [B, I], I
     lib.gq_dequantize.argtypes, lib.gq_dequantize.restype = [P, B, I, P, I, P], None
+    lib.gq_q8_0_panels.argtypes, lib.gq_q8_0_panels.restype = [P, I, I, P, P], ctypes.c_int
+    lib.gq_panel_rows.argtypes, lib.gq_panel_rows.restype = [P, P, I, P, I, P], None
     lib.gq_linear.argtypes, lib.gq_linear.restype = [P, I, I, B, P, P, P, P, P, I], ctypes.c_int
 
 

@@ -8,7 +8,7 @@ from tqdm import tqdm
 
 from ..engine.plan import Segment
 from . import families
-from .blocks import Blocks
+from .blocks import Blocks, PanelRows
 from .context import build_context
 from .kv_cache import KVCache
 from .kernels import BiasedLinear, KernelPlan, Linear, choose
@@ -84,13 +84,19 @@ def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, plan: KernelP
         group = "head" if k == "head" else "layers"
         b = biases.get(k)
         w[k] = Linear(w[k], plan, group) if b is None else BiasedLinear(w[k], plan, group, b.to(device))
+    head = w["head"]
+    if stored and "lm_head" not in raw and isinstance(w.get("embed"), Blocks) and head.wide is not None \
+            and head.wide.as_stored and head.wide[2] == 0:
+        # A tied table whose head panels hold it as stored: lookups read them, not the file again.
+        w["embed"] = PanelRows(head.wide)
     return w
 
 
 def resident_bytes(w: dict) -> dict[str, int]:
     """Bytes of the runtime's weights by form: what the kernels hold (`Linear.nbytes`: blocks,
     panels, dense copies) and the other tensors; an embedding kept as GGUF blocks (only looked-up
-    rows are read) is counted apart as `mapped`."""
+    rows are read) is counted apart as `mapped`; one read from the head's panels (`PanelRows`) adds
+    nothing."""
     out = {"kernels": 0, "tensors": 0, "mapped": 0}
     for k, t in w.items():
         if isinstance(t, Linear):

@@ -145,6 +145,72 @@ void gq_dequantize(const uint8_t* w, int t, int64_t k, const int64_t* rows, int6
   for (int64_t i = 0; i < n; ++i) deq_row(t, w + (rows ? rows[i] : i) * rb, k, out + i * k);
 }
 
+/* Q8_0 rows w [n, k] (n % 8 == 0) -> the q8 kernel's AVX2 panels (csrc/q8.c, q8_quantize's layout:
+ * per 8 rows and block, 8 vectors of 4 inputs x 8 rows; the 8 rows' scales side by side), by moving
+ * the bytes instead of dequantizing and quantizing again. q8_quantize, given a Q8_0 block's values
+ * d q (exact in fp32), finds amax = |d| max|q| and gives back |d| and sign(d) q exactly when
+ * max|q| = 127, which llama.cpp's and gguf's Q8_0 quantizers always write (d = amax / 127), and
+ * d = 0, q = 0 for a block whose values are all zero. So the panels moved here are bit for bit
+ * q8_quantize's of the dequantized rows, unless some block is of neither kind (max|q| < 127, a q of
+ * -128, a scale that is not finite): then this returns 1 and the caller quantizes the rows itself. */
+int gq_q8_0_panels(const uint8_t* w, int64_t n, int64_t k, int8_t* q, float* d) {
+  const int64_t nb = k / 32, rb = nb * 34;
+  int bad = 0;
+  for (int64_t g = 0; g < n / 8; ++g) { /* one thread: bound by memory, ~1.3 ms per 4096 rows of 640 */
+    int8_t* pq = q + g * 8 * k;
+    float* pd = d + g * 8 * nb;
+    for (int c = 0; c < 8; ++c) {
+      const uint8_t* r = w + (g * 8 + c) * rb;
+      for (int64_t b = 0; b < nb; ++b, r += 34) {
+        const float s = h2f(r);
+        __m256i v = _mm256_loadu_si256((const __m256i*)(r + 2));
+        const __m256i a = _mm256_abs_epi8(v); /* -128 stays 0x80: 128 as unsigned, caught below */
+        __m128i m = _mm_max_epu8(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+        m = _mm_max_epu8(m, _mm_srli_si128(m, 8));
+        m = _mm_max_epu8(m, _mm_srli_si128(m, 4));
+        m = _mm_max_epu8(m, _mm_srli_si128(m, 2));
+        m = _mm_max_epu8(m, _mm_srli_si128(m, 1));
+        const int top = _mm_cvtsi128_si32(m) & 255;
+        float ds = s < 0.0f ? -s : s;
+        if (!(ds <= 65504.0f) || (top != 127 && top != 0 && ds != 0.0f)) { /* inf or nan; max|q| < 127 */
+          bad = 1;
+          continue;
+        }
+        if (top == 0 || ds == 0.0f) {
+          v = _mm256_setzero_si256();
+          ds = 0.0f;
+        } else if (s < 0.0f) {
+          v = _mm256_sub_epi8(_mm256_setzero_si256(), v);
+        }
+        int32_t lanes[8];
+        _mm256_storeu_si256((__m256i*)lanes, v);
+        for (int t = 0; t < 8; ++t) memcpy(pq + b * 256 + t * 32 + c * 4, &lanes[t], 4);
+        pd[b * 8 + c] = ds;
+      }
+    }
+  }
+  return bad;
+}
+
+/* rows[i] of a matrix held in AVX2 panels (q, d as above; k values a row) -> out[i, :] fp32, each
+ * value q * d: a tied embedding read from the head's panels when they hold the blocks' values as
+ * stored (then the same bits as gq_dequantize of the blocks: d * q). One thread: a step's rows are
+ * a few hundred KB at most. */
+void gq_panel_rows(const int8_t* q, const float* d, int64_t k, const int64_t* rows, int64_t n, float* out) {
+  const int64_t nb = k / 32;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t g = rows[i] / 8, c = rows[i] % 8;
+    const int8_t* pq = q + g * 8 * k + c * 4;
+    const float* pd = d + g * 8 * nb + c;
+    float* y = out + i * k;
+    for (int64_t b = 0; b < nb; ++b, y += 32) {
+      const float s = pd[b * 8];
+      for (int t = 0; t < 8; ++t)
+        for (int j = 0; j < 4; ++j) y[t * 4 + j] = (float)pq[b * 256 + t * 32 + j] * s;
+    }
+  }
+}
+
 /* ---- the activations: int8 blocks of 32, a scale each, and the block's scaled sum ---- */
 
 static void quantize_act(const float* x, int64_t k, int8_t* q, float* d, float* s) {
