@@ -19,7 +19,7 @@ OFF_WORDS = ("", "0", "off")
 # abandoned request's) while leaving long answers possible; `context` restores vLLM's behaviour.
 DEFAULT_MAX_TOKENS = 2048
 DEFAULT_CHUNK = 64  # MIX_CHUNK_TOKENS when unset (the grammar's floor; why: the comment in resolve)
-DEFAULT_ITL_TARGET = "off"  # ITL_TARGET_MS when neither it nor another admission shape is set (why: resolve)
+DEFAULT_ITL_TARGET = "auto"  # ITL_TARGET_MS when neither it nor another admission shape is set (why: resolve)
 DEFAULT_TTFT_TARGET = "2000"  # TTFT_TARGET_MS under an inter-token target (why: step_cost.RoundBudget)
 PREFIX = "TAILGATE_"
 
@@ -101,8 +101,8 @@ ITL_TARGET_GRAMMAR = "off | auto | N ms, 1 <= N <= 10000"
 def parse_itl_target_ms(raw: str | None) -> int | str | None:
     """off | auto | N ms with 1 <= N <= 10000: the step time each walk round's prompt rows are
     priced to (engine/step_cost.py); auto: a multiple of the live batch's own predicted decode
-    step (`step_cost.AUTO_FACTOR`), so the target follows the batch depth and the CPU. Off by
-    default until a default is measured (docs/knobs.md)."""
+    step (`step_cost.AUTO_FACTOR`), so the target follows the batch depth and the CPU. `auto` by
+    default (why: `resolve`; docs/knobs.md)."""
     if raw is None or raw.lower() in OFF_WORDS:
         return None
     if raw.lower() == "auto":
@@ -169,7 +169,7 @@ KNOBS = (
          "followers join a mixed step only while the gathered prompt rows stay within N (the leader is never bounded)"),
     Knob("MIX_MAX_PROMPTS", "min(4, DECODE_SLOTS)", "N, 1 <= N <= DECODE_SLOTS",
          "most prompts one mixed step absorbs; also the door's cohort cap"),
-    Knob("MIX_CHUNK_TOKENS", "64 (off when MAX_CONTEXT <= 64)", "off | N, 64 <= N < MAX_CONTEXT (>=128 rounds down to x128)",
+    Knob("MIX_CHUNK_TOKENS", "unset: the ITL target's uncapped rounds (64 under ITL_TARGET_MS=off; off when MAX_CONTEXT <= 64)", "off | N, 64 <= N < MAX_CONTEXT (>=128 rounds down to x128)",
          "chunked walk: gathered prompts enter the live batch at most N rows per step, one round per iteration (replaces MIX_GATHER_ROWS)"),
     Knob("ASYNC_PREFILL", "off", LANE_GRAMMAR,
          "side-lane prefill: an admission into a live batch prefills on a worker with N threads of its own while "
@@ -274,11 +274,12 @@ def resolve(lookup: Callable[[str], str | None], cores: int | None = None,
     max_out = parse_default_max_tokens(raw["DEFAULT_MAX_TOKENS"], max_context)
     # The inter-token target's default (DEFAULT_ITL_TARGET) applies only where nothing asked for
     # another admission shape: an explicit MIX_CHUNK_TOKENS (a fixed walk width, or off) or a side
-    # lane keeps it off unless ITL_TARGET_MS is given too. Why off: `auto` halves the tail but pays
-    # for it in TTFT at depth. AMD EPYC Zen 3, 256 / 64 closed loop, one run beside the 64-row walk
-    # (docs/benchmarks/itl-target-amd.md): ITL p99 116 / 136 / 164 ms at c4 / c8 / c16 against the
-    # walk's 189 / 229 / 363, for output tok/s 44.2 / 42.1 / 48.1 against 48.2 / 59.3 / 59.1 and TTFT
-    # p50 1.1 / 5.1 / 13.3 s against 0.8 / 0.9 / 1.3 s: past what the issue allows a default.
+    # lane keeps it off unless ITL_TARGET_MS is given too. Why `auto` (with TTFT_TARGET_MS's 2 s
+    # horizon): AMD EPYC Zen 3, 256 / 64 closed loop, one run beside the fixed 64-row walk, vLLM and
+    # llama.cpp (docs/benchmarks/itl-target-amd.md): output tok/s 46.7 / 64.9 / 61.8 at c4 / c8 / c16
+    # against the walk's 44.6 / 49.3 / 55.5, ITL p99 152 / 157 / 392 ms against 226 / 288 / 373, for
+    # TTFT p50 1.3 / 1.6 / 1.9 s against 1.0 / 1.1 / 1.4 s (vLLM: 4.6 / 8.4 s at c4 / c8). Without the
+    # horizon `auto` moved the wait to the queue (TTFT p50 13.3 s at c16 in the run before).
     default_target = "off" if present("MIX_CHUNK_TOKENS") or present("ASYNC_PREFILL") or chunk is None \
         else DEFAULT_ITL_TARGET
     target = parse_itl_target_ms(raw["ITL_TARGET_MS"] if present("ITL_TARGET_MS") else default_target)

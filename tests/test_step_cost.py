@@ -225,9 +225,10 @@ def table(**kw):
     return lambda name: kw.get(name)
 
 
-def test_the_target_is_off_unless_given_and_turns_the_walk_on_uncapped_unless_a_chunk_is_given():
-    assert resolve(table()).itl_target_ms is None and resolve(table()).mix_chunk_tokens == 64
-    for off in ("off", "OFF", "0", ""):
+def test_the_target_is_auto_by_default_and_turns_the_walk_on_uncapped_unless_a_chunk_is_given():
+    assert resolve(table()).itl_target_ms == "auto" and resolve(table()).mix_chunk_tokens is None
+    assert resolve(table(ITL_TARGET_MS="")).itl_target_ms == "auto"  # "" is unset
+    for off in ("off", "OFF", "0"):
         assert resolve(table(ITL_TARGET_MS=off)).itl_target_ms is None
         assert resolve(table(ITL_TARGET_MS=off)).mix_chunk_tokens == 64  # the fixed walk
     cfg = resolve(table(ITL_TARGET_MS="50"))
@@ -243,10 +244,13 @@ def test_the_ttft_target_defaults_on_under_an_itl_target_and_refuses_without_one
     assert resolve(table(ITL_TARGET_MS="auto")).ttft_target_ms == 2000
     assert resolve(table(ITL_TARGET_MS="auto", TTFT_TARGET_MS="off")).ttft_target_ms is None
     assert resolve(table(ITL_TARGET_MS="50", TTFT_TARGET_MS="750")).ttft_target_ms == 750
-    assert resolve(table()).ttft_target_ms is None  # no inter-token target: nothing to widen
+    assert resolve(table(ITL_TARGET_MS="off")).ttft_target_ms is None  # no inter-token target: nothing to widen
+    assert resolve(table()).ttft_target_ms == 2000  # the default target, and its horizon
     assert resolve(table(TTFT_TARGET_MS="off")).ttft_target_ms is None
     with pytest.raises(KnobError, match=re.escape("TAILGATE_TTFT_TARGET_MS='500' refuses without")):
-        resolve(table(TTFT_TARGET_MS="500"))
+        resolve(table(TTFT_TARGET_MS="500", ITL_TARGET_MS="off"))
+    with pytest.raises(KnobError, match=re.escape("TAILGATE_TTFT_TARGET_MS='500' refuses without")):
+        resolve(table(TTFT_TARGET_MS="500", MIX_CHUNK_TOKENS="64"))  # a fixed walk: the default target is off
     for bad in ("99", "600001", "2s", " 500", "auto"):
         with pytest.raises(KnobError) as e:
             resolve(table(ITL_TARGET_MS="auto", TTFT_TARGET_MS=bad))
