@@ -110,7 +110,8 @@ TEMPLATE_KWARGS = nullable({
 def _flag_off(name: str, top: dict, required: bool) -> dict:
     """The flag is false: at the top (`top`) and in chat_template_kwargs (which wins) when there.
     Sound, not whole: a true at the top that the kwargs turn false is served but not declared
-    (one branch a flag keeps the rule within what schemathesis' generator expands)."""
+    (one branch per flag keeps the rules few enough for schemathesis' generator to expand them
+    all together: with a branch for each place a flag can be set, it gave up on chat's body)."""
     off = {"properties": {name: top, "chat_template_kwargs": nullable(
         {"type": "object", "properties": {name: {"const": False}}})}}
     return {**off, "required": [name]} if required else off
