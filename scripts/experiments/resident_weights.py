@@ -11,7 +11,8 @@ KV_CACHE_MB the server accepts at the default MAX_CONTEXT / DECODE_SLOTS:
     torch.zeros tensors, all resident, whose bytes are known exactly and subtracted),
   - the model file's size and the ratio (RSS after load - bare torch - KV pools) / file,
   - the cache on disk for this file (tailgate's conversion cache entry) and its ratio,
-  - the time from this process's start to the engine being ready (imports included),
+  - the time from this process's start to the engine being ready (imports included), wall and CPU
+    (a shared host may pause or starve the process: the CPU seconds move less),
 and, with --smaps, the resident bytes per mapping (anonymous heap, the model file, libraries).
 The stages' RSS (after imports, after load_model: tokenizer + mapped file, after the runner) say
 which part takes what. Figures on a loaded host move by a few MiB between runs.
@@ -112,6 +113,8 @@ def main() -> int:
     rss_loaded = rss_bytes()
     engine, m, settled = build_engine(args.model, cfg, loaded=m, log=lines.append)
     ready_s = seconds_since_start()
+    t = os.times()
+    ready_cpu = t.user + t.system  # all threads: a host that pauses or starves this process moves it less
     rss = rss_bytes()
     ex = engine.scheduler.executor
     while not hasattr(ex, "runner"):  # under a MeteredExecutor (ITL_TARGET_MS) the runner's executor is inside
@@ -136,13 +139,14 @@ def main() -> int:
           f"minus the KV pools = {held / MIB:.1f} MiB = {held / 1e6:.1f} MB ({held / size:.2f}x the file)")
     if cache is not None:
         print(f"cache on disk {cache}: {cache_bytes / MIB:.1f} MiB ({cache_bytes / size:.2f}x the file)")
-    print(f"process start to ready: {ready_s:.1f} s")
+    print(f"process start to ready: {ready_s:.1f} s wall, {ready_cpu:.1f} s of CPU (user + system, all threads)")
     if args.smaps:
         maps = smaps_by_mapping()
         for name, (r, anon) in sorted(maps.items(), key=lambda kv_: -kv_[1][0])[:12]:
             print(f"  {r / MIB:8.1f} MiB resident ({anon / MIB:.1f} anonymous)  {name}")
     print(json.dumps({"bare_torch": bare, "rss": rss, "kv_pools": kv, "held": held, "file": size,
-                      "ratio": round(held / size, 3), "cache_bytes": cache_bytes, "ready_s": round(ready_s, 2)}))
+                      "ratio": round(held / size, 3), "cache_bytes": cache_bytes, "ready_s": round(ready_s, 2),
+                      "ready_cpu_s": round(ready_cpu, 2)}))
     return 0
 
 
