@@ -187,7 +187,7 @@ class PanelRows:
         n, k = self.shape
         if idx.numel() and not (0 <= int(idx.min()) and int(idx.max()) < n):
             raise IndexError(f"row index outside 0..{n - 1}")
-        out = torch.empty(idx.numel(), k, dtype=torch.float32)
+        out = torch.empty(idx.numel(), k, dtype=torch.float32, device=self.device)
         native._lib().gq_panel_rows(self.q.data_ptr(), self.d.data_ptr(), k, idx.data_ptr(), idx.numel(),
                                     out.data_ptr())
         return out.view(*ids.shape, k)
