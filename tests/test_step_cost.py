@@ -67,6 +67,26 @@ def test_the_fit_follows_the_machine_when_it_slows_down():
         assert m.predict(x) == pytest.approx(true_seconds(x, slow), rel=0.03)
 
 
+def test_a_host_that_slows_for_a_few_steps_is_priced_at_its_pace_within_two_steps_and_recovers():
+    m, r = StepCostModel(), random.Random(5)
+    for _ in range(300):
+        x = random_step(r)
+        m.observe(x, true_seconds(x))
+    assert m.pace == pytest.approx(1.0, rel=1e-3)
+    for _ in range(3):  # a neighbour takes a core: every step 1.4x for a moment
+        x = random_step(r)
+        m.observe(x, 1.4 * true_seconds(x))
+    x = random_step(r)
+    assert m.predict(x) == pytest.approx(1.4 * true_seconds(x), rel=0.1)
+    assert m.predict(x) / m.pace == pytest.approx(true_seconds(x), rel=0.1)  # the pace took it, not the fit
+    for _ in range(6):
+        x = random_step(r)
+        m.observe(x, true_seconds(x))
+    assert m.predict(x) == pytest.approx(true_seconds(x), rel=0.05)
+    m.observe(x, 1000.0)  # one wild measurement moves the pace at most to its bound
+    assert m.pace <= 4.0
+
+
 def test_a_prompt_rows_price_survives_a_long_stretch_of_decode_only_steps():
     m, r = StepCostModel(), random.Random(3)
     for _ in range(100):

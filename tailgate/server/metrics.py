@@ -93,7 +93,10 @@ class TailgateCollector:
                 if "predicted_s" in sc:
                     x.gauge("tailgate:step_predicted_seconds", sc["predicted_s"],
                             "The last priced step's predicted time (before it ran).")
-                terms = {k: v for k, v in sc.items() if k not in ("target_s", "actual_s", "predicted_s")}
+                if "pace" in sc:
+                    x.gauge("tailgate:step_cost_pace", sc["pace"],
+                            "The host's pace: recent measured / fitted step times (predictions are the fit times this).")
+                terms = {k: v for k, v in sc.items() if k not in ("target_s", "actual_s", "predicted_s", "pace")}
                 if terms:
                     x.gauge("tailgate:step_cost_coefficient", terms,
                             "The fitted step-cost model: seconds per step (floor), per prompt / decode / sampled "
