@@ -103,9 +103,12 @@ def test_required_streamed_ends_with_tool_calls(smol):
     chunks = list(c.chat.completions.create(model=model, messages=ASK, tools=[WEATHER], tool_choice="required",
                                             parallel_tool_calls=False, stream=True, temperature=1.0, seed=7,
                                             max_tokens=60))
-    deltas = [d for ch in chunks for d in (ch.choices[0].delta.tool_calls or [])]
-    assert [d.index for d in deltas] == [0, 0] and chunks[-1].choices[0].finish_reason == "tool_calls"
-    jsonschema.validate(json.loads(deltas[1].function.arguments), WEATHER["function"]["parameters"])
+    carrying = [ch for ch in chunks if ch.choices[0].delta.tool_calls]
+    deltas = [d for ch in carrying for d in ch.choices[0].delta.tool_calls]
+    assert {d.index for d in deltas} == {0} and chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert deltas[0].id and deltas[0].function.name == "get_weather" and deltas[0].function.arguments == ""
+    assert len(carrying) >= 3  # the arguments streamed as the model wrote them, not in one piece at the end
+    jsonschema.validate(json.loads("".join(d.function.arguments for d in deltas)), WEATHER["function"]["parameters"])
     assert not any(ch.choices[0].delta.content for ch in chunks)
 
 

@@ -26,10 +26,75 @@ def test_auto_content_before_a_smollm2_call_flows_and_the_call_comes_back_as_del
                                               '"arguments": {"city": "Paris"}}]</tool_call>'])
     assert "".join(sent) + rest == "Let me check. "
     assert sent[0] == "Let me check. "  # the "<to" that might open a call was held, nothing else
-    (d0, d1) = ts.deltas()
-    assert d0["index"] == d1["index"] == 0 and d0["id"].startswith("call_") and d0["type"] == "function"
+    d0, *rest = ts.emitted
+    assert d0["index"] == 0 and d0["id"].startswith("call_") and d0["type"] == "function"
     assert d0["function"] == {"name": "get_weather", "arguments": ""}
-    assert json.loads(d1["function"]["arguments"]) == {"city": "Paris"}
+    assert all(d["index"] == 0 and set(d) == {"index", "function"} for d in rest)
+    assert json.loads("".join(d["function"]["arguments"] for d in rest)) == {"city": "Paris"}
+    assert ts.calls[0]["id"] == d0["id"]
+
+
+def arguments(deltas, index=0) -> str:
+    return "".join(d["function"]["arguments"] for d in deltas if d["index"] == index)
+
+
+@pytest.mark.parametrize("template,pieces", [
+    (CHATML_TEMPLATE, ['<tool_call>[{"name": "get_', 'weather", "arguments": {"ci', 'ty": "Par', 'is", "days": 3', '}}]</tool_call>']),
+    (GEMMA_TEMPLATE, ['```tool_code\n{"name": "get_weather", ', '"parameters": {"city": ', '"Paris", "days": 3}}', '\n```']),
+])
+def test_a_calls_arguments_stream_as_the_model_writes_them_and_add_up_to_the_call(template, pieces):
+    ts = ToolStream(ToolPlan([FN], "auto", format_for(template, None)))
+    per_push = []
+    for p in pieces:
+        assert ts.push(p) == ""
+        per_push.append(ts.take())
+    assert ts.finish() == "" and ts.take() == []
+    opened = next(i for i, d in enumerate(per_push) if d)
+    assert per_push[opened][0]["function"] == {"name": "get_weather", "arguments": ""}  # as soon as the name closes
+    assert sum(1 for d in per_push if d) >= 3  # the arguments came in pieces, not at the end
+    raw = arguments(ts.emitted)
+    assert raw == '{"city": "Paris", "days": 3}'  # the model's own text, fragment by fragment
+    assert json.loads(raw) == json.loads(ts.calls[0]["function"]["arguments"])
+
+
+def test_a_name_the_request_did_not_offer_opens_no_call_and_comes_back_as_text():
+    ts = ToolStream(ToolPlan([FN], "auto", format_for(CHATML_TEMPLATE, None)))
+    text = '<tool_call>[{"name": "launch_rockets", "arguments": {"n": 1}}]</tool_call>'
+    assert ts.push(text) == "" and ts.take() == []
+    assert ts.finish() == text and not ts.called
+
+
+def test_arguments_written_before_the_name_go_out_when_the_name_closes():
+    ts = ToolStream(ToolPlan([FN], "required", format_for(GEMMA_TEMPLATE, None)))
+    ts.push('```tool_code\n{"parameters": {"city": "Oslo"}, ')
+    assert ts.take() == []
+    ts.push('"name": "get_weather"}\n```')
+    d = ts.take()
+    assert d[0]["function"]["name"] == "get_weather" and arguments(d) == '{"city": "Oslo"}'
+
+
+def test_parallel_calls_stream_under_their_own_indexes():
+    ts = ToolStream(ToolPlan([FN], "auto", format_for(CHATML_TEMPLATE, None)))
+    ts.push('<tool_call>[{"name": "get_weather", "arguments": {"city": "A"}}, ')
+    ts.push('{"name": "get_weather", "arguments": {"city": "B"}}]</tool_call>')
+    ts.finish()
+    assert [d["index"] for d in ts.emitted if "id" in d] == [0, 1]
+    assert [c["id"] for c in ts.calls] == [d["id"] for d in ts.emitted if "id" in d]
+    assert arguments(ts.emitted, 1) == '{"city": "B"}'
+
+
+def test_arguments_written_as_a_json_string_go_out_whole_at_the_end():
+    ts = ToolStream(ToolPlan([FN], "auto", format_for(CHATML_TEMPLATE, None)))
+    ts.push('<tool_call>[{"name": "get_weather", "arguments": "{\\"city\\": \\"Rome\\"}"}]</tool_call>')
+    assert [d["function"].get("name") for d in ts.take()] == ["get_weather"]
+    ts.finish()
+    assert json.loads(arguments(ts.take())) == {"city": "Rome"}
+
+
+def test_a_whole_answer_is_read_once_and_text_that_only_looked_like_a_call_stays_text():
+    ts = ToolStream(ToolPlan([FN], "auto", format_for(CHATML_TEMPLATE, None)), live=False)
+    text = '<tool_call>[{"name": "get_weather", "arguments": {"city": '
+    assert ts.push(text) + ts.finish() == text and not ts.called and ts.emitted == []
 
 
 def test_text_that_only_looked_like_a_call_is_given_back_whole():

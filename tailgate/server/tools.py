@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from .protocol import bad
 from .tool_formats import ToolFormat, format_for
+from .tool_scan import scan
 
 
 @dataclass
@@ -144,14 +145,29 @@ def _args(a):
 @dataclass
 class ToolStream:
     """One choice's answer read for calls: plain content passes through (held back only while it
-    may be opening a call); once a call starts, text is held until the answer ends, then parsed."""
+    may be opening a call); once a call starts, its text is held for the parser at the end, while
+    the calls written so far go out as OpenAI's deltas (`take`): a call opens (index, id, type,
+    name, empty arguments) once its name has closed and names one of the request's functions,
+    then its arguments follow as the model writes them (`tool_scan.py`). What only looked like a
+    call (no offered name ever closed) is given back as text at the end."""
     plan: ToolPlan
     held: str = ""
     calling: bool = False
-    calls: list = field(default_factory=list)
+    calls: list = field(default_factory=list)  # whole calls, once `finish` parsed them
+    opened: list = field(default_factory=list)  # ids of the calls opened as deltas
+    sent: list = field(default_factory=list)  # per opened call: argument characters sent
+    emitted: list = field(default_factory=list)  # every delta, in order
+    live: bool = True  # a stream (deltas as the calls are written); False: a whole answer, read once at the end
+    _pending: list = field(default_factory=list)
 
     def push(self, text: str) -> str:
-        """Content to send now for `text` (the rest is held)."""
+        """Content to send now for `text` (the rest is held); new call deltas wait in `take`."""
+        out = self._content(text)
+        if self.held and self.live:
+            self._advance()
+        return out
+
+    def _content(self, text: str) -> str:
         if self.plan.choice != "auto" or self.calling:
             self.held += text
             return ""
@@ -174,32 +190,68 @@ class ToolStream:
         out, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
         return out
 
+    def _body(self) -> str:
+        opener = self.plan.fmt.opener
+        if not opener:
+            return self.held.lstrip()
+        at = self.held.find(opener)
+        return self.held[at + len(opener):] if at >= 0 else ""
+
+    def _emit(self, delta: dict) -> None:
+        self._pending.append(delta)
+        self.emitted.append(delta)
+
+    def _advance(self) -> None:
+        """Deltas for what the held text has added to its calls since the last look."""
+        allowed = {t["function"]["name"] for t in self.plan.tools}
+        fmt = self.plan.fmt
+        for i, pc in enumerate(scan(self._body(), (fmt.key, "arguments", "parameters"))):
+            if i == len(self.opened):
+                if pc.name is None or pc.name not in allowed:
+                    return  # not (yet) a call of this request's: nothing goes out
+                self.opened.append("call_" + uuid.uuid4().hex[:24])
+                self.sent.append(0)
+                self._emit({"index": i, "id": self.opened[i], "type": "function",
+                            "function": {"name": pc.name, "arguments": ""}})
+            if pc.args_object and self.sent[i] >= 0 and len(pc.args) > self.sent[i]:
+                self._emit({"index": i, "function": {"arguments": pc.args[self.sent[i]:]}})
+                self.sent[i] = len(pc.args)
+
+    def take(self) -> list[dict]:
+        """The deltas not yet sent."""
+        out, self._pending = self._pending, []
+        return out
+
+    @property
+    def called(self) -> bool:
+        return bool(self.calls or self.opened)
+
     def finish(self) -> str:
-        """At the end: content still owed (when the held text was no call); fills `calls`."""
+        """At the end: content still owed (when the held text was no call); fills `calls` and
+        queues the deltas still owed (`take`)."""
+        if self.held and self.live:
+            self._advance()
         got = self.plan.fmt.parse(self.held) if self.held else None
-        if got is None:
+        allowed = {t["function"]["name"] for t in self.plan.tools}
+        if got is None or any(c["name"] not in allowed for c in got[1]):  # a made-up function: text stays text
+            if self.opened:  # calls already went out as deltas: they stand, the rest is theirs
+                self.held = ""
+                return ""
             out, self.held = self.held, ""
             return out
         content, calls = got
-        allowed = {t["function"]["name"] for t in self.plan.tools}
-        if any(c["name"] not in allowed for c in calls):  # a made-up function: the text stays text
-            out, self.held = self.held, ""
-            return out
-        self.calls = [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+        self.calls = [{"id": self.opened[i] if i < len(self.opened) else "call_" + uuid.uuid4().hex[:24],
+                       "type": "function",
                        "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
-                      for c in calls]
+                      for i, c in enumerate(calls)]
+        for i, c in enumerate(self.calls):
+            if i >= len(self.opened):
+                self._emit({"index": i, "id": c["id"], "type": "function",
+                            "function": {"name": c["function"]["name"], "arguments": ""}})
+            if i >= len(self.opened) or self.sent[i] == 0:  # arguments not streamed (e.g. written as a string)
+                self._emit({"index": i, "function": {"arguments": c["function"]["arguments"]}})
         self.held = ""
         return content
-
-    def deltas(self) -> list[dict]:
-        """OpenAI's streamed shape of the calls: per call, one delta opening it (index, id, type,
-        name, empty arguments), then one carrying its arguments."""
-        out = []
-        for i, c in enumerate(self.calls):
-            out.append({"index": i, "id": c["id"], "type": "function",
-                        "function": {"name": c["function"]["name"], "arguments": ""}})
-            out.append({"index": i, "function": {"arguments": c["function"]["arguments"]}})
-        return out
 
 
 def tool_shape(g, tokenizer):
@@ -216,7 +268,11 @@ def tool_shape(g, tokenizer):
             return self.streams.setdefault(c.index, ToolStream(g.tools))
 
         def chunk_choice(self, c, text, items, finish, first):
-            out = super().chunk_choice(c, self._stream(c).push(text) if text else "", items, None, first)
+            ts = self._stream(c)
+            out = super().chunk_choice(c, ts.push(text) if text else "", items, None, first)
+            calls = ts.take()
+            if calls:
+                out["delta"]["tool_calls"] = calls
             if finish is not None:
                 self.close(out, c)
             elif not first and not out["delta"].get("content"):
@@ -229,13 +285,14 @@ def tool_shape(g, tokenizer):
             rest = ts.finish()
             if rest:
                 choice["delta"]["content"] = choice["delta"].get("content", "") + rest
-            if ts.calls:
-                choice["delta"]["tool_calls"] = ts.deltas()
-            choice["finish_reason"] = g.tools.finish if ts.calls and c.finish == "stop" else c.finish
+            calls = ts.take()
+            if calls:
+                choice["delta"]["tool_calls"] = choice["delta"].get("tool_calls", []) + calls
+            choice["finish_reason"] = g.tools.finish if ts.called and c.finish == "stop" else c.finish
 
         def full_choice(self, c):
             out = super().full_choice(c)
-            ts = ToolStream(g.tools)
+            ts = ToolStream(g.tools, live=False)
             content = ts.push(c.stream.final_text) + ts.finish()
             out["message"]["content"] = content or (None if ts.calls else "")
             if ts.calls:
