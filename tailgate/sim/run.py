@@ -309,7 +309,7 @@ def main(args) -> int:
               f"(mean {out['door_mean_hold_ms']:.1f} ms), preemptions {out['preemptions']}; simulated {out['virtual_s']:.1f} s in {out['sim_wall_s']} s")
     if "itl_target" in out:
         t = out["itl_target"]
-        fit = ", ".join(f"{k} {1000 * v:.4g} ms" for k, v in t["fit"].items())
+        fit = ", ".join(f"{k} {v:.3g}" if k == "pace" else f"{k} {1000 * v:.4g} ms" for k, v in t["fit"].items())
         print(f"ITL target {t['target_ms']:.0f} ms: {t['rounds']} walk rounds of {t['mean_round_rows']:.1f} prompt rows on "
               f"average; step time predicted within 5 % / 15 % for {100 * t['within_5pct']:.0f} % / "
               f"{100 * t['within_15pct']:.0f} % of {t['priced_steps']} priced steps; fit: {fit}")
