@@ -18,8 +18,11 @@ def scored(server, rig):
     """The prompt's ids (as the server tokenizes them) and the model's log-softmax over it: one
     prefill with every row's logits, the step the server runs for this prompt (it fits one
     64-row walk chunk), on the server's plan (--dtype auto, --kernels auto)."""
-    r = rig(MODEL, "auto")
     prompt = post(server[0], "/tokenize", {"prompt": TEXT}).json()["tokens"]
+    return prompt, log_softmax(rig(MODEL, "auto"), prompt), rig(MODEL, "auto").model.tokenizer
+
+
+def log_softmax(r, prompt):
     assert len(prompt) < 64
     seq = SeqPages()
     try:
@@ -27,7 +30,18 @@ def scored(server, rig):
         logits = r.runner.step([Segment(prompt, 0, seq, all_logits=True)])
     finally:
         r.book.free(seq)
-    return prompt, torch.log_softmax(logits.float(), -1), r.model.tokenizer
+    return torch.log_softmax(logits.float(), -1)
+
+
+def check_prompt_logprobs(pl, prompt, lsm, k):
+    assert len(pl) == len(prompt) and pl[0] is None
+    for i in range(1, len(prompt)):
+        row, t = lsm[i - 1], prompt[i]
+        own = pl[i][str(t)]
+        assert abs(own["logprob"] - row[t].item()) < 1e-4
+        assert own["rank"] == int((row > row[t]).sum()) + 1
+        top = sorted(((e["rank"], e["logprob"]) for key, e in pl[i].items() if key != str(t) or e["rank"] <= k))
+        assert [round(v, 3) for _, v in top[:k]] == [round(v, 3) for v in row.topk(k).values.tolist()]
 
 
 @pytest.mark.parametrize("max_tokens", [0, 1])
@@ -63,15 +77,24 @@ def test_vllm_prompt_logprobs_name_each_prompt_token_with_its_rank_and_the_top_k
     prompt, lsm, tok = scored
     got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0,
                                     extra_body={"prompt_logprobs": 2})
-    pl = got.choices[0].model_extra["prompt_logprobs"]
-    assert len(pl) == len(prompt) and pl[0] is None
-    for i in range(1, len(prompt)):
-        row, t = lsm[i - 1], prompt[i]
-        own = pl[i][str(t)]
-        assert abs(own["logprob"] - row[t].item()) < 1e-4
-        assert own["rank"] == int((row > row[t]).sum()) + 1
-        top = sorted(((e["rank"], e["logprob"]) for k, e in pl[i].items() if k != str(t) or e["rank"] <= 2))
-        assert [round(v, 3) for _, v in top[:2]] == [round(v, 3) for v in row.topk(2).values.tolist()]
+    check_prompt_logprobs(got.choices[0].model_extra["prompt_logprobs"], prompt, lsm, 2)
+
+
+def test_chat_prompt_logprobs_sit_beside_the_choices_and_score_the_templated_prompt(server, client, rig):
+    messages = [{"role": "user", "content": TEXT}]
+    prompt = post(server[0], "/tokenize", {"messages": messages}).json()["tokens"]
+    lsm = log_softmax(rig(MODEL, "auto"), prompt)
+    got = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0, n=2,
+                                         extra_body={"prompt_logprobs": 3})
+    check_prompt_logprobs(got.model_extra["prompt_logprobs"], prompt, lsm, 3)
+    assert got.usage.prompt_tokens == len(prompt)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0,
+                                                 stream=True, extra_body={"prompt_logprobs": 1}))
+    carried = [c.model_extra["prompt_logprobs"] for c in chunks if c.model_extra.get("prompt_logprobs")]
+    assert len(carried) == 1  # once, on the first chunk after they arrived
+    check_prompt_logprobs(carried[0], prompt, lsm, 1)
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
+    assert "prompt_logprobs" not in (plain.model_extra or {})
 
 
 def test_a_streamed_echo_with_logprobs_opens_with_the_prompt_and_its_logprobs(server, client, scored):

@@ -163,12 +163,13 @@ class Generation:
     # ---- response shapes (the Shape's) ------------------------------------------------------
     def chunk(self, c: Choice, text: str, items: list, finish: str | None, first: bool = False) -> dict:
         return {"id": self.id, "object": self.shape.object_chunk, "created": self.created,
-                "model": self.state.served_name, "choices": [self.shape.chunk_choice(c, text, items, finish, first)]}
+                "model": self.state.served_name, "choices": [self.shape.chunk_choice(c, text, items, finish, first)],
+                **self.shape.chunk_extra(c)}
 
     def full(self) -> dict:
         return {"id": self.id, "object": self.shape.object_full, "created": self.created,
                 "model": self.state.served_name, "choices": [self.shape.full_choice(c) for c in self.choices],
-                "usage": self.usage()}
+                "usage": self.usage(), **self.shape.full_extra(self.choices)}
 
     # ---- delivery ---------------------------------------------------------------------------
     async def collect(self, is_disconnected) -> bool:

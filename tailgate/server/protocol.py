@@ -104,7 +104,7 @@ def _pick(*values, default=None):
 
 def parse_common(body: dict, kind: str, vocab_size: int) -> tuple[GenRequest, BaseModel]:
     for k in _REFUSED_IF_SET + (_CHAT_ONLY if kind == "completion" else ()):
-        if k == "prompt_logprobs" and kind == "completion":  # served there (engine/prompt_logprobs.py)
+        if k == "prompt_logprobs":  # served (engine/prompt_logprobs.py); the schema bounds it
             continue
         if _is_set(body.get(k)):
             raise bad(f"'{k}' is not supported by this server", k)
@@ -262,5 +262,6 @@ def parse_chat(body: dict, tokenizer, vocab_size: int) -> GenRequest:
     constrain(g, body, tokenizer)
     if m.logprobs:
         g.logprobs = _pick(m.top_logprobs, default=0)
+    g.prompt_logprobs = g.score_prompt = m.prompt_logprobs  # vLLM's, beside the choices
     # top_logprobs without logprobs: true asks for nothing (ignored, as stream_options above).
     return g

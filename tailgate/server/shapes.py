@@ -36,6 +36,26 @@ class Shape:
         """What a stream sends for choice `c` before any token, as (text, first); None: nothing."""
         return None
 
+    def prompt_logprobs(self, c) -> list | None:
+        """vLLM's `prompt_logprobs`: per prompt token (the first: null) its own entry and the top k,
+        keyed by token id, each with its logprob, rank and text."""
+        k = self.g.prompt_logprobs
+        out = [None]
+        for t, (lp, rank, top) in zip(c.req.prompt[1:], c.prompt_logprobs):
+            d = {str(t): {"logprob": lp, "rank": rank, "decoded_token": self.piece(t)}}
+            for r, (a, b) in enumerate(top[:k], 1):
+                d.setdefault(str(a), {"logprob": b, "rank": r, "decoded_token": self.piece(a)})
+            out.append(d)
+        return out
+
+    def chunk_extra(self, c) -> dict:
+        """Top-level fields a stream chunk of choice `c` carries beside its choices."""
+        return {}
+
+    def full_extra(self, choices) -> dict:
+        """Top-level fields of a whole response beside its choices."""
+        return {}
+
 
 class ChatShape(Shape):
     object_full, object_chunk = "chat.completion", "chat.completion.chunk"
@@ -60,6 +80,17 @@ class ChatShape(Shape):
 
     def opening(self, c):
         return "", True  # the assistant's role, before its first token
+
+    # vLLM's chat `prompt_logprobs` sit beside the choices (the prompt is the choices' one); a
+    # stream carries them on the first chunk after they arrive, where vLLM refuses to stream them.
+    def chunk_extra(self, c):
+        if self.g.prompt_logprobs is None or not c.prompt_unsent:
+            return {}
+        c.prompt_unsent = False
+        return {"prompt_logprobs": self.prompt_logprobs(c)} if c.index == 0 else {}
+
+    def full_extra(self, choices):
+        return {} if self.g.prompt_logprobs is None else {"prompt_logprobs": self.prompt_logprobs(choices[0])}
 
 
 class CompletionShape(Shape):
@@ -88,18 +119,6 @@ class CompletionShape(Shape):
             offsets.append(c.offset)
             c.offset += len(t)
         return {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
-
-    def prompt_logprobs(self, c) -> list | None:
-        """vLLM's `prompt_logprobs`: per prompt token (the first: null) its own entry and the top k,
-        keyed by token id, each with its logprob, rank and text."""
-        k = self.g.prompt_logprobs
-        out = [None]
-        for t, (lp, rank, top) in zip(c.req.prompt[1:], c.prompt_logprobs):
-            d = {str(t): {"logprob": lp, "rank": rank, "decoded_token": self.piece(t)}}
-            for r, (a, b) in enumerate(top[:k], 1):
-                d.setdefault(str(a), {"logprob": b, "rank": r, "decoded_token": self.piece(a)})
-            out.append(d)
-        return out
 
     def _choice(self, c, text, items, finish) -> dict:
         ch = {"index": c.index, "text": text, "logprobs": self.logprobs(c, items), "finish_reason": finish}
