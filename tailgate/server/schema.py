@@ -120,6 +120,8 @@ class ChatCompletionRequest(_Sampling, _ChatTemplateFields):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool | None = None
     top_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
+    prompt_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = Field(
+        None, description="vLLM's: each prompt token's logprob and rank, with the top k (beside the choices)")
 
 
 class TokenizeRequest(_ChatTemplateFields):
@@ -187,6 +189,8 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: list | None = Field(None, description="vLLM's, when asked: per prompt token (the first null) "
+                                         "a map of token id to logprob, rank and decoded_token")
 
 
 class ModelCard(BaseModel):
