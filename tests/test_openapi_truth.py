@@ -9,6 +9,7 @@ import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
+from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from tailgate.server.app import ServerState, below, create_app
 from live import MODEL
@@ -116,6 +117,8 @@ CASES = [
     ("/v1/completions", {"prompt": "Hi", "guided_regex": "a", "response_format": {"type": "json_object"}}, False),
     ("/v1/completions", {"prompt": "Hi", "response_format": {"type": "text"}, "guided_json": False}, False),
     ("/v1/completions", {"prompt": "Hi", "response_format": {"type": "json_schema", "json_schema": {}}}, False),
+    # a JSON schema is any object, and JSON has no integer bound: one past 64 bits is served
+    ("/v1/completions", {"prompt": "Hi", "guided_json": {"type": "object", "x-n": -25164186452009787850752}}, True),
     ("/v1/completions", {"prompt": "Hi", "logit_bias": {str(VOCAB - 1): 1, "007": -100}}, True),
     ("/v1/completions", {"prompt": "Hi", "logit_bias": {str(VOCAB): 1}}, False),
     ("/v1/completions", {"prompt": "Hi", "max_tokens": CONTEXT}, False),  # no prompt leaves room
@@ -140,6 +143,28 @@ def test_the_schema_admits_what_the_server_serves_and_nothing_it_refuses(server,
     assert r.status_code == (200 if served else 400), r.text
     if not served:
         assert r.json()["error"]["message"]
+
+
+STREAMS = [
+    ("/v1/completions", {"prompt": "Hi", "logprobs": 2, "echo": True, "n": 2}),
+    ("/v1/completions", {"prompt": [[1000, 1001]], "prompt_logprobs": 1, "stream_options": {"include_usage": True}}),
+    ("/v1/chat/completions", {"messages": HI, "logprobs": True, "top_logprobs": 2,
+                              "stream_options": {"include_usage": True}}),
+]
+
+
+@pytest.mark.parametrize("path,body", STREAMS, ids=[f"{i}-{c[0]}" for i, c in enumerate(STREAMS)])
+def test_every_event_of_a_stream_is_one_the_schema_describes(server, path, body):
+    """A text/event-stream `schema` (OpenAPI 3.1) describes one event, and schemathesis' --checks all
+    holds each event's `data` to it (ST108): a chunk of the endpoint's kind as JSON, or [DONE]."""
+    base = server[0]
+    schema = schemathesis.openapi.from_url(base + "/openapi.json")
+    case = schema[path]["POST"].Case(body={**body, "stream": True, "max_tokens": 3})
+    r = case.call(base_url=base, timeout=120)
+    assert r.status_code == 200 and r.headers["content-type"][0].startswith("text/event-stream"), r.text
+    events = [e for e in r.text.split("\n\n") if e.startswith("data: ")]
+    assert len(events) >= 3 and events[-1] == "data: [DONE]", r.text
+    case.validate_response(r, checks=[response_schema_conformance])
 
 
 def test_max_tokens_past_what_the_prompt_leaves_ends_at_the_context(server):

@@ -89,7 +89,7 @@ def _openapi(app: FastAPI):
             state = app.state.tailgate
             doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
             comps = doc.setdefault("components", {}).setdefault("schemas", {})
-            for model in schema.REQUESTS:
+            for model in schema.REQUESTS + schema.STREAMED:
                 s = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 comps.update(s.pop("$defs", {}))
                 comps[model.__name__] = s

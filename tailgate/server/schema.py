@@ -193,6 +193,47 @@ class ChatCompletionResponse(BaseModel):
                                          "a map of token id to logprob, rank and decoded_token")
 
 
+class CompletionChunkChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: dict | None
+    finish_reason: str | None
+
+
+class CompletionChunk(BaseModel):
+    """One event of a streamed completion (`data: {chunk}`); the last, with
+    `stream_options.include_usage`, has no choices and the usage."""
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    usage: Usage | None = None
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[dict] | None = Field(None, description="OpenAI's streamed call deltas (index, id, type, function)")
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: dict | None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One event of a streamed chat completion (`data: {chunk}`)."""
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"]
@@ -228,3 +269,5 @@ class ErrorResponse(BaseModel):
 
 
 REQUESTS = (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest)
+# Published beside the requests: what a stream's events carry (routes/generation.py's SSE schema).
+STREAMED = (CompletionChunk, ChatCompletionChunk, ErrorResponse)

@@ -35,8 +35,8 @@ def schema_grammar(schema, param: str) -> str:
         schema = {}
     if not isinstance(schema, dict):
         raise bad(f"'{param}' must be a JSON schema (an object; false would match nothing)", param.split(".")[0])
-    try:
-        return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    try:  # as JSON text: llguidance cannot take a Python int past 64 bits (valid JSON, e.g. 1e22 written out)
+        return LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS)
     except (ValueError, TypeError) as e:
         raise bad(f"'{param}' is not a usable JSON schema: {e}", param.split(".")[0]) from None
 

@@ -14,8 +14,21 @@ from ..logs import log_request
 from ..protocol import parse_chat, parse_completion
 
 router = APIRouter()
-# `stream: true` answers server-sent events: documented beside the JSON body (schemathesis' ST105).
-SSE = {"text/event-stream": {"schema": {"type": "string", "description": "data: {chunk} lines, then data: [DONE]"}}}
+
+
+def sse(chunk) -> dict:
+    """`stream: true` answers server-sent events, documented beside the JSON body (schemathesis'
+    ST105). Before OpenAPI 3.2's `itemSchema`, a text/event-stream `schema` describes one event
+    (schemathesis reads it so: ST108): its `data` is a chunk of this endpoint's kind as JSON text,
+    an error body (a request whose row fails mid-stream), or the closing `[DONE]`."""
+    ref = lambda m: {"$ref": f"#/components/schemas/{m.__name__}"}  # noqa: E731
+    return {"text/event-stream": {"schema": {
+        "type": "object", "required": ["data"], "description": "one event: data: {chunk} ..., then data: [DONE]",
+        "properties": {"data": {"type": "string", "anyOf": [
+            {"const": "[DONE]"},
+            {"contentMediaType": "application/json",
+             "contentSchema": {"anyOf": [ref(chunk), ref(schema.ErrorResponse)]}}]}}}}}
+
 
 
 async def generate(req: Request, kind: str):
@@ -48,12 +61,12 @@ async def generate(req: Request, kind: str):
 
 
 @router.post("/v1/completions", openapi_extra=openapi_body(schema.CompletionRequest),
-             responses={200: {"model": schema.CompletionResponse, "content": SSE}, **ERRORS})
+             responses={200: {"model": schema.CompletionResponse, "content": sse(schema.CompletionChunk)}, **ERRORS})
 async def completions(req: Request):
     return await generate(req, "completion")
 
 
 @router.post("/v1/chat/completions", openapi_extra=openapi_body(schema.ChatCompletionRequest),
-             responses={200: {"model": schema.ChatCompletionResponse, "content": SSE}, **ERRORS})
+             responses={200: {"model": schema.ChatCompletionResponse, "content": sse(schema.ChatCompletionChunk)}, **ERRORS})
 async def chat(req: Request):
     return await generate(req, "chat")
