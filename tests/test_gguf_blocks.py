@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from tailgate.model import native
-from tailgate.model.blocks import BLOCK, BlockMatmul, Blocks, PanelRows, dequantize_all, q8_panels
+from tailgate.model.blocks import (BLOCK, BlockMatmul, Blocks, PanelRows, Panels, SegmentPanels, dequantize_all,
+                                   q8_panels)
 from tailgate.model.kernels import Linear
 from tailgate.model.runner import resident_bytes
 
@@ -83,12 +84,69 @@ def test_a_block_matmul_row_gets_the_same_bits_alone_or_in_any_batch(qtype):
     assert torch.equal(mm(x[3:7]), whole[3:7])
 
 
-@pytest.mark.parametrize("variant", ["avx2", "avx512_vnni"])  # packing only: no AVX-512 needed to make them
-def test_q8_panels_made_from_blocks_a_chunk_at_a_time_are_the_panels_of_the_whole_matrix(variant):
+def test_q8_panels_made_from_blocks_a_chunk_at_a_time_are_the_panels_of_the_whole_matrix():
     parts = [random_blocks("Q4_K", 96, 256, 4), random_blocks("Q8_0", 32, 256, 5)]
-    q, d, code = q8_panels(parts, variant, 16, chunk=32)
-    rq, rd, rcode = native.q8_quantize(dequantize_all(parts), variant)
+    q, d, code = q8_panels(parts, "avx512_vnni", 16, chunk=32)  # packing only: no AVX-512 needed to make them
+    rq, rd, rcode = native.q8_quantize(dequantize_all(parts), "avx512_vnni")
     assert torch.equal(q, rq) and torch.equal(d, rd) and code == rcode
+
+
+def test_avx2_panels_of_a_fused_matrix_are_each_parts_own_panels_made_a_chunk_at_a_time():
+    """AVX2: one form per part (random Q8_0 bits have blocks whose max |q| is not 127: quantized)."""
+    parts = [random_blocks("Q6_K", 96, 256, 4), random_blocks("Q8_0", 32, 256, 5), random_blocks("Q5_0", 16, 256, 6)]
+    segs = q8_panels(parts, "avx2", 8, chunk=32)
+    assert isinstance(segs, SegmentPanels) and [s[2] for s in segs] == [0, 0, native.Q5_PANELS]
+    for s, p in zip(segs[:2], parts):
+        rq, rd, _ = native.q8_quantize(p.dequantize(), "avx2")
+        assert torch.equal(s[0], rq) and torch.equal(s[1], rd)
+
+
+def panel_rows(panels, rows: torch.Tensor) -> torch.Tensor:
+    """Rows read back from 5-bit (Q5_0) or 4-bit (Q4_K) panels (csrc/blocks.c, for the tests)."""
+    q, d, code = panels
+    read = {native.Q5_PANELS: native._lib().gq_q5_panel_rows, native.Q4K_PANELS: native._lib().gq_q4_k_panel_rows}
+    idx = rows.to(torch.int64).contiguous()
+    k = d.shape[1] * 32 if code == native.Q5_PANELS else d.shape[1] * 128
+    out = torch.empty(idx.numel(), k)
+    read[code](q.data_ptr(), d.data_ptr(), k, idx.data_ptr(), idx.numel(), out.data_ptr())
+    return out
+
+
+# the bit panels: (file type, code, bytes per 256 values: the file's 176 / 144 (Q4_K's 6-bit fields as bytes: 148))
+BIT_PANELS = {"Q5_0": (native.Q5_PANELS, 176), "Q4_K": (native.Q4K_PANELS, 148)}
+
+
+@pytest.mark.parametrize("qtype,k", [("Q5_0", 64), ("Q5_0", 640), ("Q5_0", 2048), ("Q4_K", 256), ("Q4_K", 2048)])
+def test_q5_0_and_q4_k_blocks_moved_into_bit_panels_keep_their_own_values_in_the_files_size(qtype, k):
+    b = random_blocks(qtype, 24, k, seed=k)
+    p = q8_panels([b], "avx2", 8, chunk=8)
+    code, per256 = BIT_PANELS[qtype]
+    assert isinstance(p, Panels) and p[2] == code and p.as_stored
+    assert torch.equal(panel_rows(p, torch.arange(24)), b.dequantize())  # every value, bit for bit
+    assert sum(t.numel() * t.element_size() for t in p.tensors()) == 24 * k * per256 // 256
+
+
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q4_K"])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9, 70])  # partial and whole groups of 4 rows, past a 64-row block
+def test_the_bit_panel_matmul_is_the_exact_product_of_the_blocks_and_the_rounded_activations(qtype, m):
+    b = random_blocks(qtype, 40, 768 if qtype == "Q4_K" else 640, seed=m)
+    p = q8_panels([b], "avx2", 8)
+    x = torch.randn(m, b.shape[1], generator=torch.Generator().manual_seed(m))
+    ref = rounded_activations(x.numpy()) @ b.dequantize().double().numpy().T
+    y = p.linear(x)
+    assert p[2] == BIT_PANELS[qtype][0] and np.abs(y.double().numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
+    for i in {0, m // 2, m - 1}:  # a row's result does not depend on its batch
+        assert torch.equal(p.linear(x[i:i + 1])[0], y[i])
+
+
+def test_a_fused_matrix_in_panels_of_different_forms_is_their_products_side_by_side_in_one_call():
+    parts = [random_blocks("Q5_0", 32, 256, 1), random_blocks("Q5_0", 8, 256, 2), q8_0_blocks(16, 256, 3),
+             random_blocks("Q4_K", 8, 256, 4), random_blocks("Q6_K", 16, 256, 5)]
+    segs = q8_panels(parts, "avx2", 8)
+    assert [s[2] for s in segs] == [native.Q5_PANELS, native.Q5_PANELS, native.Q8_F16_SCALES, native.Q4K_PANELS, 0]
+    for m in (1, 6, 67):
+        x = torch.randn(m, 256)
+        assert torch.equal(segs.linear(x), torch.cat([s.linear(x) for s in segs], 1))
 
 
 def q8_0_blocks(n: int, k: int, seed: int = 0) -> Blocks:
@@ -103,22 +161,53 @@ def q8_0_blocks(n: int, k: int, seed: int = 0) -> Blocks:
     return Blocks(np.ascontiguousarray(data), "Q8_0", (n, k))
 
 
-def test_q8_0_blocks_moved_into_the_panels_are_the_panels_quantized_from_their_values():
-    """gq_q8_0_panels moves llama.cpp-style Q8_0 blocks (and all-zero ones, of either sign of scale)
-    into the AVX2 panels with q8_quantize's bits, and the rows read back are the blocks' own."""
+def odd_q8_0_blocks() -> Blocks:
+    """llama.cpp-style Q8_0 blocks with the corner cases the move must keep: a block of zero values
+    under a nonzero scale, a negative scale, a zero scale over nonzero values."""
     b = q8_0_blocks(48, 256)
     v = b.data.reshape(48, 8, 34)
-    v[3, 2, 2:] = 0  # a block of zero values under a nonzero scale
-    v[4, 5, :2] = np.frombuffer(np.float16(-0.03).tobytes(), np.uint8)  # a negative scale
-    v[5, 1, :2] = 0  # a zero scale over nonzero values
+    v[3, 2, 2:] = 0
+    v[4, 5, :2] = np.frombuffer(np.float16(-0.03).tobytes(), np.uint8)
+    v[5, 1, :2] = 0
+    return b
+
+
+def test_q8_0_blocks_moved_into_the_panels_are_the_panels_quantized_from_their_values():
+    """gq_q8_0_panels moves llama.cpp-style Q8_0 blocks (and all-zero ones, of either sign of scale)
+    into the AVX2 panels with q8_quantize's values, their scales kept as the file's fp16 (code 4:
+    half the bytes of q8_quantize's fp32 scales, the same numbers), and the matmul gives the fp32-
+    scaled panels' bits."""
+    b = odd_q8_0_blocks()
     p = q8_panels([b], "avx2", 8, chunk=16)
     rq, rd, _ = native.q8_quantize(b.dequantize(), "avx2")
-    assert p.as_stored and torch.equal(p[0], rq) and torch.equal(p[1], rd)
+    assert p.as_stored and p[2] == native.Q8_F16_SCALES and p[1].dtype == torch.float16
+    assert torch.equal(p[0], rq) and torch.equal(p[1].float(), rd)
+    for m in (1, 5, 66):
+        x = torch.randn(m, 256)
+        assert torch.equal(p.linear(x), native.q8_linear(x, rq, rd, 0))
+
+
+def test_embedding_rows_read_from_panels_are_the_blocks_rows_bit_for_bit_refuse_ids_out_of_range_name_their_device():
+    from device_guard import DeviceGuard
+
+    b = odd_q8_0_blocks()
+    p = q8_panels([b], "avx2", 8, chunk=16)
     rows = PanelRows(p)
+    assert rows.shape == (48, 256) and rows.device == torch.device("cpu") and rows.dtype == torch.float32
     ids = torch.tensor([[0, 47, 3], [4, 5, 20]])
-    assert torch.equal(rows[ids], b.dequantize(ids)) and rows[ids].shape == (2, 3, 256)
-    with pytest.raises(IndexError):
-        rows[torch.tensor([48])]
+    guard = DeviceGuard("cpu")
+    with guard:
+        got = rows[ids]
+    assert guard.deviceless == [] and guard.elsewhere == [] and got.device == rows.device
+    assert torch.equal(got, b.dequantize(ids)) and got.shape == (2, 3, 256)
+    assert torch.equal(rows[torch.arange(48)], b.dequantize())  # every row
+    for bad in ([48], [-1], [0, 1000]):
+        with pytest.raises(IndexError):
+            rows[torch.tensor(bad)]
+    rq, rd, _ = native.q8_quantize(b.dequantize(), "avx2")  # the fp32-scaled panels read back the same rows
+    fp32 = Panels((rq, rd, 0))
+    fp32.as_stored = True
+    assert torch.equal(PanelRows(fp32)[ids], got)
 
 
 @pytest.mark.parametrize("odd", ["small", "minus128", "inf"])
@@ -133,12 +222,14 @@ def test_q8_0_blocks_that_quantize_differently_are_quantized_not_moved(odd):
         v[9, 1, 2] = 0x80
     else:
         v[9, 1, :2] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)
-    p = q8_panels([b, q8_0_blocks(16, 128, 2)], "avx2", 8, chunk=16)
-    rq, rd, _ = native.q8_quantize(dequantize_all([b, q8_0_blocks(16, 128, 2)]), "avx2")
-    assert not p.as_stored
+    segs = q8_panels([b, q8_0_blocks(16, 128, 2)], "avx2", 8, chunk=16)
+    p = segs[0]  # the odd part; the other is moved
+    rq, rd, _ = native.q8_quantize(b.dequantize(), "avx2")
+    assert not p.as_stored and p[2] == 0 and segs[1].as_stored and not segs.as_stored
     assert torch.equal(p[0], rq) and (torch.equal(p[1], rd) if odd != "inf" else True)
-    with pytest.raises(ValueError):
-        PanelRows(p)
+    for panels in (p, segs):
+        with pytest.raises(ValueError):
+            PanelRows(panels)
 
 
 def test_the_gguf_plan_holds_no_fp32_matrix_and_its_panels_are_the_q8_plans(loaded):
@@ -148,14 +239,20 @@ def test_the_gguf_plan_holds_no_fp32_matrix_and_its_panels_are_the_q8_plans(load
     m = loaded("smollm2-135m")
     stored = Rig(m, "fp32", slots=1, max_context=64, kernels="gguf")
     w = stored.runner.w
-    # the tied Q8_0 table: the head's panels hold it as stored, and lookups read them
+    # the tied Q8_0 table: the head's panels are moved from its blocks (as stored, fp16 scales), and
+    # lookups read them
     assert isinstance(w["embed"], PanelRows) and w["head"].w is None and w["head"].wide.as_stored
+    assert w["head"].wide[2] == native.Q8_F16_SCALES and w["embed"].q is w["head"].wide[0]
     ids = torch.tensor([[0, 1, m.spec.vocab_size - 1], [5, 8, 13]])
     assert torch.equal(w["embed"][ids], m.weights["embed"][ids])
     assert all(t.dim() <= 1 for t in w.values() if isinstance(t, torch.Tensor))  # norms only
     assert all(v.w is None for v in w.values() if isinstance(v, Linear))  # no dense copy of any matrix
-    weights = sum(v.out_features * (v.wide[0].shape[1]) for v in w.values() if isinstance(v, Linear))
-    assert resident_bytes(w)["kernels"] == weights * (1 + 4 / 32)  # q8 panels only: an int8 and 1/32 of a scale each
+    inputs = lambda v: (v.wide if isinstance(v.wide, Panels) else v.wide[0])[1].shape[1] * 32  # noqa: E731
+    weights = sum(v.out_features * inputs(v) for v in w.values() if isinstance(v, Linear))
+    head = m.spec.vocab_size * m.spec.hidden
+    # q8 panels only: an int8 and 1/32 of a scale each, fp32 for the layers' (Q4_1, quantized), the
+    # file's fp16 for the head's (Q8_0, moved)
+    assert resident_bytes(w)["kernels"] == (weights - head) * (1 + 4 / 32) + head * (1 + 2 / 32)
     # The q8 plan quantizes the same values into the same panels: the same bits on every call it runs q8.
     q8 = choose("fp32", "q8", "cpu")
     x = torch.randn(5, m.spec.hidden)
@@ -168,3 +265,28 @@ def test_the_gguf_plan_holds_no_fp32_matrix_and_its_panels_are_the_q8_plans(load
 
     assert len(serial.generate(stored.runner, stored.book, ids, 4)) == 4
     stored.assert_no_leak()
+
+
+def test_gemma3s_q5_0_and_q4_k_matrices_run_from_bit_panels_of_their_own_values_and_its_tied_head_from_moved_q8_0(rig):
+    r = rig("gemma3-270m", "auto", "auto")
+    if r.runner.plan.quant != "gguf" or r.runner.plan.q8_variant != "avx2":
+        pytest.skip(f"the AVX2 panel forms; this plan: {r.runner.plan.line()}")
+    w, raw = r.runner.w, r.model.weights
+    gate_up = w["layers.0.gate_up"].wide
+    assert isinstance(gate_up, SegmentPanels) and [s[2] for s in gate_up] == [native.Q5_PANELS] * 2
+    assert torch.equal(panel_rows(gate_up[1], torch.arange(0, 2048, 97)),
+                       raw["layers.0.up"].dequantize(torch.arange(0, 2048, 97)))
+    # o and half the downs: Q4_K in 4-bit panels; the other downs Q6_K, quantized to int8
+    assert {w[f"layers.{i}.o"].wide[2] for i in range(r.model.spec.n_layers)} == {native.Q4K_PANELS}
+    assert {w[f"layers.{i}.down"].wide[2] for i in range(r.model.spec.n_layers)} == {native.Q4K_PANELS, 0}
+    assert torch.equal(panel_rows(w["layers.0.o"].wide, torch.arange(0, 640, 31)),
+                       raw["layers.0.o"].dequantize(torch.arange(0, 640, 31)))
+    # q/k/v: 5-bit q and k; v is Q5_0 in half the layers, Q8_0 (moved, fp16 scales) in the others
+    forms = {tuple(s[2] for s in w[f"layers.{i}.qkv"].wide) for i in range(r.model.spec.n_layers)}
+    assert forms == {(5, 5, 5), (5, 5, 4)}
+    head = w["head"].wide
+    assert head[2] == native.Q8_F16_SCALES and head.as_stored and w["embed"].q is head[0]
+    x = torch.randn(3, r.model.spec.hidden)
+    ref = rounded_activations(x.numpy()) @ raw["layers.0.up"].dequantize().double().numpy().T
+    y = w["layers.0.gate_up"](x)[:, 2048:].double().numpy()
+    assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max()

@@ -116,45 +116,101 @@ class BlockMatmul:
 
 class Panels(tuple):
     """(q, d, variant code): the q8 kernel's weights (`native.q8_linear(x, *panels)`). `as_stored`:
-    every value is the blocks' own (Q8_0 blocks moved into the AVX2 layout: `gq_q8_0_panels`), so
-    rows read back from the panels (`PanelRows`) are the blocks' rows, bit for bit."""
+    every value is the blocks' own (Q8_0 blocks moved into the AVX2 layout with their fp16 scales,
+    code 4: `gq_q8_0_panels`; Q5_0 blocks into the 5-bit panels, code 5: `gq_q5_0_panels`; Q4_K
+    into the 4-bit ones, code 6: `gq_q4_k_panels`), so rows
+    read back from int8 panels (`PanelRows`) are the blocks' rows, bit for bit."""
 
     as_stored = False
 
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        return native.q8_linear(x, *self)
 
-def q8_panels(parts: list[Blocks], variant: str, panel: int, chunk: int = 4096) -> Panels:
+    def tensors(self) -> list[torch.Tensor]:
+        return [self[0], self[1]]
+
+
+class SegmentPanels(tuple):
+    """A fused matrix's AVX2 panels, one `Panels` per part stored in its own form (Gemma 3's q/k/v:
+    5-bit q and k beside an int8 v in half its layers), run side by side in one call."""
+
+    as_stored = False
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        return native.q8_linear_segments(x, self)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for p in self for t in p.tensors()]
+
+
+def _avx2_panels(p: Blocks, chunk: int) -> Panels:
+    """One matrix's AVX2 panels: Q5_0 as its own 5-bit values (code 5), Q4_K as its own 4-bit
+    values, scales and mins (code 6), Q8_0 moved with its fp16 scales (code 4) when that gives the
+    q8 plan's values (every block's max |q| is 127), anything else (Q6_K, ...) dequantized and
+    quantized to int8 a chunk of rows at a time (code 0)."""
+    n, k = p.shape
+    lib = native._lib()
+    if p.qtype == "Q5_0":
+        q = torch.empty(n, k * 5 // 8, dtype=torch.uint8)
+        d = torch.empty(n, k // native.GROUP, dtype=torch.float16)
+        lib.gq_q5_0_panels(p.data.ctypes.data, n, k, q.data_ptr(), d.data_ptr())
+        out = Panels((q, d, native.Q5_PANELS))
+        out.as_stored = True
+        return out
+    if p.qtype == "Q4_K" and k % 256 == 0:
+        q = torch.empty(n, k * 9 // 16, dtype=torch.uint8)
+        d = torch.empty(n, k // 256 * 2, dtype=torch.float16)
+        lib.gq_q4_k_panels(p.data.ctypes.data, n, k, q.data_ptr(), d.data_ptr())
+        out = Panels((q, d, native.Q4K_PANELS))
+        out.as_stored = True
+        return out
+    q = torch.empty(n, k, dtype=torch.int8)
+    if p.qtype == "Q8_0":
+        d = torch.empty(n, k // native.GROUP, dtype=torch.float16)
+        if not any(lib.gq_q8_0_panels(p.data[r0:].ctypes.data, min(chunk, n - r0), k, q[r0].data_ptr(),
+                                      d[r0].data_ptr(), 1) for r0 in range(0, n, chunk)):
+            out = Panels((q, d, native.Q8_F16_SCALES))
+            out.as_stored = True
+            return out
+    d = torch.empty(n, k // native.GROUP, dtype=torch.float32)
+    for r0 in range(0, n, chunk):
+        rows = torch.arange(r0, min(r0 + chunk, n))
+        x = p.dequantize(rows)
+        lib.q8_quantize(x.data_ptr(), len(rows), k, q[r0].data_ptr(), d[r0].data_ptr())
+    return Panels((q, d, 0))
+
+
+def q8_panels(parts: list[Blocks], variant: str, panel: int, chunk: int = 4096) -> Panels | SegmentPanels:
     """The q8 kernel's panels (native.q8_quantize) of the parts stacked along the outputs, made a
     few thousand rows at a time so no fp32 copy of a whole matrix is ever held (the 262k-row head
-    would be 671 MB of it). Each panel covers `panel` consecutive rows and lies whole in the rows'
-    share of the arrays, so chunks of a multiple of `panel` rows fill them in place. Q8_0 rows
-    bound for the AVX2 panels are moved there as stored when that gives the same bits (csrc/blocks.c
-    `gq_q8_0_panels`: every file llama.cpp or gguf wrote), instead of dequantized and quantized again."""
+    would be 671 MB of it). The AVX2 panels keep what the file stores where their forms hold it
+    exactly (`_avx2_panels`: Q5_0 in 5 bits, Q8_0 with its fp16 scales), one form per part
+    (`SegmentPanels` for a fused matrix); the other variants' panels are quantized from the
+    dequantized values, each panel covering `panel` consecutive rows and lying whole in the rows'
+    share of the arrays, so chunks of a multiple of `panel` rows fill them in place."""
     k = parts[0].shape[1]
     n = sum(p.shape[0] for p in parts)
-    q = torch.empty(n, k, dtype=torch.int8)
-    d = torch.empty(n, k // native.GROUP, dtype=torch.float32)
+    code = native.Q8_VARIANTS[variant]
     if any(p.shape[0] % panel for p in parts):
         q, d, code = native.q8_quantize(dequantize_all(parts), variant)
         return Panels((q, d, code))
-    at, code, moved = 0, native.Q8_VARIANTS[variant], True
+    if code == 0 and len(parts) <= 7:
+        segs = [_avx2_panels(p, chunk) for p in parts]
+        if len(segs) == 1:
+            return segs[0]
+        out = SegmentPanels(segs)
+        out.as_stored = all(s.as_stored for s in segs)
+        return out
+    q = torch.empty(n, k, dtype=torch.int8)
+    d = torch.empty(n, k // native.GROUP, dtype=torch.float32)
+    at = 0
     for p in parts:
         for r0 in range(0, p.shape[0], chunk):
             rows = torch.arange(r0, min(r0 + chunk, p.shape[0]))
-            if code == 0 and p.qtype == "Q8_0" and not native._lib().gq_q8_0_panels(
-                    p.data[r0:].ctypes.data, len(rows), k, q[at].data_ptr(), d[at].data_ptr()):
-                at += len(rows)
-                continue
-            moved = False
-            x = p.dequantize(rows)
-            if code == 0:  # the AVX2 panels need no reordering after: quantize straight into place
-                native._lib().q8_quantize(x.data_ptr(), len(rows), k, q[at].data_ptr(), d[at].data_ptr())
-            else:  # (copying chunks in cost 7 of the 19 s this took for Gemma 3 on a busy host)
-                cq, cd, code = native.q8_quantize(x, variant)
-                q[at:at + len(rows)], d[at:at + len(rows)] = cq, cd
+            cq, cd, code = native.q8_quantize(p.dequantize(rows), variant)
+            q[at:at + len(rows)], d[at:at + len(rows)] = cq, cd
             at += len(rows)
-    out = Panels((q, d, code))
-    out.as_stored = moved
-    return out
+    return Panels((q, d, code))
 
 
 class PanelRows:
@@ -169,9 +225,9 @@ class PanelRows:
     device = torch.device("cpu")
 
     def __init__(self, panels: Panels):
-        q, d, code = panels
-        if code != 0 or not panels.as_stored:
-            raise ValueError("rows are read back only from AVX2 panels that hold the values as stored")
+        q, d, code = panels if isinstance(panels, Panels) else (None, None, None)
+        if code not in (0, native.Q8_F16_SCALES) or not panels.as_stored:
+            raise ValueError("rows are read back only from AVX2 int8 panels that hold the values as stored")
         self.q, self.d, self.shape = q, d, tuple(q.shape)
 
     def dim(self) -> int:
@@ -189,5 +245,5 @@ class PanelRows:
             raise IndexError(f"row index outside 0..{n - 1}")
         out = torch.empty(idx.numel(), k, dtype=torch.float32, device=self.device)
         native._lib().gq_panel_rows(self.q.data_ptr(), self.d.data_ptr(), k, idx.data_ptr(), idx.numel(),
-                                    out.data_ptr())
+                                    out.data_ptr(), int(self.d.dtype == torch.float16))
         return out.view(*ids.shape, k)

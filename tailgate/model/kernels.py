@@ -332,7 +332,8 @@ class Linear:
 
     def nbytes(self) -> int:
         """Bytes of the weight forms this matrix holds for its kernels (blocks, panels, dense)."""
-        held = [self.w, self.qs, *(self.wide or ()), *(self.q if isinstance(self.q, tuple) else ())]
+        held = [self.w, self.qs, *(self.wide.tensors() if self.wide is not None else ()),
+                *(self.q if isinstance(self.q, tuple) else ())]
         n = sum(t.numel() * t.element_size() for t in held if isinstance(t, torch.Tensor))
         if self.quant == "gguf" and self.q is not None:
             n += sum(p.nbytes for p in self.q.parts)
@@ -356,7 +357,7 @@ class Linear:
             # `q` is None when the panels take every call (cut 0); a step that samples no row asks
             # the head for 0 rows, which must not pick the blocks that are not there
             y = self.q(x) if self.q is not None and x.shape[0] <= self.max_q_rows \
-                else native.q8_linear(x.float(), *self.wide)
+                else self.wide.linear(x.float())
             return y.to(x.dtype)
         if self.quant is not None and x.shape[0] <= self.max_q_rows:
             if self.quant == "q8":

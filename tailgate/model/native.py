@@ -84,8 +84,14 @@ def _declare(lib: ctypes.CDLL) -> None:
     # csrc/blocks.c: GGUF matrices as stored (model/blocks.py)
     lib.gq_row_bytes.argtypes, lib.gq_row_bytes.restype = [B, I], I
     lib.gq_dequantize.argtypes, lib.gq_dequantize.restype = [P, B, I, P, I, P], None
-    lib.gq_q8_0_panels.argtypes, lib.gq_q8_0_panels.restype = [P, I, I, P, P], ctypes.c_int
-    lib.gq_panel_rows.argtypes, lib.gq_panel_rows.restype = [P, P, I, P, I, P], None
+    lib.gq_q8_0_panels.argtypes, lib.gq_q8_0_panels.restype = [P, I, I, P, P, B], ctypes.c_int
+    lib.gq_panel_rows.argtypes, lib.gq_panel_rows.restype = [P, P, I, P, I, P, B], None
+    lib.gq_q5_0_panels.argtypes, lib.gq_q5_0_panels.restype = [P, I, I, P, P], None
+    lib.gq_q5_panel_rows.argtypes, lib.gq_q5_panel_rows.restype = [P, P, I, P, I, P], None
+    lib.gq_q4_k_panels.argtypes, lib.gq_q4_k_panels.restype = [P, I, I, P, P], None
+    lib.gq_q4_k_panel_rows.argtypes, lib.gq_q4_k_panel_rows.restype = [P, P, I, P, I, P], None
+    lib.q8_linear_seg.argtypes = [P, I, I, B, P, P, P, P, P, I]
+    lib.q8_linear_seg.restype = ctypes.c_int
     lib.gq_linear.argtypes, lib.gq_linear.restype = [P, I, I, B, P, P, P, P, P, I], ctypes.c_int
 
 
@@ -115,6 +121,11 @@ def _lib() -> ctypes.CDLL:
 
 # q8 panel variants: the int8 dot products through AVX2 (vpmaddubsw), one VNNI instruction, or AMX tiles.
 Q8_VARIANTS = {"avx2": 0, "avx_vnni": 1, "avx512_vnni": 2, "amx": 3}
+# Forms of the AVX2 panels beyond code 0 (int8, fp32 scales), made from GGUF blocks as stored
+# (model/blocks.py q8_panels): int8 with fp16 scales (a Q8_0 matrix moved, its scales as the file's),
+# 5 bits a value with fp16 scales (a Q5_0 matrix's own values, csrc/q8.c q5_rows), and 4 bits a
+# value with Q4_K's scales and mins (a Q4_K matrix's own values, q4k_rows).
+Q8_F16_SCALES, Q5_PANELS, Q4K_PANELS = 4, 5, 6
 
 
 def q8_quantize(w: torch.Tensor, variant: str = "avx2") -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -152,8 +163,28 @@ def q8_linear(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, variant: int = 
     code q8_quantize returned with these weights."""
     x = x.contiguous()
     m, k = x.shape
-    y = torch.empty(m, q.shape[0], dtype=torch.float32, device=x.device)
-    if _LIB.q8_linear(x.data_ptr(), m, k, q.data_ptr(), d.data_ptr(), q.shape[0], y.data_ptr(), variant):
+    n = d.shape[0]  # the outputs (q's shape is not [N, K] in the 5- and 4-bit panels)
+    y = torch.empty(m, n, dtype=torch.float32, device=x.device)
+    if _LIB.q8_linear(x.data_ptr(), m, k, q.data_ptr(), d.data_ptr(), n, y.data_ptr(), variant):
+        raise MemoryError("q8: no scratch memory for the quantized activations")
+    return y
+
+
+def q8_linear_segments(x: torch.Tensor, segments) -> torch.Tensor:
+    """x [M, K] fp32 @ W^T -> [M, N] fp32 for W's outputs in segments [(q, d, code)] of AVX2 panel
+    forms (codes 0, 4, 5, 6), side by side in one call (the activations quantized once)."""
+    x = x.contiguous()
+    m, k = x.shape
+    n_seg = len(segments)
+    if not 1 <= n_seg <= 7 or any(c not in (0, Q8_F16_SCALES, Q5_PANELS, Q4K_PANELS) for _, _, c in segments):
+        raise ValueError(f"1-7 segments of AVX2 panels (codes 0, 4, 5, 6), got {[c for _, _, c in segments]}")
+    ns = [d.shape[0] for _, d, _ in segments]
+    n = sum(ns)
+    y = torch.empty(m, n, dtype=torch.float32, device=x.device)
+    P = ctypes.c_void_p * n_seg
+    if _LIB.q8_linear_seg(x.data_ptr(), m, k, n_seg, P(*[q.data_ptr() for q, _, _ in segments]),
+                          P(*[d.data_ptr() for _, d, _ in segments]), (ctypes.c_int64 * n_seg)(*ns),
+                          (ctypes.c_int * n_seg)(*[c for _, _, c in segments]), y.data_ptr(), n):
         raise MemoryError("q8: no scratch memory for the quantized activations")
     return y
 

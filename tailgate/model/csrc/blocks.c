@@ -153,12 +153,13 @@ void gq_dequantize(const uint8_t* w, int t, int64_t k, const int64_t* rows, int6
  * d = 0, q = 0 for a block whose values are all zero. So the panels moved here are bit for bit
  * q8_quantize's of the dequantized rows, unless some block is of neither kind (max|q| < 127, a q of
  * -128, a scale that is not finite): then this returns 1 and the caller quantizes the rows itself. */
-int gq_q8_0_panels(const uint8_t* w, int64_t n, int64_t k, int8_t* q, float* d) {
+int gq_q8_0_panels(const uint8_t* w, int64_t n, int64_t k, int8_t* q, void* d, int half) {
   const int64_t nb = k / 32, rb = nb * 34;
   int bad = 0;
   for (int64_t g = 0; g < n / 8; ++g) { /* one thread: bound by memory, ~1.3 ms per 4096 rows of 640 */
     int8_t* pq = q + g * 8 * k;
-    float* pd = d + g * 8 * nb;
+    float* pd = (float*)d + g * 8 * nb;
+    uint16_t* ph = (uint16_t*)d + g * 8 * nb;
     for (int c = 0; c < 8; ++c) {
       const uint8_t* r = w + (g * 8 + c) * rb;
       for (int64_t b = 0; b < nb; ++b, r += 34) {
@@ -185,7 +186,13 @@ int gq_q8_0_panels(const uint8_t* w, int64_t n, int64_t k, int8_t* q, float* d) 
         int32_t lanes[8];
         _mm256_storeu_si256((__m256i*)lanes, v);
         for (int t = 0; t < 8; ++t) memcpy(pq + b * 256 + t * 32 + c * 4, &lanes[t], 4);
-        pd[b * 8 + c] = ds;
+        if (half) { /* |d| as stored (fp16), sign bit cleared; a zeroed block's scale is +0 */
+          uint16_t h;
+          memcpy(&h, r, 2);
+          ph[b * 8 + c] = ds == 0.0f ? 0 : (uint16_t)(h & 0x7fff);
+        } else {
+          pd[b * 8 + c] = ds;
+        }
       }
     }
   }
@@ -196,17 +203,127 @@ int gq_q8_0_panels(const uint8_t* w, int64_t n, int64_t k, int8_t* q, float* d) 
  * value q * d: a tied embedding read from the head's panels when they hold the blocks' values as
  * stored (then the same bits as gq_dequantize of the blocks: d * q). One thread: a step's rows are
  * a few hundred KB at most. */
-void gq_panel_rows(const int8_t* q, const float* d, int64_t k, const int64_t* rows, int64_t n, float* out) {
+void gq_panel_rows(const int8_t* q, const void* d, int64_t k, const int64_t* rows, int64_t n, float* out, int half) {
   const int64_t nb = k / 32;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t g = rows[i] / 8, c = rows[i] % 8;
     const int8_t* pq = q + g * 8 * k + c * 4;
-    const float* pd = d + g * 8 * nb + c;
+    const float* pd = (const float*)d + g * 8 * nb + c;
+    const uint8_t* ph = (const uint8_t*)((const uint16_t*)d + g * 8 * nb + c);
     float* y = out + i * k;
     for (int64_t b = 0; b < nb; ++b, y += 32) {
-      const float s = pd[b * 8];
+      const float s = half ? h2f(ph + 2 * 8 * b) : pd[b * 8];
       for (int t = 0; t < 8; ++t)
         for (int j = 0; j < 4; ++j) y[t * 4 + j] = (float)pq[b * 256 + t * 32 + j] * s;
+    }
+  }
+}
+
+/* Q5_0 rows -> the 5-bit AVX2 panels csrc/q8.c's q5 kernel reads (code 5): the file's own values,
+ * moved, none rounded. A Q5_0 block is d (fp16) and 32 values q in 0..31 (low nibbles in qs, fifth
+ * bits in qh) standing for d * (q - 16). Per 8 outputs and per block of 32 inputs, in the int8
+ * panels' order (vector t = inputs 4t..4t+3 of the 8 outputs, byte 4c + i = output c, input 4t + i):
+ * 4 x 32 bytes of nibbles, byte j of vector u holding vector u's value j in its low nibble and
+ * vector u + 4's in its high one, then 32 bytes whose bit t of byte j is vector t's value j's fifth
+ * bit: 160 bytes for 256 values; and d as stored, [k/32][8] fp16 per 8 outputs. n % 8 == 0. */
+void gq_q5_0_panels(const uint8_t* w, int64_t n, int64_t k, uint8_t* q, uint16_t* d) {
+  const int64_t nb = k / 32, rb = nb * 22;
+#pragma omp parallel for schedule(static)
+  for (int64_t g = 0; g < n / 8; ++g) {
+    uint8_t u[8][32]; /* [t][4c + i] */
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int c = 0; c < 8; ++c) {
+        const uint8_t* r = w + (g * 8 + c) * rb + b * 22;
+        uint32_t qh;
+        memcpy(&qh, r + 2, 4);
+        for (int j = 0; j < 32; ++j) {
+          const int lo = j < 16 ? r[6 + j] & 15 : r[6 + j - 16] >> 4;
+          u[j / 4][4 * c + j % 4] = (uint8_t)(lo | (((qh >> j) & 1) << 4));
+        }
+        memcpy(d + g * 8 * nb + b * 8 + c, r, 2);
+      }
+      uint8_t* p = q + (g * nb + b) * 160;
+      for (int j = 0; j < 32; ++j) {
+        uint8_t hb = 0;
+        for (int t = 0; t < 4; ++t) p[32 * t + j] = (uint8_t)((u[t][j] & 15) | ((u[t + 4][j] & 15) << 4));
+        for (int t = 0; t < 8; ++t) hb |= (uint8_t)(((u[t][j] >> 4) & 1) << t);
+        p[128 + j] = hb;
+      }
+    }
+  }
+}
+
+/* rows[i] of a matrix in 5-bit panels (as above) -> out[i, :] fp32, each value (q - 16) * d: the
+ * blocks' own values (the same bits as gq_dequantize's d * (q - 16)). For the tests. */
+void gq_q5_panel_rows(const uint8_t* q, const uint16_t* d, int64_t k, const int64_t* rows, int64_t n, float* out) {
+  const int64_t nb = k / 32;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t g = rows[i] / 8, c = rows[i] % 8;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* p = q + (g * nb + b) * 160;
+      const float s = h2f((const uint8_t*)(d + g * 8 * nb + b * 8 + c));
+      for (int t = 0; t < 8; ++t)
+        for (int j = 0; j < 4; ++j) {
+          const int at = 4 * c + j, nib = t < 4 ? p[32 * t + at] & 15 : p[32 * (t - 4) + at] >> 4;
+          const int v = nib | (((p[128 + at] >> t) & 1) << 4);
+          out[i * k + b * 32 + 4 * t + j] = (float)(v - 16) * s;
+        }
+    }
+  }
+}
+
+/* Q4_K rows -> the 4-bit AVX2 panels csrc/q8.c's q4k kernel reads (code 6): the file's own values,
+ * moved. A Q4_K super-block of 256 values is d, dmin (fp16), 8 6-bit (scale, min) pairs and 256
+ * nibbles q, standing for d * scale * q - dmin * min per sub-block of 32. Per 8 outputs and per
+ * block of 32 inputs (one sub-block): the nibbles as in the 5-bit panels (4 x 32 bytes), then the 8
+ * outputs' scales, then their mins (a byte each): 144 bytes for 256 values; and per super-block, in
+ * `d`, the 8 outputs' d then their dmin (fp16, as stored): 0.58 bytes a value, the file's 0.56 plus
+ * the 6-bit fields widened to bytes. n % 8 == 0, k % 256 == 0. */
+void gq_q4_k_panels(const uint8_t* w, int64_t n, int64_t k, uint8_t* q, uint16_t* d) {
+  const int64_t nb = k / 32, ns = k / 256, rb = ns * 144;
+#pragma omp parallel for schedule(static)
+  for (int64_t g = 0; g < n / 8; ++g) {
+    uint8_t u[8][32]; /* [t][4c + i] */
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t sb = b / 8;
+      const int j = (int)(b % 8);
+      uint8_t* p = q + (g * nb + b) * 144;
+      for (int c = 0; c < 8; ++c) {
+        const uint8_t* r = w + (g * 8 + c) * rb + sb * 144;
+        if (j == 0) {
+          memcpy(d + (g * ns + sb) * 16 + c, r, 2);
+          memcpy(d + (g * ns + sb) * 16 + 8 + c, r + 2, 2);
+        }
+        int sc, mn;
+        k_scale_min(r + 4, j, &sc, &mn);
+        p[128 + c] = (uint8_t)sc;
+        p[136 + c] = (uint8_t)mn;
+        const uint8_t* qs = r + 16 + 32 * (j / 2);
+        for (int l = 0; l < 32; ++l) u[l / 4][4 * c + l % 4] = (uint8_t)(j % 2 ? qs[l] >> 4 : qs[l] & 15);
+      }
+      for (int jj = 0; jj < 32; ++jj)
+        for (int t = 0; t < 4; ++t) p[32 * t + jj] = (uint8_t)(u[t][jj] | (u[t + 4][jj] << 4));
+    }
+  }
+}
+
+/* rows[i] of a matrix in 4-bit Q4_K panels (as above) -> out[i, :] fp32, each value
+ * (d * scale) * q - dmin * min as gq_dequantize computes it. For the tests. */
+void gq_q4_k_panel_rows(const uint8_t* q, const uint16_t* d, int64_t k, const int64_t* rows, int64_t n, float* out) {
+  const int64_t nb = k / 32, ns = k / 256;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t g = rows[i] / 8, c = rows[i] % 8;
+    float* y = out + i * k;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* p = q + (g * nb + b) * 144;
+      const float dd = h2f((const uint8_t*)(d + (g * ns + b / 8) * 16 + c));
+      const float dmin = h2f((const uint8_t*)(d + (g * ns + b / 8) * 16 + 8 + c));
+      const float ds = dd * p[128 + c], dm = dmin * p[136 + c];
+      for (int t = 0; t < 8; ++t)
+        for (int jj = 0; jj < 4; ++jj) {
+          const int at = 4 * (int)c + jj, v = t < 4 ? p[32 * t + at] & 15 : p[32 * (t - 4) + at] >> 4;
+          *y++ = ds * v - dm;
+        }
     }
   }
 }

@@ -51,6 +51,9 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const void* w, 
 }
 #define NC 8  /* outputs per panel */
 
+/* 8 fp16 scales -> fp32 (exact). */
+static inline __m256 load_h8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+
 /* One row of k floats -> k/32 int8 blocks, each with its scale amax / 127 (round to nearest). */
 static void quantize_row(const float* x, int64_t k, int8_t* q, float* d) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -102,8 +105,9 @@ void q8_quantize(const float* w, int64_t n, int64_t k, int8_t* q, float* d) {
 
 /* r rows (1..4) against one panel of 8 outputs. Always inlined and called with a constant r, so
  * the row loops unroll and the accumulators stay in registers. */
-static inline __attribute__((always_inline)) void panel_rows(int r, const int8_t* w, const float* wd, const int8_t* a,
-                                                             const float* ad, int64_t k, float* out, int64_t ldo) {
+static inline __attribute__((always_inline)) void panel_rows(int r, const int half, const int8_t* w, const void* wd,
+                                                             const int8_t* a, const float* ad, int64_t k, float* out,
+                                                             int64_t ldo) {
   const int64_t nb = k / QK;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -120,9 +124,116 @@ static inline __attribute__((always_inline)) void panel_rows(int r, const int8_t
         s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(av, wv)), ones));
       }
     }
-    const __m256 dw = _mm256_loadu_ps(wd + NC * b);
+    const __m256 dw = half ? load_h8((const uint16_t*)wd + NC * b) : _mm256_loadu_ps((const float*)wd + NC * b);
     for (int i = 0; i < r; ++i)
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_mul_ps(dw, _mm256_set1_ps(ad[i * nb + b])), acc[i]);
+  }
+  for (int i = 0; i < r; ++i) _mm256_storeu_ps(out + i * ldo, acc[i]);
+}
+
+/* The 5-bit panels (code 5: a GGUF Q5_0 matrix's own values, csrc/blocks.c gq_q5_0_panels): per
+ * block of 8 outputs x 32 inputs, 4 vectors of nibbles (vector t's in the low nibbles of vector
+ * t % 4, t >= 4 in the high ones), one of fifth bits (bit t of byte j: vector t's), and 8 fp16
+ * scales d; each value is d * (u - 16), u in 0..31. u goes to vpmaddubsw unsigned as it is, against
+ * the activations signed: no sign step, and a pair's sum (<= 2 * 31 * 127) leaves room to add four
+ * vectors' in int16 before widening; the row's block sum times 16 (xs) takes the offset off. The
+ * int32 block sums are exact, then the same float steps as the int8 panels': the same result as
+ * int8 panels holding u - 16 with scale d. 0.69 bytes a weight against the int8 panels' 1.125. */
+static inline __attribute__((always_inline)) void q5_rows(int r, const uint8_t* w, const uint16_t* wd,
+                                                          const int8_t* a, const int32_t* xs, const float* ad,
+                                                          int64_t k, float* out, int64_t ldo) {
+  const int64_t nb = k / QK;
+  const __m256i ones = _mm256_set1_epi16(1), lo4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* wb = w + b * 160;
+    const __m256i hb = _mm256_loadu_si256((const __m256i*)(wb + 128));
+    __m256i s[4];
+    for (int i = 0; i < r; ++i) s[i] = _mm256_set1_epi32(-16 * xs[i * nb + b]);
+#define Q5_STEP(t)                                                                                           \
+  do {                                                                                                       \
+    const __m256i nib = _mm256_loadu_si256((const __m256i*)(wb + 32 * ((t) & 3)));                           \
+    const __m256i lo = (t) < 4 ? _mm256_and_si256(nib, lo4) : _mm256_and_si256(_mm256_srli_epi16(nib, 4), lo4); \
+    const __m256i hi = (t) < 4 ? _mm256_slli_epi16(hb, 4 - ((t) & 3)) : _mm256_srli_epi16(hb, (t) - 4);      \
+    const __m256i u = _mm256_or_si256(lo, _mm256_and_si256(hi, bit4));                                      \
+    for (int i = 0; i < r; ++i) {                                                                            \
+      int32_t v;                                                                                             \
+      memcpy(&v, a + i * k + b * QK + 4 * (t), 4);                                                           \
+      p[i] = _mm256_add_epi16(p[i], _mm256_maddubs_epi16(u, _mm256_set1_epi32(v)));                          \
+    }                                                                                                        \
+  } while (0)
+    {
+      __m256i p[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+      Q5_STEP(0);
+      Q5_STEP(1);
+      Q5_STEP(2);
+      Q5_STEP(3);
+      for (int i = 0; i < r; ++i) s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(p[i], ones));
+    }
+    {
+      __m256i p[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+      Q5_STEP(4);
+      Q5_STEP(5);
+      Q5_STEP(6);
+      Q5_STEP(7);
+      for (int i = 0; i < r; ++i) s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(p[i], ones));
+    }
+#undef Q5_STEP
+    const __m256 dw = load_h8(wd + NC * b);
+    for (int i = 0; i < r; ++i)
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_mul_ps(dw, _mm256_set1_ps(ad[i * nb + b])), acc[i]);
+  }
+  for (int i = 0; i < r; ++i) _mm256_storeu_ps(out + i * ldo, acc[i]);
+}
+
+/* The 4-bit panels (code 6: a GGUF Q4_K matrix's own values, csrc/blocks.c gq_q4_k_panels): per
+ * block of 8 outputs x 32 inputs, the nibbles as in the 5-bit panels, then 8 scales and 8 mins (a
+ * byte each); per 256 inputs, 8 d and 8 dmin (fp16). Each value is (d * scale) * u - dmin * min, u
+ * in 0..15: u goes to vpmaddubsw unsigned, the 8 vectors' pair sums (<= 2 * 15 * 127 each) add up
+ * in int16, and the row's block sum (xs) times dmin * min takes the mins off: per block and row,
+ * acc += float(sum u x) * (d * scale * dx) - dmin * min * (dx * xs). */
+static inline __attribute__((always_inline)) void q4k_rows(int r, const uint8_t* w, const uint16_t* wd,
+                                                           const int8_t* a, const int32_t* xs, const float* ad,
+                                                           int64_t k, float* out, int64_t ldo) {
+  const int64_t nb = k / QK;
+  const __m256i ones = _mm256_set1_epi16(1), lo4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 dv = _mm256_setzero_ps(), mv = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* wb = w + b * 144;
+    if (b % 8 == 0) {
+      dv = load_h8(wd + (b / 8) * 16);
+      mv = load_h8(wd + (b / 8) * 16 + 8);
+    }
+    __m256i p[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+#define Q4_STEP(t)                                                                                           \
+  do {                                                                                                       \
+    const __m256i nib = _mm256_loadu_si256((const __m256i*)(wb + 32 * ((t) & 3)));                           \
+    const __m256i u = (t) < 4 ? _mm256_and_si256(nib, lo4) : _mm256_and_si256(_mm256_srli_epi16(nib, 4), lo4); \
+    for (int i = 0; i < r; ++i) {                                                                            \
+      int32_t v;                                                                                             \
+      memcpy(&v, a + i * k + b * QK + 4 * (t), 4);                                                           \
+      p[i] = _mm256_add_epi16(p[i], _mm256_maddubs_epi16(u, _mm256_set1_epi32(v)));                          \
+    }                                                                                                        \
+  } while (0)
+    Q4_STEP(0);
+    Q4_STEP(1);
+    Q4_STEP(2);
+    Q4_STEP(3);
+    Q4_STEP(4);
+    Q4_STEP(5);
+    Q4_STEP(6);
+    Q4_STEP(7);
+#undef Q4_STEP
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(wb + 128))));
+    const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(wb + 136))));
+    const __m256 dw = _mm256_mul_ps(dv, sc), mw = _mm256_mul_ps(mv, mn);
+    for (int i = 0; i < r; ++i) {
+      const float dx = ad[i * nb + b];
+      const __m256i s = _mm256_madd_epi16(p[i], ones);
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(dx)), acc[i]);
+      acc[i] = _mm256_fnmadd_ps(mw, _mm256_set1_ps(dx * (float)xs[i * nb + b]), acc[i]);
+    }
   }
   for (int i = 0; i < r; ++i) _mm256_storeu_ps(out + i * ldo, acc[i]);
 }
@@ -323,14 +434,23 @@ void q8_offset(int8_t* q, int64_t bytes) {
   for (int64_t i = 0; i < bytes; ++i) q[i] = (int8_t)((uint8_t)q[i] ^ 0x80);
 }
 
-/* y [m, n] = x [m, k] @ W^T. `vnni`: 0 the AVX2 panels, 1 AVX-VNNI, 2 AVX-512 VNNI (these two with
- * weights offset by q8_offset), 3 AMX (2 and 3 in panels of 16 outputs, interleaved at load). Returns 0, or -1 when scratch memory cannot be had. */
-int q8_linear(const float* x, int64_t m, int64_t k, const int8_t* q, const float* d, int64_t n, float* y,
-              int vnni) {
+/* y [m, n] = x [m, k] @ W^T, W's outputs in `nseg` segments of seg_n[s] outputs each (n their sum),
+ * segment s in panels of form codes[s] at seg_q[s], seg_d[s]: 0 the AVX2 int8 panels (fp32
+ * scales), 4 the same with fp16 scales (a Q8_0 matrix moved as stored), 5 the 5-bit panels (a Q5_0
+ * matrix as stored, fp16 scales), 6 the 4-bit panels (a Q4_K matrix as stored); 1 AVX-VNNI,
+ * 2 AVX-512 VNNI (these two with weights offset by q8_offset), 3 AMX (2 and 3 in panels of 16
+ * outputs, interleaved at load), each the only segment.
+ * Codes 0, 4, 5 and 6 mix: a fused matrix whose parts the file stores in different formats.
+ * Returns 0, or -1 when scratch memory cannot be had. */
+int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* const* seg_q, const void* const* seg_d,
+                  const int64_t* seg_n, const int* codes, float* y, int64_t n) {
   if (m == 0) return 0; /* a step that samples no row (its head call is empty): a 0-row tile faults */
+  const int vnni = codes[0] >= 1 && codes[0] <= 3 ? codes[0] : 0; /* the kernel family */
   const int64_t nb = k / QK;
   const int64_t mp = vnni == 3 ? (m + 15) / 16 * 16 : m; /* AMX reads whole 16-row tiles: zero rows pad */
-  const int offset = vnni == 1 || vnni == 2; /* the VNNI panels take off the offset weights' excess */
+  int sums_needed = vnni == 1 || vnni == 2; /* the VNNI panels take off the offset weights' excess */
+  for (int s = 0; s < nseg; ++s) sums_needed |= codes[s] >= 5; /* and the 5- and 4-bit panels */
+  const int offset = sums_needed;
   int8_t* xq = malloc((size_t)(mp * k));
   float* xd = malloc((size_t)(mp * nb) * sizeof(float));
   int32_t* xs = offset ? malloc((size_t)(m * nb) * sizeof(int32_t)) : NULL;
@@ -342,6 +462,12 @@ int q8_linear(const float* x, int64_t m, int64_t k, const int8_t* q, const float
   }
   memset(xq + m * k, 0, (size_t)((mp - m) * k));
   memset(xd + m * nb, 0, (size_t)((mp - m) * nb) * sizeof(float));
+  const int nc = vnni >= 2 ? NW : NC; /* outputs per panel */
+  int64_t seg_g[8]; /* the first panel of each segment, and the end */
+  seg_g[0] = 0;
+  for (int s = 0; s < nseg && s < 7; ++s) seg_g[s + 1] = seg_g[s] + seg_n[s] / nc;
+  const int8_t* q = seg_q[0];
+  const float* d = seg_d[0];
 #pragma omp parallel
   {
     int32_t* sums = vnni == 3 ? aligned_alloc(64, 2 * 256 * sizeof(int32_t)) : NULL;
@@ -355,7 +481,6 @@ int q8_linear(const float* x, int64_t m, int64_t k, const int8_t* q, const float
         xs[row * nb + b] = sum;
       }
     }
-    const int nc = vnni >= 2 ? NW : NC; /* outputs per panel */
     const int64_t groups = n / nc;
     /* Chunks of panels: at most 128 KB of weights, and at least 4 chunks per thread for balance. */
     int64_t cg = (128 * 1024) / (nc * k);
@@ -388,14 +513,54 @@ int q8_linear(const float* x, int64_t m, int64_t k, const int8_t* q, const float
                             y + row * n + g * NC, n);
               continue;
             }
-#define P(r) panel_rows(r, q + g * NC * k, d + g * NC * nb, xq + row * k, xd + row * nb, k, y + row * n + g * NC, n)
-            switch (r1 - row) {
-              case 1: P(1); break;
-              case 2: P(2); break;
-              case 3: P(3); break;
-              default: P(4);
+            int sg = 0;
+            while (sg + 1 < nseg && g >= seg_g[sg + 1]) ++sg;
+            const int64_t gl = g - seg_g[sg];
+            float* out = y + row * n + g * NC;
+            const int8_t* xa = xq + row * k;
+            const float* xda = xd + row * nb;
+            if (codes[sg] == 6) {
+              const uint8_t* w4 = (const uint8_t*)seg_q[sg] + gl * NC * k * 9 / 16;
+              const uint16_t* d4 = (const uint16_t*)seg_d[sg] + gl * NC * (k / 256) * 2;
+              const int32_t* xsa = xs + row * nb;
+              switch (r1 - row) {
+                case 1: q4k_rows(1, w4, d4, xa, xsa, xda, k, out, n); break;
+                case 2: q4k_rows(2, w4, d4, xa, xsa, xda, k, out, n); break;
+                case 3: q4k_rows(3, w4, d4, xa, xsa, xda, k, out, n); break;
+                default: q4k_rows(4, w4, d4, xa, xsa, xda, k, out, n);
+              }
+              continue;
             }
-#undef P
+            if (codes[sg] == 5) {
+              const uint8_t* w5 = (const uint8_t*)seg_q[sg] + gl * NC * k * 5 / 8;
+              const uint16_t* d5 = (const uint16_t*)seg_d[sg] + gl * NC * nb;
+              const int32_t* xsa = xs + row * nb;
+              switch (r1 - row) {
+                case 1: q5_rows(1, w5, d5, xa, xsa, xda, k, out, n); break;
+                case 2: q5_rows(2, w5, d5, xa, xsa, xda, k, out, n); break;
+                case 3: q5_rows(3, w5, d5, xa, xsa, xda, k, out, n); break;
+                default: q5_rows(4, w5, d5, xa, xsa, xda, k, out, n);
+              }
+              continue;
+            }
+            const int8_t* w8 = (const int8_t*)seg_q[sg] + gl * NC * k;
+            if (codes[sg] == 4) {
+              const uint16_t* dh = (const uint16_t*)seg_d[sg] + gl * NC * nb;
+              switch (r1 - row) {
+                case 1: panel_rows(1, 1, w8, dh, xa, xda, k, out, n); break;
+                case 2: panel_rows(2, 1, w8, dh, xa, xda, k, out, n); break;
+                case 3: panel_rows(3, 1, w8, dh, xa, xda, k, out, n); break;
+                default: panel_rows(4, 1, w8, dh, xa, xda, k, out, n);
+              }
+              continue;
+            }
+            const float* df = (const float*)seg_d[sg] + gl * NC * nb;
+            switch (r1 - row) {
+              case 1: panel_rows(1, 0, w8, df, xa, xda, k, out, n); break;
+              case 2: panel_rows(2, 0, w8, df, xa, xda, k, out, n); break;
+              case 3: panel_rows(3, 0, w8, df, xa, xda, k, out, n); break;
+              default: panel_rows(4, 0, w8, df, xa, xda, k, out, n);
+            }
           }
       }
     }
@@ -405,4 +570,13 @@ int q8_linear(const float* x, int64_t m, int64_t k, const int8_t* q, const float
   free(xd);
   free(xs);
   return 0;
+}
+
+/* One segment (q8_linear_seg): y [m, n] = x [m, k] @ W^T, W in panels of form `vnni` (its code). */
+int q8_linear(const float* x, int64_t m, int64_t k, const int8_t* q, const void* d, int64_t n, float* y, int vnni) {
+  const void* qs[1] = {q};
+  const void* ds[1] = {d};
+  const int64_t ns[1] = {n};
+  const int cs[1] = {vnni};
+  return q8_linear_seg(x, m, k, 1, qs, ds, ns, cs, y, n);
 }
