@@ -149,7 +149,8 @@ class KernelPlan:
         if self.quant == "gguf":
             cuts = ["every call" if n >= EVERY else f"calls of <= {n} rows" if n else "no calls" for n in self.quant_rows]
             s += (f" + GGUF blocks as stored (embedding lookups; int8 x blocks for {cuts[0]} (layers) / {cuts[1]}"
-                  f" (head)), q8 int8 x int8 ({self.q8_variant}) panels made from them at load for the rest")
+                  f" (head)), q8 int8 x int8 ({self.q8_variant}) panels made from them at load for the rest"
+                  + (" (Q5_0 / Q4_K kept in 5 / 4 bits, the head's fp16 scales kept)" if self.q8_variant == "avx2" else ""))
         elif self.quant:
             what = f"int8 x int8 ({self.q8_variant})" if self.quant == "q8" else "weight-only"
             cuts = ["every call" if n >= EVERY else f"calls of <= {n} rows" for n in self.quant_rows]
