@@ -474,6 +474,7 @@ def test_the_rows_the_target_chose_and_the_fits_error_are_exported_on_metrics():
     got = engine_figures({}, parse_engine_counts(text))  # from a fresh server's zero
     within = sum(c for b, c in zip(m.step_cost_error.buckets, m.step_cost_error.counts) if b <= 0.15)
     assert got["fit_within_15pct"] == pytest.approx(within / m.step_cost_error.n)
+    assert got["priced_steps"] == m.step_cost_error.n
     assert got["rounds_widened"] == m.rounds_widened
 
 

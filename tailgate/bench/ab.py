@@ -21,7 +21,7 @@ from .serve import Sample, checks, compute_metrics, probe_schedule, random_datas
 from .stats import ab_table
 
 METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms",
-           "probe_median_ttft_ms", "probe_p99_ttft_ms", "fit_within_15pct", "rounds_widened")
+           "probe_median_ttft_ms", "probe_p99_ttft_ms", "fit_within_15pct", "priced_steps", "rounds_widened")
 FIT = "tailgate:step_cost_error_ratio"
 WIDENED = "tailgate:walk_rounds_widened"
 
@@ -58,6 +58,7 @@ def engine_figures(before: dict | None, after: dict | None) -> dict:
         out["rounds_widened"] = after["widened"] - before.get("widened", 0.0)
     total = after.get(float("inf"), 0.0) - before.get(float("inf"), 0.0)
     if total > 0 and 0.15 in after:
+        out["priced_steps"] = total  # so cells can be pooled: sum(share * steps) / sum(steps)
         out["fit_within_15pct"] = (after[0.15] - before.get(0.15, 0.0)) / total
     return out
 
