@@ -4,8 +4,11 @@ mask (a wrong bit order, a missed row, a grammar that moves too early) shows as 
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
+import jsonschema_rs
+import numpy as np
 import pytest
 import torch
 
@@ -13,7 +16,8 @@ from tailgate.engine.request import RowSample, SamplingParams
 from tailgate.model.constraint import GrammarError, book_for
 from tailgate.model.executor import ModelExecutor
 from tailgate.model.weights import load_tokenizer
-from tailgate.server.structured import JSON_OPTIONS
+from tailgate.server.protocol import ApiError
+from tailgate.server.structured import JSON_OPTIONS, _vocab_bytes, check_writable, unwritable
 
 SCHEMA = {
     "type": "object", "additionalProperties": False, "required": ["name", "age", "color", "tags", "home"],
@@ -175,3 +179,44 @@ def test_on_the_real_model_a_constrained_stream_ends_stop_on_its_last_token_besi
         assert not set(toks) & set(m.tokenizer.eos_ids)
         jsonschema.validate(json.loads(m.tokenizer.decode(toks)), schema)
     assert not h.engine.scheduler.executor._constraints  # released with the request
+
+
+def walk_choice(tok, choice: str) -> bool:
+    """Follow the masks (the first allowed token each step) to the choice's end; False when the
+    mask lets through a token the grammar then refuses, or allows nothing."""
+    from tailgate.server.structured import choice_grammar
+
+    c = book_for(tok).compile(choice_grammar([choice], "guided_choice"), "the choices").start()
+    row = torch.zeros((book_for(tok).vocab_size + 31) // 32, dtype=torch.int32)
+    for _ in range(4 * len(choice.encode()) + 2):
+        c.fill(row)
+        bits = np.unpackbits(row.numpy().view(np.uint8), bitorder="little")
+        allowed = np.flatnonzero(bits)
+        if not len(allowed) or not c.matcher.consume_token(int(allowed[0])):
+            return False
+        if c.matcher.is_stopped():
+            return True
+    return False
+
+
+@pytest.mark.parametrize("choice,writable", [
+    ("\U0005a8dc", False), ("CI\U000fdbb9\U0005a8dc", False), ("a\x04b", False), ("\U000b0000", False),
+    ("\U0001F600\U000fdbb9", True), ("\u00f1\u009a", True), ("x", True), ("\U0003ffff\U000c0000", True)])
+def test_a_choice_is_declared_and_served_exactly_when_the_model_can_write_it(smol, choice, writable):
+    """SmolLM2's vocabulary holds no 0x04 or 0xF1 byte, so no answer of it holds U+0004 or U+5A8DC;
+    llguidance's mask then let a token through that broke the grammar (a 500). The schema's pattern
+    (what /openapi.json puts on each choice) and the server's 400 say so, and every choice they
+    admit is one the masks can finish."""
+    pattern = unwritable(smol)
+    lt = book_for(smol).tokenizer  # llguidance's own reading of the vocabulary agrees on the bytes
+    assert _vocab_bytes(smol) == {b for i in range(smol.vocab_size) for b in lt.decode_bytes([i])}
+    assert jsonschema_rs.validator_for({"type": "string", "pattern": pattern}).is_valid(choice) == writable
+    assert bool(re.search(pattern, choice)) == writable
+    if writable:
+        assert walk_choice(smol, choice)
+        check_writable({"guided_choice": [choice]}, smol)
+    else:
+        assert not walk_choice(smol, choice)
+        with pytest.raises(ApiError) as e:
+            check_writable({"structured_outputs": {"choice": ["ok", choice]}}, smol)
+        assert e.value.status == 400 and "cannot write" in str(e.value.body())

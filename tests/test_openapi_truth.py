@@ -121,6 +121,11 @@ CASES = [
     ("/v1/completions", {"prompt": "Hi", "guided_json": {"type": "object", "x-n": -25164186452009787850752}}, True),
     ("/v1/completions", {"prompt": "Hi", "logit_bias": {str(VOCAB - 1): 1, "007": -100}}, True),
     ("/v1/completions", {"prompt": "Hi", "logit_bias": {str(VOCAB): 1}}, False),
+    # stop: at most 16 strings (empty ones too: the schema cannot count only the non-empty) of <= 256 characters
+    ("/v1/completions", {"prompt": "Hi", "stop": ["x" * 256] + [""] * 15}, True),
+    ("/v1/completions", {"prompt": "Hi", "stop": [""] * 17}, False),
+    ("/v1/chat/completions", {"messages": HI, "stop": ["", "a"] * 5 + [str(i) for i in range(12)]}, False),
+    ("/v1/completions", {"prompt": "Hi", "stop": "x" * 257}, False),
     ("/v1/completions", {"prompt": "Hi", "max_tokens": CONTEXT}, False),  # no prompt leaves room
     ("/v1/chat/completions", {"messages": HI, "max_completion_tokens": CONTEXT, "max_tokens": 1}, False),
 ]

@@ -19,6 +19,7 @@ from .protocol import ApiError
 from .routes import generation, service, tokenize
 from . import web
 from .state import ServerState
+from .structured import unwritable
 
 __all__ = ["ServerState", "create_app"]
 log = logging.getLogger("tailgate.server")
@@ -61,7 +62,7 @@ def below(n: int) -> str:
     return "^0*(" + "|".join(alts + [top]) + ")$"
 
 
-def _served_bounds(node, vocab: int | None, context: int | None, names: list[str]) -> None:
+def _served_bounds(node, vocab: int | None, context: int | None, names: list[str], writable: str | None = None) -> None:
     """Say in the schema what the server enforces for the model it serves: token ids below its
     vocabulary size (`logit_bias`' keys too), max_tokens below its context, and `model` one of
     the names it answers to (else a 400 model_not_found)."""
@@ -72,15 +73,17 @@ def _served_bounds(node, vocab: int | None, context: int | None, names: list[str
             node["pattern"] = below(vocab)
         if node.pop("x-tailgate-context", None) and context is not None:
             node["maximum"] = context - 1
+        if node.pop("x-tailgate-writable", None) and writable is not None:
+            node["pattern"] = writable
         props = node.get("properties")
         if isinstance(props, dict) and "model" in props and "messages" in props or \
                 isinstance(props, dict) and "model" in props and "prompt" in props:
             props["model"] = {"anyOf": [{"type": "string", "enum": names}, {"type": "null"}], "title": "Model"}
         for v in node.values():
-            _served_bounds(v, vocab, context, names)
+            _served_bounds(v, vocab, context, names, writable)
     elif isinstance(node, list):
         for v in node:
-            _served_bounds(v, vocab, context, names)
+            _served_bounds(v, vocab, context, names, writable)
 
 
 def _openapi(app: FastAPI):
@@ -95,7 +98,8 @@ def _openapi(app: FastAPI):
                 comps[model.__name__] = s
             vocab = state.model.spec.vocab_size if state.ready else None
             context = state.cfg.max_context if state.ready else None
-            _served_bounds(comps, vocab, context, [state.served_name, "default"])
+            writable = unwritable(state.model.tokenizer) if state.ready else None
+            _served_bounds(comps, vocab, context, [state.served_name, "default"], writable)
             if not state.ready:  # the bounds are the model's: asked while it loads, build it again later
                 return doc
             app.openapi_schema = doc

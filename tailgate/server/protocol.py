@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from pydantic import BaseModel, ValidationError
 
 from ..engine.request import SamplingParams
-from .schema import ChatCompletionRequest, ChatMessage, CompletionRequest
+from .schema import MAX_STOP, MAX_STOP_CHARS, ChatCompletionRequest, ChatMessage, CompletionRequest
 
 
 class ApiError(Exception):
@@ -81,9 +81,6 @@ class GenRequest:
     tools: object = None  # server/tools.py ToolPlan: the answer is read for tool calls
 
 
-MAX_STOP_CHARS = 256
-
-
 def validate(model: type[BaseModel], body: dict) -> BaseModel:
     """The body as `model`, or a 400 naming the first field that is wrong (its top-level name is
     the OpenAI error's `param`)."""
@@ -127,11 +124,13 @@ def parse_common(body: dict, kind: str, vocab_size: int) -> tuple[GenRequest, Ba
 
     params.logit_bias = logit_bias(body, vocab_size)
     stop = [m.stop] if isinstance(m.stop, str) else (m.stop or [])
-    stop = [s for s in stop if s]
-    if len(stop) > 16:
-        raise bad("'stop' takes at most 16 strings", "stop")
+    # schema.py declares (and pydantic already holds) these bounds: an empty string counts toward
+    # the 16 as /openapi.json says, though it stops nothing
+    if len(stop) > MAX_STOP:
+        raise bad(f"'stop' takes at most {MAX_STOP} strings", "stop")
     if any(len(s) > MAX_STOP_CHARS for s in stop):  # each token re-scans a hold-back of this length
         raise bad(f"each 'stop' string takes at most {MAX_STOP_CHARS} characters", "stop")
+    stop = [s for s in stop if s]
     stop_ids = m.stop_token_ids or []
     if not all(0 <= t < vocab_size for t in stop_ids):
         raise bad(f"'stop_token_ids' must be token ids in 0..{vocab_size - 1}", "stop_token_ids")
@@ -180,9 +179,11 @@ def parse_completion(body: dict, tokenizer, vocab_size: int) -> GenRequest:
 def constrain(g: GenRequest, body: dict, tokenizer) -> None:
     """The output constraint the request asks for (server/structured.py), or its forced tool
     call, compiled onto its sampling params."""
-    from .structured import compile_for, requested
+    from .structured import check_writable, compile_for, requested
 
     ask = requested(body)
+    if ask is not None:
+        check_writable(body, tokenizer)
     if g.tools is not None and g.tools.grammar is not None:
         if ask is not None:
             raise bad(f"a forced tool call ('tool_choice') and '{ask[2]}' cannot both shape the answer", ask[2])

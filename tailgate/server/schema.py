@@ -19,6 +19,7 @@ from . import schema_rules
 I64_MAX, U64_MAX = (1 << 63) - 1, (1 << 64) - 1
 MAX_N = 16
 MAX_LOGPROBS = 20
+MAX_STOP, MAX_STOP_CHARS = 16, 256  # stop strings: each token re-scans a hold-back of that length
 
 
 def _integral(v):
@@ -61,7 +62,9 @@ class _Sampling(_Strict):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0, le=10)
-    stop: str | list[str] | None = None
+    stop: Annotated[str, Field(max_length=MAX_STOP_CHARS)] | Annotated[
+        list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOP)] | None = Field(
+        None, description="empty strings stop nothing (they still count toward the 16)")
     stop_token_ids: list[TokenId] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None

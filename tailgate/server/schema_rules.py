@@ -29,7 +29,9 @@ JSON_SCHEMA = {"anyOf": [{"type": "object"}, {"const": True}],
                "description": "a JSON schema: an object, or true for any JSON value (as JSON text too, not declared)"}
 REGEX = {"type": "string", "minLength": 1, "format": "regex",
          "description": "the whole answer matches it (llguidance's regex syntax: Rust's regex crate)"}
-CHOICE = {"type": "array", "minItems": 1, "items": {"type": "string"}, "description": "the answer is one of these"}
+# app.py bounds each choice by the characters the served vocabulary can write (structured.unwritable)
+CHOICE = {"type": "array", "minItems": 1, "items": {"type": "string", "x-tailgate-writable": True},
+          "description": "the answer is one of these"}
 GRAMMAR = {"type": "null", "description": "a Lark grammar (llguidance's dialect) or llama.cpp's GBNF; JSON Schema "
            "cannot say which strings parse, so only null is declared (a grammar that does not is a 400)"}
 SO_KINDS = ("json", "regex", "choice", "grammar", "json_object")

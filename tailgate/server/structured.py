@@ -9,6 +9,7 @@ its client asked for a shape.
 from __future__ import annotations
 
 import json
+import weakref
 
 from ..model.constraint import GrammarError, book_for
 from .protocol import bad
@@ -118,6 +119,69 @@ def _one(kind: str, value, param: str) -> str:
     if kind == "choice":
         return choice_grammar(value, param)
     return text_grammar(kind, value, param)
+
+
+def unwritable(tokenizer) -> str | None:
+    """A JSON Schema `pattern` for the strings this tokenizer can write, or None when it writes
+    every character. A byte-level BPE vocabulary may lack a byte outright (SmolLM2 has no token
+    holding 0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, or the UTF-8 lead bytes 0xF1 / 0xF2, so nothing it
+    writes holds U+0004 or U+40000..U+BFFFF): a choice holding one can never be answered, and
+    llguidance's mask then lets through a token that breaks the grammar (a 500). Declared on the
+    choices in /openapi.json (app.py) and refused as a 400 (`check_writable`). Literal characters
+    in a negated class: Python's re and the Rust regex schemathesis validates with read it alike."""
+    if tokenizer not in _unwritable:  # not book_for's: serializing Gemma's tokenizer for it takes seconds
+        missing = [b for b in range(256) if b not in _vocab_bytes(tokenizer)]
+        spans = [(b, b) for b in missing if b < 0x80]
+        if any(0x80 <= b < 0xC0 for b in missing):  # a continuation byte: sound (not whole) to refuse all non-ASCII
+            spans.append((0x80, 0x10FFFF))
+        for b in missing:  # a lead byte: every character it starts
+            if 0xC2 <= b < 0xE0:
+                spans.append(((b & 0x1F) << 6, ((b & 0x1F) << 6) + 0x3F))
+            elif 0xE0 <= b < 0xF0:
+                spans.append(((b & 0x0F) << 12, ((b & 0x0F) << 12) + 0xFFF))
+            elif 0xF0 <= b < 0xF5:
+                spans.append(((b & 0x07) << 18, min(0x10FFFF, ((b & 0x07) << 18) + 0x3FFFF)))
+        # surrogates cannot reach here (malformed JSON): keep them out of the class
+        spans = [(lo, hi) for lo, hi in spans if not (0xD800 <= lo and hi <= 0xDFFF)]
+        _unwritable[tokenizer] = "^[^" + "".join(chr(lo) if lo == hi else f"{chr(lo)}-{chr(hi)}" for lo, hi in spans) + \
+            "]*$" if spans else None
+    return _unwritable[tokenizer]
+
+
+_unwritable: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _vocab_bytes(tokenizer) -> set[int]:
+    """Every byte some token of the vocabulary holds, read from its entries at C speed (no
+    llguidance vocabulary build: /openapi.json asks for this, ~0.1 s for Gemma's 262k entries):
+    byte-level BPE spells a byte as one printable character (GPT-2's table), SentencePiece
+    pieces are their UTF-8, and a byte-fallback token `<0xXX>` is byte XX."""
+    from .token_bytes import _HEX, _byte_level_inverse
+
+    if all(tokenizer._tok.token_to_id(f"<0x{b:02X}>") is not None for b in range(256)):
+        return set(range(256))  # byte fallback for every byte (Gemma's): no need to read 262k entries
+    text = "\n".join(tokenizer._tok.get_vocab(with_added_tokens=False))
+    chars, hexes = set(text), {int(h, 16) for h in _HEX.findall(text)}
+    if type(tokenizer._tok.decoder).__name__ == "ByteLevel":
+        inverse = _byte_level_inverse()
+        return {inverse[c] for c in chars if c in inverse} | hexes
+    return {b for c in chars for b in c.encode("utf-8", "surrogatepass")} | hexes
+
+
+def check_writable(body: dict, tokenizer) -> None:
+    """A 400 for a choice (`guided_choice`, `structured_outputs.choice`) the model cannot write."""
+    pattern = unwritable(tokenizer)
+    if pattern is None:
+        return
+    import re
+
+    so = body.get("structured_outputs")
+    for param, choices in (("guided_choice", body.get("guided_choice")),
+                           ("structured_outputs.choice", so.get("choice") if isinstance(so, dict) else None)):
+        for c in choices if isinstance(choices, list) else ():
+            if isinstance(c, str) and not re.search(pattern, c):
+                raise bad(f"'{param}' holds {c!r}, which has a character this model's vocabulary cannot write",
+                          param.split(".")[0])
 
 
 def compile_for(tokenizer, grammar: str, what: str, param: str):
