@@ -8,6 +8,7 @@ import json
 import httpx
 import pytest
 
+from conftest import hf_reads_gguf_once
 from live import post, start_server, stop_server
 from tailgate.model.tokenizer import GEMMA_TEMPLATE, ChatTemplateError, load_chat_template
 from tailgate.model.weights import load_tokenizer, resolve_model_path
@@ -36,7 +37,8 @@ CONVERSATION = [
 @pytest.fixture(scope="module")
 def hf_tokenizer():
     """HF's own tokenizer for a shipped model, built by transformers from the same GGUF file
-    (Gemma's 262k vocabulary takes ~20-60 s: once per module)."""
+    (Gemma's 262k vocabulary: 32-36 s on a busy 2-core host, 18 s with conftest.hf_reads_gguf_once;
+    once per module)."""
     cache = {}
 
     def get(name):
@@ -44,7 +46,8 @@ def hf_tokenizer():
             from transformers import AutoTokenizer
 
             path = resolve_model_path(name)
-            cache[name] = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            with hf_reads_gguf_once():
+                cache[name] = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         return cache[name]
 
     return get
