@@ -26,6 +26,11 @@ class ToolPlan:
     template_tools: bool = True  # the template renders `tools` itself (else we write the system prompt)
 
     @property
+    def names(self) -> frozenset:
+        """The functions the request offers (a call to any other stays text)."""
+        return frozenset(t["function"]["name"] for t in self.tools)
+
+    @property
     def finish(self) -> str:
         """OpenAI's finish_reason for an answer that called: a forced named function ends "stop"."""
         return "stop" if self.choice == "named" else "tool_calls"
@@ -203,7 +208,7 @@ class ToolStream:
 
     def _advance(self) -> None:
         """Deltas for what the held text has added to its calls since the last look."""
-        allowed = {t["function"]["name"] for t in self.plan.tools}
+        allowed = self.plan.names
         fmt = self.plan.fmt
         for i, pc in enumerate(scan(self._body(), (fmt.key, "arguments", "parameters"))):
             if i == len(self.opened):
@@ -232,7 +237,7 @@ class ToolStream:
         if self.held and self.live:
             self._advance()
         got = self.plan.fmt.parse(self.held) if self.held else None
-        allowed = {t["function"]["name"] for t in self.plan.tools}
+        allowed = self.plan.names
         if got is None or any(c["name"] not in allowed for c in got[1]):  # a made-up function: text stays text
             if self.opened:  # calls already went out as deltas: they stand, the rest is theirs
                 self.held = ""
