@@ -73,6 +73,7 @@ def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device:
                  ram_bytes: int | None = None):
     """Returns (engine not yet started, loaded model, settled config). `config` must come from
     `config.resolve`, so every knob was checked before this touches any weights."""
+    from .model import probe
     from .model.executor import ModelExecutor
     from .model.kernels import choose
     from .model.kv_cache import token_bytes
@@ -105,12 +106,20 @@ def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device:
     log(resident_line(runner, m.source))
     book = KVBook(pages["global"], pages.get("local"), window)
     log(f"warm-up step: {runner.warm_up(book):.2f} s")
+    # This CPU's step costs (model/probe.py): logged beside the kernels line, and the inter-token
+    # target's first prices.
+    probed = probe.run(runner, book, m.source, log=log) if plan.device == "cpu" else None
     release_free_heap()
     lane = int(cfg.async_prefill.removeprefix("cpu:")) if cfg.async_prefill else None
     if lane:
         log(f"side lane: one prefill at a time on {lane} thread(s) of its own while the live batch decodes")
     sched = Scheduler(ModelExecutor(runner, lane_threads=lane), book, cfg, m.spec.vocab_size, clock=clock)
-    return Engine(sched, clock=clock), m, cfg
+    engine = Engine(sched, clock=clock)
+    if probed is not None:
+        engine.probe = probed.as_dict()
+        if sched.pace is not None:
+            probe.seed(sched.pace.model, probed)
+    return engine, m, cfg
 
 
 def resident_line(runner, source) -> str:

@@ -169,7 +169,7 @@ KNOBS = (
          "followers join a mixed step only while the gathered prompt rows stay within N (the leader is never bounded)"),
     Knob("MIX_MAX_PROMPTS", "min(4, DECODE_SLOTS)", "N, 1 <= N <= DECODE_SLOTS",
          "most prompts one mixed step absorbs; also the door's cohort cap"),
-    Knob("MIX_CHUNK_TOKENS", "unset: the ITL target's uncapped rounds (64 under ITL_TARGET_MS=off; off when MAX_CONTEXT <= 64)", "off | N, 64 <= N < MAX_CONTEXT (>=128 rounds down to x128)",
+    Knob("MIX_CHUNK_TOKENS", "unset: 64 (a cap under ITL_TARGET_MS=auto; uncapped under an ITL_TARGET_MS of N ms; off when MAX_CONTEXT <= 64)", "off | N, 64 <= N < MAX_CONTEXT (>=128 rounds down to x128)",
          "chunked walk: gathered prompts enter the live batch at most N rows per step, one round per iteration (replaces MIX_GATHER_ROWS)"),
     Knob("ASYNC_PREFILL", "off", LANE_GRAMMAR,
          "side-lane prefill: an admission into a live batch prefills on a worker with N threads of its own while "
@@ -183,8 +183,9 @@ KNOBS = (
          "the stall it spares live streams (learned step costs) exceeds the wait it adds"),
     Knob("ITL_TARGET_MS", DEFAULT_ITL_TARGET, ITL_TARGET_GRAMMAR,
          "inter-token target: each walk round takes the most prompt rows whose predicted step time (a step-cost "
-         "model fitted online from the engine's own steps) stays within N ms (auto: 2x the live batch's own predicted decode step), at least one; an idle engine "
-         "prefills at full width. Turns the walk on; MIX_CHUNK_TOKENS, when set, caps every round; given explicitly it "
+         "model fitted online from the engine's own steps) stays within N ms (auto: 2x the live batch's own predicted decode step, never more rows than the walk's "
+         "width; the walk's width while the fit's error says it does not know this CPU), at least one; an idle engine "
+         "prefills at full width (auto: the walk's width). Turns the walk on; MIX_CHUNK_TOKENS, when set, caps every round; given explicitly it "
          "refuses with MIX_CHUNK_TOKENS=off and with ASYNC_PREFILL (unset, the default yields to them)"),
     Knob("TTFT_TARGET_MS", DEFAULT_TTFT_TARGET + " (under ITL_TARGET_MS)", TTFT_TARGET_GRAMMAR,
          "under an inter-token target, a walk round widens past it to the prompt rows that clear every waiting "
@@ -265,6 +266,7 @@ def resolve(lookup: Callable[[str], str | None], cores: int | None = None,
     # (vLLM 232/303/1223) for -14 %/-6 %/0 % output tok/s, still 1.6/1.4/1.5x vLLM's
     # (docs/benchmarks/walk-amd.md). Off where the ceiling is too small.
     default_chunk = str(DEFAULT_CHUNK) if (max_context or 4096) > DEFAULT_CHUNK else "off"
+    default_chunk_rows = DEFAULT_CHUNK if default_chunk != "off" else None
     chunk = parse_mix_chunk_tokens(raw["MIX_CHUNK_TOKENS"] if present("MIX_CHUNK_TOKENS") else default_chunk,
                                    max_context or 4096)
     lane = parse_async_prefill(raw["ASYNC_PREFILL"], usable_cores() if cores is None else cores)
@@ -304,8 +306,11 @@ def resolve(lookup: Callable[[str], str | None], cores: int | None = None,
             raise KnobError(f"{PREFIX}ITL_TARGET_MS={raw['ITL_TARGET_MS']!r} refuses with "
                             f"{PREFIX}ASYNC_PREFILL={raw['ASYNC_PREFILL']!r}: the lane prefills every admission "
                             "into a live batch beside it, so no walk round the target prices would carry live rows")
+        # Unset, an absolute target's rounds are uncapped (the target decides); `auto`'s are capped
+        # at the walk's own width: it narrows the walk where live rows ride, never widens it
+        # (engine/step_cost.py AUTO_FACTOR: judged on three CPU classes' measured costs).
         if not present("MIX_CHUNK_TOKENS"):
-            chunk = None
+            chunk = default_chunk_rows if target == "auto" else None
     ttft = parse_ttft_target_ms(raw["TTFT_TARGET_MS"] if present("TTFT_TARGET_MS") else DEFAULT_TTFT_TARGET)
     if target is None:
         if present("TTFT_TARGET_MS") and ttft is not None:

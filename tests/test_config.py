@@ -15,8 +15,8 @@ def table(**overrides):
 def test_defaults_resolve_without_any_knob():
     cfg = resolve(table())
     # the walk is on and priced against the auto inter-token target with a 2 s TTFT horizon,
-    # uncapped (no MIX_CHUNK_TOKENS)
-    assert cfg == ServingConfig(None, 16, 512, 4, None, None, None, None, "auto", itl_target_ms="auto",
+    # its rounds capped at the walk's own 64 rows
+    assert cfg == ServingConfig(None, 16, 512, 4, 64, None, None, None, "auto", itl_target_ms="auto",
                                 ttft_target_ms=2000)
     assert cfg.with_model_limit(32768).max_context == 4096
     assert cfg.with_model_limit(2048).max_context == 2048
@@ -131,7 +131,7 @@ def test_the_lane_width_is_ascii_digits_too(bad):
                                             ("DEFAULT_MAX_TOKENS", "CONTEXT", None), ("PREFIX_CACHE", "Off", None),
                                             ("ASYNC_PREFILL", "FALSE", None), ("ITL_TARGET_MS", "OFF", None),
                                             ("ITL_TARGET_MS", "", "auto"),  # "" is unset: the default
-                                            ("MIX_CHUNK_TOKENS", "", None)])  # unset: the target's uncapped walk
+                                            ("MIX_CHUNK_TOKENS", "", 64)])  # unset: auto's cap, the walk's width
 def test_words_are_read_in_any_case(knob, word, want):
     assert getattr(resolve(table(**{knob: word})), knob.lower()) == want
 

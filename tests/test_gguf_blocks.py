@@ -210,6 +210,23 @@ def test_embedding_rows_read_from_panels_are_the_blocks_rows_bit_for_bit_refuse_
     assert torch.equal(PanelRows(fp32)[ids], got)
 
 
+@pytest.mark.parametrize("variant", ["avx512_vnni", "amx"])
+def test_embedding_rows_read_from_16_output_panels_are_the_blocks_rows_bit_for_bit(variant):
+    """The AVX-512 VNNI and AMX panels (16 outputs interleaved, VNNI's bytes offset) are only made
+    here, never run, so this holds on any CPU: rows read back are the file's, and blocks that would
+    requantize differently leave the panels not `as_stored` (lookups then read the blocks)."""
+    b = odd_q8_0_blocks()
+    p = q8_panels([b], variant, 16, chunk=16)
+    assert p.as_stored and p[2] == native.Q8_VARIANTS[variant]
+    rows = PanelRows(p)
+    ids = torch.tensor([[0, 47, 3], [4, 5, 20], [15, 16, 31]])
+    assert torch.equal(rows[ids], b.dequantize(ids)) and rows[ids].shape == (3, 3, 256)
+    assert torch.equal(rows[torch.arange(48)], b.dequantize())
+    v = b.data.reshape(48, 8, 34)
+    v[9, 1, 2:] = (v[9, 1, 2:].view(np.int8) // 2).view(np.uint8)  # max |q| 63: requantizes to other values
+    assert not q8_panels([b], variant, 16, chunk=16).as_stored
+
+
 @pytest.mark.parametrize("odd", ["small", "minus128", "inf"])
 def test_q8_0_blocks_that_quantize_differently_are_quantized_not_moved(odd):
     """A block whose max |q| is not 127 (another writer), a q of -128 or a scale that is not finite:
@@ -233,26 +250,31 @@ def test_q8_0_blocks_that_quantize_differently_are_quantized_not_moved(odd):
 
 
 def test_the_gguf_plan_holds_no_fp32_matrix_and_its_panels_are_the_q8_plans(loaded):
+    """On whatever panel variant this CPU runs (AVX2's 8-output panels with the file's fp16 scales,
+    or the 16-output AVX-512 VNNI / AMX ones with fp32 scales): the tied Q8_0 table's lookups read
+    the head's panels and give the file's rows bit for bit, no matrix has a dense copy, and the
+    kernels hold one int8 a weight plus its block's scale, nothing else."""
     from conftest import Rig
     from tailgate.model.kernels import choose
 
     m = loaded("smollm2-135m")
     stored = Rig(m, "fp32", slots=1, max_context=64, kernels="gguf")
     w = stored.runner.w
-    # the tied Q8_0 table: the head's panels are moved from its blocks (as stored, fp16 scales), and
-    # lookups read them
-    assert isinstance(w["embed"], PanelRows) and w["head"].w is None and w["head"].wide.as_stored
-    assert w["head"].wide[2] == native.Q8_F16_SCALES and w["embed"].q is w["head"].wide[0]
+    head = w["head"].wide
+    assert isinstance(w["embed"], PanelRows) and w["head"].w is None and head.as_stored
+    assert w["embed"].q is head[0]
+    assert head[2] == (native.Q8_F16_SCALES if stored.runner.plan.q8_variant == "avx2" else
+                       native.Q8_VARIANTS[stored.runner.plan.q8_variant])
     ids = torch.tensor([[0, 1, m.spec.vocab_size - 1], [5, 8, 13]])
     assert torch.equal(w["embed"][ids], m.weights["embed"][ids])
     assert all(t.dim() <= 1 for t in w.values() if isinstance(t, torch.Tensor))  # norms only
     assert all(v.w is None for v in w.values() if isinstance(v, Linear))  # no dense copy of any matrix
-    inputs = lambda v: (v.wide if isinstance(v.wide, Panels) else v.wide[0])[1].shape[1] * 32  # noqa: E731
-    weights = sum(v.out_features * inputs(v) for v in w.values() if isinstance(v, Linear))
-    head = m.spec.vocab_size * m.spec.hidden
-    # q8 panels only: an int8 and 1/32 of a scale each, fp32 for the layers' (Q4_1, quantized), the
-    # file's fp16 for the head's (Q8_0, moved)
-    assert resident_bytes(w)["kernels"] == (weights - head) * (1 + 4 / 32) + head * (1 + 2 / 32)
+    forms = lambda v: [v.wide] if isinstance(v.wide, Panels) else list(v.wide)  # noqa: E731
+    expect = sum(p[0].numel() * (1 + p[1].element_size() / 32) for v in w.values() if isinstance(v, Linear)
+                 for p in forms(v))
+    assert all(p[0].element_size() == 1 and p[0].numel() == p[1].numel() * 32
+               for v in w.values() if isinstance(v, Linear) for p in forms(v))  # an int8 per weight
+    assert resident_bytes(w)["kernels"] == expect
     # The q8 plan quantizes the same values into the same panels: the same bits on every call it runs q8.
     q8 = choose("fp32", "q8", "cpu")
     x = torch.randn(5, m.spec.hidden)

@@ -53,12 +53,18 @@ def test_without_a_compiler_auto_falls_back_to_int8_and_says_why_but_a_forced_q8
         choose("auto", "q8", cpu=OLD, mkldnn=True, cuda=False, native_build=BUILT)
 
 
-def test_an_amx_cpu_runs_fp32_activations_over_bf16_weights_and_q8_for_small_steps():
+def test_an_amx_cpu_serves_the_gguf_blocks_as_stored_and_q8_by_name_keeps_bf16_weights_for_large_steps():
+    # auto: one form per matrix (q8 panels made from the blocks, every call), fp32 activations
     p = choose(cpu=XEON, mkldnn=True, cuda=False, native_build=BUILT)
-    assert (p.dtype, p.dense_dtype, p.dense, p.quant, p.attention, p.kv) == \
+    assert (p.dtype, p.dense, p.quant, p.quant_rows, p.attention, p.kv) == \
+        (torch.float32, "onednn", "gguf", (0, 0), "native", torch.float16)
+    assert "bfloat16 weights" not in p.line() and p.as_dict()["dense_dtype"] == "float32"
+    # --kernels q8 (dtype auto): fp32 activations over bf16 dense weights, q8 for the small calls
+    q = choose("auto", "q8", cpu=XEON, mkldnn=True, cuda=False, native_build=BUILT)
+    assert (q.dtype, q.dense_dtype, q.dense, q.quant, q.attention, q.kv) == \
         (torch.float32, torch.bfloat16, "onednn", "q8", "native", torch.float16)
-    assert 1 <= min(p.quant_rows) and max(p.quant_rows) <= 64 and "bfloat16 weights" in p.line()
-    assert p.as_dict()["dense_dtype"] == "bfloat16"
+    assert 1 <= min(q.quant_rows) and max(q.quant_rows) <= 64 and "bfloat16 weights" in q.line()
+    assert q.as_dict()["dense_dtype"] == "bfloat16"
     # prompt rows attend in bf16 there (decode rows keep the fp32 kernel); an explicit fp32 plan does not
     assert p.prompt_attention == torch.bfloat16 and p.as_dict()["prompt_attention"] == "bfloat16"
     assert "bfloat16 prompt attention" in p.line()
@@ -147,14 +153,15 @@ def test_every_kernel_computes_the_same_product_within_its_precision(kind, tol):
 
 def test_the_q8_panels_follow_the_cpus_int8_instructions():
     assert EPYC.q8_variant == "avx2" and choose(cpu=EPYC, mkldnn=True, cuda=False, native_build=BUILT).q8_variant == "avx2"
-    p = choose(cpu=XEON, mkldnn=True, cuda=False, native_build=BUILT)
+    p = choose("auto", "q8", cpu=XEON, mkldnn=True, cuda=False, native_build=BUILT)
     assert (p.q8_variant, p.as_dict()["q8_variant"], p.quant_rows) == ("amx", "amx", (64, 32))
     assert "q8 int8 x int8 (amx)" in p.line()
+    assert choose(cpu=XEON, mkldnn=True, cuda=False, native_build=BUILT).q8_variant == "amx"  # auto's panels too
     # the OS may refuse the tiles: the plan steps down to the widest VNNI and says so
-    p = choose(cpu=XEON, mkldnn=True, cuda=False, native_build=BUILT, amx_grant=lambda: False)
+    p = choose("auto", "q8", cpu=XEON, mkldnn=True, cuda=False, native_build=BUILT, amx_grant=lambda: False)
     assert p.q8_variant == "avx2" and "did not grant AMX tiles: q8 on avx2" in p.line()
     vnni = parse_cpuinfo(f"model name\t: {XEON.model}\nflags\t\t: {' '.join(XEON.flags)} avx512_vnni avx_vnni\n")
-    p = choose(cpu=vnni, mkldnn=True, cuda=False, native_build=BUILT, amx_grant=lambda: False)
+    p = choose("auto", "q8", cpu=vnni, mkldnn=True, cuda=False, native_build=BUILT, amx_grant=lambda: False)
     assert p.q8_variant == "avx512_vnni" and p.quant_rows == (32, 16)  # the wide panels' own crossover on AMX
     alder = parse_cpuinfo("model name\t: Intel(R) Core(TM) i7-12700\nflags\t\t: avx avx2 fma f16c avx_vnni\n")
     assert choose(cpu=alder, mkldnn=True, cuda=False, native_build=BUILT).q8_variant == "avx_vnni"
@@ -175,11 +182,13 @@ F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 EVERY = 1 << 31
 PLANS = {  # (cpu, q8 builds, OS grants AMX) -> (dtype, dense, dense_dtype, quant, cuts, variant, attention, kv, prompt)
     "AVX2-only EPYC (Zen 3)": ((ZEN3, True, False), (F32, "onednn", None, "gguf", (0, 0), "avx2", "native", F16, None)),
-    "AMX Xeon": ((XEON_VNNI, True, True), (F32, "onednn", BF16, "q8", (64, 32), "amx", "native", F16, BF16)),
+    # every class serves the GGUF's blocks as stored, through the widest q8 panels it has (issue 35:
+    # one form per matrix, and no row cut to tune per class); bf16 is only the prompt rows' attention
+    "AMX Xeon": ((XEON_VNNI, True, True), (F32, "onednn", BF16, "gguf", (0, 0), "amx", "native", F16, BF16)),
     "AMX refused by the OS": ((XEON_VNNI, True, False),
-                              (F32, "onednn", BF16, "q8", (32, 16), "avx512_vnni", "native", F16, BF16)),
+                              (F32, "onednn", BF16, "gguf", (0, 0), "avx512_vnni", "native", F16, BF16)),
     "AVX-512 BF16 without AMX (Zen 5)": ((ZEN5, True, False),
-                                         (F32, "onednn", BF16, "q8", (64, 32), "avx512_vnni", "native", F16, BF16)),
+                                         (F32, "onednn", BF16, "gguf", (0, 0), "avx512_vnni", "native", F16, BF16)),
     "no compiler, AVX2": ((ZEN3, False, False), (F32, "onednn", None, "int8", (16, 6), "avx2", "torch", F32, None)),
     "no compiler, AVX-512 BF16": ((ZEN5, False, False), (BF16, "onednn", None, None, (0, 0), "avx2", "torch", BF16, None)),
 }
@@ -450,3 +459,25 @@ def test_steps_on_bf16_dense_weights_give_the_logits_of_casting_around_every_mat
     for a, b in zip(new, old):
         assert torch.equal(a, b)
     r.assert_no_leak()
+
+
+def test_every_kernel_call_returns_a_tensor_no_later_call_writes():
+    """The contract every caller relies on (Qwen2's q/k/v bias is added in place into a product;
+    the model files keep one product while computing the next): for every plan this CPU can run,
+    each matrix's kernel at row counts under and over its cut, biased or not, returns a tensor that
+    a second call with other inputs leaves unchanged."""
+    from tailgate.model.kernels import BiasedLinear, runnable_plans
+
+    g = torch.Generator().manual_seed(1)
+    w, b = torch.randn(96, 64, generator=g) / 8, torch.randn(96, generator=g)
+    for plan in runnable_plans():
+        for group in ("layers", "head"):
+            for make in (lambda: Linear(w, plan, group), lambda: BiasedLinear(w, plan, group, b)):
+                lin = make()
+                for rows in sorted({1, 5, *(c for c in plan.quant_rows if 0 < c < 200), 80, 130}):
+                    x1, x2 = torch.randn(rows, 64, generator=g), torch.randn(rows, 64, generator=g)
+                    for call in (lin, lin.raw):
+                        y1 = call(x1)
+                        kept = y1.clone()
+                        y2 = call(x2)
+                        assert torch.equal(y1, kept) and y1.data_ptr() != y2.data_ptr(), (plan.line(), rows)

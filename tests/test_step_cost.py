@@ -14,7 +14,7 @@ from tailgate.engine.pages import KVBook
 from tailgate.engine.plan import Segment
 from tailgate.engine.request import Finished, Request, Sampled
 from tailgate.engine.scheduler import Scheduler
-from tailgate.engine.step_cost import AUTO_FACTOR, TERMS, MeteredExecutor, RoundBudget, StepCostModel, step_features
+from tailgate.engine.step_cost import AUTO_FACTOR, TERMS, TRUST_ERROR, MeteredExecutor, RoundBudget, StepCostModel, step_features
 from tailgate.sim import run as sim
 from tailgate.sim.cost import CostModel, load_preset
 
@@ -178,6 +178,47 @@ def test_with_no_live_rows_the_target_is_ignored_and_only_an_explicit_chunk_caps
     assert RoundBudget(10.0, 128, model=fitted()).rows(ws, live(10)) == 128
 
 
+def test_a_fit_whose_live_error_says_it_does_not_know_this_host_gives_the_walks_width():
+    """Predictions off by 2x for a stretch (a CPU whose steps the linear form cannot follow):
+    the running error passes TRUST_ERROR and rounds are the fixed walk's, until it comes back."""
+    m, r = fitted(), random.Random(9)
+    b = RoundBudget(0.005, None, model=m)  # a tight target: a trusted fit gives a narrow round
+    assert m.trusted and b.rows([walker(300)], live(100, 200)) < 64
+    for i in range(40):  # alternately half and twice the truth: the pace cannot follow
+        x = random_step(r)
+        m.observe(x, true_seconds(x) * (2.0 if i % 2 else 0.5))
+    assert m.error > TRUST_ERROR and not m.trusted
+    assert b.rows([walker(300)], live(100, 200)) == 64
+    for _ in range(150):  # ~75 steps of each kind: the fit forgets the stretch, the error follows
+        x = random_step(r)
+        m.observe(x, true_seconds(x))
+    assert m.trusted and b.rows([walker(300)], live(100, 200)) < 64
+
+
+def test_after_a_60_s_step_the_next_rounds_stay_within_one_and_a_half_times_the_target():
+    """One stalled step (a page-in, a paused host) on a fake clock: the fit learns it clipped to
+    CLIP x its prediction, so the next rounds are priced as before within 1.5x (issue 36: it made
+    prompt rows look free and the next round took 1872 rows, 78x the target)."""
+    m = fitted()
+    b = RoundBudget(None, None, model=m)  # auto
+    ws, rows = [walker(2000)], live(300, 300, 300, 300)
+    before = b.rows(ws, rows)
+    target = AUTO_FACTOR * m.predict(b.round_features([], 4, sum(301 for _ in rows) / 1000, 0))
+    m.observe(b.round_features([], 4, 1.204, 0), 60.0)  # a decode step of the batch stalls
+    r = random.Random(3)
+    takes = []
+    for i in range(30):  # the next rounds, the host back to its speed
+        takes.append(b.rows(ws, rows))
+        feats = b.round_features(ws, 4, 1.204, takes[-1])
+        assert true_seconds(feats) <= 1.5 * target, (i, takes)
+        m.observe(feats, true_seconds(feats))
+        x = random_step(r)
+        m.observe(x, true_seconds(x))
+    # and the fit is not poisoned: within a few rounds they are priced as before the stall again
+    # (taught whole, the stall pinned the pace at its bound and every later round at the walk's width)
+    assert all(abs(t - before) <= 0.1 * before for t in takes[-10:]), (before, takes)
+
+
 def test_a_cold_budget_takes_the_fixed_width_and_counts_every_round():
     metrics = EngineMetrics()
     b = RoundBudget(0.020, None, metrics)
@@ -245,8 +286,10 @@ def table(**kw):
     return lambda name: kw.get(name)
 
 
-def test_the_target_is_auto_by_default_and_turns_the_walk_on_uncapped_unless_a_chunk_is_given():
-    assert resolve(table()).itl_target_ms == "auto" and resolve(table()).mix_chunk_tokens is None
+def test_the_target_is_auto_by_default_capped_at_the_walks_width_and_an_absolute_one_uncapped():
+    # auto narrows the 64-row walk where live rows ride, never widens it (step_cost.AUTO_FACTOR)
+    assert resolve(table()).itl_target_ms == "auto" and resolve(table()).mix_chunk_tokens == 64
+    assert resolve(table(MAX_CONTEXT="64")).mix_chunk_tokens is None  # no walk fits: whole prompts
     assert resolve(table(ITL_TARGET_MS="")).itl_target_ms == "auto"  # "" is unset
     for off in ("off", "OFF", "0"):
         assert resolve(table(ITL_TARGET_MS=off)).itl_target_ms is None

@@ -59,7 +59,9 @@ def main() -> int:
     rows = rows_from(text)
     local = load_preset("local")  # the same model: its window and KV bytes per token
     model, errors = fit(rows, local.window, "")
-    head = text.splitlines()[0].lstrip("# ").strip()
+    # the table's own comment line when it has one (machine, commit), else its CPU line
+    head = next((ln.lstrip("# ").strip() for ln in text.splitlines() if ln.startswith("# ")), None) or \
+        next((ln.strip() for ln in text.splitlines() if ln.startswith("CPU:")), "")
     worst = max(abs(e["error_pct"]) for e in errors)
     source = (f"scripts/experiments/preset_from_step_table.py over {a.table.rsplit('/', 1)[-1]} ({head}); "
               f"{len(rows)} rows at {CONTEXT} keys only (attention's price is not seen apart from the rows'); "

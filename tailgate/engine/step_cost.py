@@ -65,6 +65,22 @@ TERMS = ("floor", "prompt_row", "decode_row", "sampled_row", "attn_per_1k")
 # 2.0 is the knee: the tail cut by 41 % / 11 % for a TTFT of 1.35x / 2.2x. Not yet measured on a
 # real engine (/tmp/sweep.py-style: `tailgate sim --cost local --itl-target-ms auto`).
 AUTO_FACTOR = 2.0
+# Under `auto` a round with live rows never takes more prompt rows than the fixed walk's width
+# (MIX_CHUNK_TOKENS when set, else 64): the rule only ever narrows the walk, so no stream waits
+# longer behind a round than it would without a target. Judged in the simulator on the three CPU
+# classes with measured costs (scripts/experiments/target_sweep.py, W-std c4/c8/c16, 64 requests,
+# jitter 0.1, median of 3 seeds; docs/knobs.md has the table): uncapped, the rule's rounds grew
+# past 64 rows where prompt rows are cheap beside the floor (AMX c16: ITL p99 1.00x the walk's,
+# Zen 5 c16 tok/s 0.93x); capped, ITL p99 0.45-1.00x the walk's and tok/s 0.96-1.00x on all nine.
+# Where the live fit's error says it does not know this host (TRUST_ERROR), rounds are the walk's.
+# The fit's error on a W-std c8 run: p90 0.11 on the AMX Xeon (its step trace in
+# ../shared/design/measured/), 0.13-0.17 on AMD EPYC Zen 3 (issue 26).
+TRUST_ERROR = 0.35
+ERROR_ALPHA = 0.1  # the error's running mean: the newest priced step's weight
+# A measured step is taught to the fit clipped to [1/CLIP, CLIP] x its prediction: one 60 s stall
+# (a page-in, a paused host) fitted as it came priced prompt rows at ~0 and let the next round
+# take every walker's rest (issue 36: 1872 rows, 78x the target). The pace still sees it whole.
+CLIP = 3.0
 # The fit's units: a typical step's features are ~1 in them (1 step, 64 prompt rows, 16 decode
 # and sampled rows, 10 000 query-key pairs), so one ridge weight means the same for every term.
 _SCALE = (1.0, 64.0, 16.0, 16.0, 10.0)
@@ -135,6 +151,14 @@ class StepCostModel:
         self._coef: tuple[float, ...] | None = None  # per TERMS, in seconds
         self._stale = 0  # observations since the last solve
         self.pace = 1.0  # the host's speed now, as measured / fitted seconds (module doc)
+        self.error: float | None = None  # running mean of |predicted - measured| / measured (ERROR_ALPHA)
+        self.priced = 0  # steps whose prediction was scored
+
+    @property
+    def trusted(self) -> bool:
+        """Ready, and its recent predictions within TRUST_ERROR of what the steps took (a handful
+        of scored steps first: the first rounds after `ready` are what teach it)."""
+        return self.ready and (self.priced < 8 or (self.error is not None and self.error <= TRUST_ERROR))
 
     def observe(self, features, seconds: float) -> None:
         """One measured step: its features (`step_features`) and how long it took."""
@@ -143,8 +167,13 @@ class StepCostModel:
         if self.ready:  # the fit before this step taught it: how far off the host runs now
             base = self._fitted(features)
             if base > 0:
+                predicted = base * self.pace
+                e = abs(predicted - seconds) / seconds
+                self.error = e if self.error is None else (1 - ERROR_ALPHA) * self.error + ERROR_ALPHA * e
+                self.priced += 1
                 lo, hi = PACE_BOUNDS
                 self.pace = min(hi, max(lo, (1 - PACE_ALPHA) * self.pace + PACE_ALPHA * seconds / base))
+                seconds = min(CLIP * predicted, max(predicted / CLIP, seconds))  # what the fit learns
         p, d, s, k = features
         x = (1.0, p / _SCALE[1], d / _SCALE[2], s / _SCALE[3], k / _SCALE[4])
         kind = 1 if p else 0
@@ -233,7 +262,7 @@ class RoundBudget:
         self.predicted = None
         if not live:  # nobody to protect: full width
             take = widest
-        elif not self.model.ready:
+        elif not self.model.trusted:  # not fitted yet, or its error says it does not know this host
             take = min(self.fallback, widest)
         else:
             take = self._largest_within(walkers, live, widest)

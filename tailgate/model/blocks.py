@@ -204,31 +204,47 @@ def q8_panels(parts: list[Blocks], variant: str, panel: int, chunk: int = 4096) 
     q = torch.empty(n, k, dtype=torch.int8)
     d = torch.empty(n, k // native.GROUP, dtype=torch.float32)
     at = 0
+    stored = all(p.qtype == "Q8_0" for p in parts)
     for p in parts:
         for r0 in range(0, p.shape[0], chunk):
             rows = torch.arange(r0, min(r0 + chunk, p.shape[0]))
+            stored = stored and _requantizes_exactly(p.data[r0:r0 + len(rows)])
             cq, cd, code = native.q8_quantize(p.dequantize(rows), variant)
             q[at:at + len(rows)], d[at:at + len(rows)] = cq, cd
             at += len(rows)
-    return Panels((q, d, code))
+    out = Panels((q, d, code))
+    out.as_stored = stored
+    return out
+
+
+def _requantizes_exactly(data: np.ndarray) -> bool:
+    """Whether q8_quantize gives Q8_0 blocks (uint8 rows of 34-byte blocks) back value for value:
+    true when every block's max |q| is 127 or 0 (then its scale is max |d * q| / 127 = |d| exactly,
+    every q / d rounds back to q, and q * d is the stored value), as llama.cpp's quantizer writes them."""
+    q = data.reshape(data.shape[0], -1, 34)[:, :, 2:].view(np.int8)
+    amax = np.abs(q.astype(np.int16)).max(axis=-1)
+    return bool(((amax == 127) | (amax == 0)).all())
 
 
 class PanelRows:
-    """An embedding table read from the tied head's AVX2 q8 panels, where those hold the table's
+    """An embedding table read from the tied head's q8 panels, where those hold the table's
     values as stored (`Panels.as_stored`): a lookup gives the blocks' rows bit for bit, and the
-    file's blocks are not read again. (Read from the mapped file, each new token's rows brought
+    file's blocks are not read again. The AVX2 panels (codes 0, 4) are read by csrc/blocks.c; the
+    16-output panels of the AVX-512 VNNI and AMX variants (codes 2, 3; `native.q8_quantize`'s
+    interleave, VNNI's bytes offset by 128) by a gather here. (Read from the mapped file, each new token's rows brought
     its pages back into the resident set: after the ~7k distinct tokens of this repository's docs
     and code, 104 MiB of Gemma 3 270M's 170 MiB table, on top of the head's panels.)"""
 
-    __slots__ = ("q", "d", "shape")
     dtype = torch.float32
     device = torch.device("cpu")
 
+    __slots__ = ("q", "d", "shape", "code")
+
     def __init__(self, panels: Panels):
         q, d, code = panels if isinstance(panels, Panels) else (None, None, None)
-        if code not in (0, native.Q8_F16_SCALES) or not panels.as_stored:
-            raise ValueError("rows are read back only from AVX2 int8 panels that hold the values as stored")
-        self.q, self.d, self.shape = q, d, tuple(q.shape)
+        if code not in (0, native.Q8_F16_SCALES, 2, 3) or not panels.as_stored:
+            raise ValueError("rows are read back only from int8 panels that hold the values as stored")
+        self.q, self.d, self.shape, self.code = q, d, tuple(q.shape), code
 
     def dim(self) -> int:
         return 2
@@ -243,7 +259,22 @@ class PanelRows:
         n, k = self.shape
         if idx.numel() and not (0 <= int(idx.min()) and int(idx.max()) < n):
             raise IndexError(f"row index outside 0..{n - 1}")
+        if self.code in (2, 3):
+            return self._wide_rows(idx).view(*ids.shape, k)
         out = torch.empty(idx.numel(), k, dtype=torch.float32, device=self.device)
         native._lib().gq_panel_rows(self.q.data_ptr(), self.d.data_ptr(), k, idx.data_ptr(), idx.numel(),
                                     out.data_ptr(), int(self.d.dtype == torch.float16))
         return out.view(*ids.shape, k)
+
+    def _wide_rows(self, idx: torch.Tensor) -> torch.Tensor:
+        """Rows of 16-output panels: row r is output r % 8 of half (r % 16) // 8 of panel pair
+        r // 16; its bytes sit per 32-input block as 8 groups of 4 inputs (the AVX2 panel's
+        order), its scales per block beside its pair's."""
+        n, k = self.shape
+        nb = k // native.GROUP
+        pair, half, out = idx // 16, (idx % 16) // 8, idx % 8
+        q = self.q.view(n // 16, nb, 8, 2, 8, 4)[pair, :, :, half, out, :]  # [ids, nb, 8 groups, 4]
+        if self.code == 2:  # VNNI's unsigned bytes: the sign bit flipped back
+            q = torch.where(q >= 0, q.to(torch.int16) - 128, q.to(torch.int16) + 128)
+        d = self.d.view(n // 16, nb, 2, 8)[pair, :, half, out]  # [ids, nb]
+        return (q.reshape(len(idx), nb, 32).float() * d[:, :, None]).reshape(len(idx), k)

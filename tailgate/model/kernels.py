@@ -100,7 +100,7 @@ DEFAULT_QUANT_ROWS = {"q8": (EVERY, 64), "int8": (16, 6), "int4": (16, 8), "gguf
 # same bits; at most 64 head rows, as q8's cut) without the fp32 copies of the head and the
 # embedding (resident weights 2.2 GB -> 0.29 GB on Gemma 3 270M; quality in docs/kernels.md).
 # The other classes keep q8 until the gguf plan is measured there.
-AUTO_QUANT = {"avx2": "gguf", "avx512": "q8", "avx512_bf16": "q8", "amx": "q8"}
+AUTO_QUANT = {"avx2": "gguf", "avx512": "gguf", "avx512_bf16": "gguf", "amx": "gguf"}
 Q8_FALLBACK = "int8"
 
 
@@ -143,7 +143,7 @@ class KernelPlan:
 
     def line(self) -> str:
         dt = str(self.dtype).removeprefix("torch.")
-        if self.dense_dtype is not None:
+        if self.dense_dtype is not None and self.quant != "gguf":
             dt += f" activations, {str(self.dense_dtype).removeprefix('torch.')} weights"
         s = f"kernels: {dt} {'oneDNN prepacked' if self.dense == 'onednn' else 'F.linear'}"
         if self.quant == "gguf":
@@ -169,7 +169,8 @@ class KernelPlan:
                 "quant": self.quant, "quant_rows": {"layers": self.quant_rows[0], "head": self.quant_rows[1]},
                 "cpu": self.cpu, "isa": self.isa, "note": self.note,
                 "attention": self.attention, "kv_dtype": str(self.kv).removeprefix("torch."),
-                "dense_dtype": str(self.dense_dtype or self.dtype).removeprefix("torch."),
+                "dense_dtype": str(self.dtype if self.quant == "gguf" else self.dense_dtype or self.dtype)
+                .removeprefix("torch."),
                 "q8_variant": self.q8_variant if self.quant in ("q8", "gguf") else None,
                 "prompt_attention": str(self.prompt_attention or self.dtype).removeprefix("torch.")}
 
@@ -197,7 +198,8 @@ def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto
         return KernelPlan(str(dev), dt, "torch", cpu=torch.cuda.get_device_name(dev) if cuda else str(dev), isa=dev.type)
     cpu = cpu or this_cpu()
     # auto on a native-bf16 CPU: fp32 activations over bf16 weights when our kernels build (below).
-    mixed = want == "auto" and kind == "auto" and cpu.native_bf16 and cpu.onednn_bf16 and mkldnn
+    # (`--kernels q8` / `gguf` with `--dtype auto` too: the same plan with its quantized kernel named)
+    mixed = want == "auto" and kind in ("auto", "q8", "gguf") and cpu.native_bf16 and cpu.onednn_bf16 and mkldnn
     if want == "auto":
         dt = torch.bfloat16 if cpu.native_bf16 else torch.float32
     else:
@@ -226,6 +228,7 @@ def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto
         if why:
             quant, note = Q8_FALLBACK, f"{why}; using {Q8_FALLBACK}"
     if mixed and quant in ("q8", "gguf") and why is None:
+        # (under gguf no matrix has a dense copy: bf16 is then only the prompt rows' attention)
         dt, attention, dense_dt = torch.float32, "native", torch.bfloat16
     else:  # without our kernels a bf16 CPU keeps the all-bf16 plan: torch's bf16 ops beat fp32 ones
         dense_dt = None
@@ -245,7 +248,7 @@ def runnable_plans(device="cpu") -> list[KernelPlan]:
     """Every plan this machine can run, for the benchmarks: dense fp32 through oneDNN and F.linear,
     dense bf16 where oneDNN takes it, and int8 / int4 small steps over the fp32 dense path."""
     out = []
-    for dtype, kernels in (("auto", "auto"), ("fp32", "onednn"), ("fp32", "torch"), ("bf16", "onednn"), ("fp32", "q8"),
+    for dtype, kernels in (("auto", "auto"), ("auto", "q8"), ("fp32", "onednn"), ("fp32", "torch"), ("bf16", "onednn"), ("fp32", "q8"),
                            ("fp32", "gguf"), ("fp32", "int8"), ("fp32", "int4")):
         try:
             p = choose(dtype, kernels, device)
@@ -382,7 +385,7 @@ class Linear:
 class BiasedLinear(Linear):
     """A `Linear` plus a bias vector (Qwen2's fused q/k/v; Llama's optional attention/MLP biases),
     added to whatever the chosen kernel returns (q8, weight-only int8/int4, oneDNN prepacked or
-    F.linear alike), in the kernel output's own dtype: one elementwise pass over the product. Only
+    F.linear alike), in fp32 (a bf16 product is widened first): one elementwise pass over the product. Only
     matrices that have a bias are built as this class, so bias-free models' calls stay as they were."""
 
     __slots__ = ("bias",)
@@ -394,4 +397,10 @@ class BiasedLinear(Linear):
         self.bias = bias.float().contiguous()  # fp32, as the checkpoint's (HF adds it in fp32)
 
     def raw(self, x: torch.Tensor) -> torch.Tensor:
-        return super().raw(x).add_(self.bias)
+        # In fp32, always: the dense bf16 kernel (AMX / AVX-512 BF16 plans, calls over the q8 cut)
+        # returns bf16, and adding the bias into that in place rounded every biased output to
+        # bf16's 8 bits (0.003-0.008 off at |y| ~ 1, the AMX failure of issue 35), which plain(x)
+        # + b does not do. Every kernel returns a fresh tensor (test_kernels_contract), so the fp32
+        # product is safe to add into in place.
+        y = super().raw(x)
+        return y.add_(self.bias) if y.dtype == torch.float32 else y.float().add_(self.bias)

@@ -86,7 +86,7 @@ def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, plan: KernelP
         w[k] = Linear(w[k], plan, group) if b is None else BiasedLinear(w[k], plan, group, b.to(device))
     head = w["head"]
     if stored and "lm_head" not in raw and isinstance(w.get("embed"), Blocks) and head.wide is not None \
-            and isinstance(head.wide, Panels) and head.wide.as_stored and head.wide[2] in (0, 4):
+            and isinstance(head.wide, Panels) and head.wide.as_stored and head.wide[2] in (0, 4, 2, 3):
         # A tied table whose head panels hold it as stored: lookups read them, not the file again.
         w["embed"] = PanelRows(head.wide)
     return w

@@ -107,6 +107,8 @@ def serve(args, lookup) -> int:
             elif (why := model.tokenizer.compile_chat_template()) is not None:
                 logging.getLogger("tailgate").warning("chat requests will get a 400: %s", why)
             state.model, state.cfg = model, settled
+            if engine.probe is not None:  # this CPU's measured step costs beside the plan in /version
+                state.kernels = {**(state.kernels or {}), "measured": engine.probe}
             engine.on_death.append(died)
             engine.start()
             state.engine = engine

@@ -1,0 +1,169 @@
+"""The start-up probe: a few step shapes timed on the CPU the engine runs on, so the inter-token
+target starts from this machine's costs instead of a table measured on another CPU class.
+
+Every decision that depends on how fast a step is (the inter-token target's round widths, its
+TTFT horizon) used to learn the step's price only from live traffic, starting from the fixed
+walk; and the row cuts and the `auto` rule were tuned on whichever class a developer drew
+(issue 35: on the AMX Xeon the Zen 3 rule cost 15-38 % of the walk's throughput). Here, after the
+warm-up step, the runner times SHAPES (decode rows alone, walk rounds of 32 and 64 prompt rows
+riding 8 decode rows, a 128-row prefill) through scratch pages, each the fastest of REPS runs; the
+rows fit the simulator's cost form (`sim.cost.fit`), and:
+- the engine's step-cost model is seeded with them (`seed`), so the target prices the first round
+  with this CPU's numbers (it still learns from every live step and forgets the probe);
+- the fit and its worst error are logged in one line beside the kernels line, and shown in
+  `/version`; a CPU whose steps the linear form cannot follow (worst error over TRUST_FIT) leaves
+  the target on the fixed walk until live steps say otherwise (`step_cost.StepCostModel.trusted`).
+
+Cached per CPU model and flags, kernel plan, torch and tailgate version and model file (size,
+mtime) under the cache directory (`TAILGATE_CACHE_DIR`, else ~/.cache/tailgate/probe/): a warm
+start reads it. Measured cost of the probe itself (Gemma 3 270M, 2 cores): docs/knobs.md.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..engine.pages import SeqPages
+from ..engine.plan import Segment
+
+# (decode rows, prompt rows): decode rows each read CONTEXT keys; prompt rows sit half-way into a
+# prompt of twice their length (a walk round), or at position 0 when no decode rows ride (a prefill).
+SHAPES = ((1, 0), (8, 0), (8, 32), (8, 64), (0, 128))
+CONTEXT = 128
+REPS = 2
+# Worst relative error of the linear fit over SHAPES above which the target is not trusted at
+# start. Measured worst errors: 15 % on AMD EPYC Zen 5's `bench step` table, 16 % on Zen 3's,
+# 25 % on the AMX Xeon's (where the q8 / bf16 row cut made a 64-row step cheaper than a 47-row one).
+TRUST_FIT = 0.3
+
+
+@dataclass
+class ProbeResult:
+    rows: list[dict]  # per shape: prompt_rows, decode_rows, sampled, pairs, ms (bench step's names)
+    coefficients: dict  # the fit: seconds per unit of each sim.cost TERMS
+    worst_error: float  # the fit's worst |error| / measured over the rows
+    seconds: float  # what measuring took (0 when read from the cache)
+    cached: bool
+
+    @property
+    def trusted(self) -> bool:
+        return self.worst_error <= TRUST_FIT
+
+    def line(self) -> str:
+        ms = {(r["decode_rows"], r["prompt_rows"]): r["ms"] for r in self.rows}
+        shown = ", ".join(f"{name} {ms[k]:.1f} ms" for k, name in (
+            ((1, 0), "decode 1"), ((8, 0), "decode 8"), ((8, 64), "walk 64+8"), ((0, 128), "prefill 128")) if k in ms)
+        c = self.coefficients
+        how = "read from the cache" if self.cached else f"measured in {self.seconds:.2f} s"
+        return (f"kernels measured here ({how}): {shown}; fit floor {1000 * c['floor']:.1f} ms + "
+                f"{1000 * c['prompt_row']:.2f} ms a prompt row + {1000 * (c['decode_row'] + c['sampled_row']):.2f} ms "
+                f"a decode row, worst error {100 * self.worst_error:.0f} %"
+                + ("" if self.trusted else " (over the target's trust bound: rounds start as the fixed walk)"))
+
+    def as_dict(self) -> dict:
+        return {"rows": self.rows, "fit": self.coefficients, "worst_error": self.worst_error,
+                "seconds": self.seconds, "cached": self.cached}
+
+
+def features(decode: int, prompt: int) -> dict:
+    """bench step's feature names for a shape (what `sim.cost.fit` reads)."""
+    if decode and prompt:
+        k0 = prompt  # the round sits half-way into a prompt of 2 x its rows
+        pairs = prompt * k0 + prompt * (prompt + 1) // 2 + decode * (CONTEXT + 1)
+    elif decode:
+        pairs = decode * (CONTEXT + 1)
+    else:
+        pairs = prompt * (prompt + 1) // 2
+    return dict(prompt_rows=prompt, decode_rows=decode, sampled=decode or 1, pairs=pairs)
+
+
+@torch.inference_mode()
+def measure(runner, book, shapes=SHAPES, reps: int = REPS, clock=time.perf_counter) -> list[dict] | None:
+    """Each shape's fastest of `reps` runs, through scratch pages returned before this returns;
+    None when the pools cannot hold the shapes (a tiny KV budget)."""
+    need = [CONTEXT + 1] * max(d for d, _ in shapes) + [2 * max(p for _, p in shapes)]
+    seqs = [SeqPages() for _ in need]
+    try:
+        for s, n in zip(seqs, need):
+            if not book.reserve(s, n):
+                return None
+        runner.step([Segment([1] * CONTEXT, 0, s) for s in seqs[:-1]])  # the decode rows' context
+        rows = []
+        for decode, prompt in shapes:
+            segs = [Segment([1], CONTEXT, s) for s in seqs[:decode]]
+            if prompt:
+                start = prompt if decode else 0
+                # a walk round mid-prompt samples nothing; a whole prefill samples its last row
+                segs.append(Segment([1] * prompt, start, seqs[-1], sample=not decode))
+            best = float("inf")
+            for _ in range(reps):
+                t0 = clock()
+                runner.step(segs)
+                best = min(best, clock() - t0)
+            rows.append({"kind": f"{decode}+{prompt}", "n": prompt or decode, "ms": 1000 * best,
+                         **features(decode, prompt)})
+        return rows
+    finally:
+        for s in seqs:
+            book.free(s)
+
+
+def cache_key(plan, source) -> str:
+    from .. import __version__
+    from .cpu import this_cpu
+
+    cpu = this_cpu()
+    try:
+        st = source.stat()
+        ident = f"{source.resolve()}:{st.st_size}:{int(st.st_mtime)}"
+    except OSError:
+        ident = str(source)
+    raw = "|".join([cpu.model, " ".join(sorted(cpu.flags)), plan.line(), torch.__version__, __version__, ident,
+                    repr(SHAPES), str(CONTEXT), str(torch.get_num_threads())])
+    return hashlib.sha256(raw.encode()).hexdigest()[:20]
+
+
+def run(runner, book, source, cache_dir=None, log=None) -> ProbeResult | None:
+    """The probe's result for this machine, plan and model: from the cache, else measured (and
+    cached). None where the pools cannot hold the shapes."""
+    from ..sim.cost import fit
+    from .weights import cache_root
+
+    path = (cache_dir or cache_root()) / "probe" / f"{cache_key(runner.plan, source)}.json"
+    rows, took, cached = None, 0.0, False
+    try:
+        rows, cached = json.loads(path.read_text())["rows"], True
+    except (OSError, ValueError, KeyError):
+        t0 = time.perf_counter()
+        rows = measure(runner, book)
+        took = time.perf_counter() - t0
+        if rows is None:
+            return None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"rows": rows}))
+            tmp.replace(path)
+        except OSError:
+            pass  # a read-only cache: measured again next start
+    model, errors = fit(rows, None, "start-up probe")
+    from ..sim.cost import TERMS
+
+    worst = max(abs(e["error_pct"]) for e in errors) / 100
+    result = ProbeResult(rows, {t: getattr(model, t) for t in TERMS}, worst, took, cached)
+    if log is not None:
+        log(result.line())
+    return result
+
+
+def seed(model, result: ProbeResult) -> None:
+    """Teach the engine's step-cost model the probe's steps (`step_cost.StepCostModel.observe`),
+    as if they had been its first steps: it is `ready` at once and forgets them as live steps come."""
+    if not result.trusted:
+        return
+    for r in result.rows:
+        model.observe((r["prompt_rows"], r["decode_rows"], r["sampled"], r["pairs"] / 1000), r["ms"] / 1000)

@@ -1,0 +1,43 @@
+"""The start-up probe (model/probe.py): this CPU's step costs, measured once per machine, plan
+and model file, and the inter-token target's first prices."""
+from __future__ import annotations
+
+from tailgate.engine.step_cost import StepCostModel, step_features
+from tailgate.engine.plan import Segment
+from tailgate.model import probe
+
+
+def test_the_probe_times_every_shape_through_scratch_pages_caches_it_and_seeds_a_ready_fit(rig, tmp_path):
+    r = rig("smollm2-135m", "auto", "auto")
+    got = probe.run(r.runner, r.book, r.model.source, cache_dir=tmp_path)
+    r.assert_no_leak()
+    assert not got.cached and got.seconds > 0
+    assert [(row["decode_rows"], row["prompt_rows"]) for row in got.rows] == list(probe.SHAPES)
+    assert all(row["ms"] > 0 for row in got.rows) and all(v >= 0 for v in got.coefficients.values())
+    assert "kernels measured here (measured in" in got.line()
+    again = probe.run(r.runner, r.book, r.model.source, cache_dir=tmp_path)
+    assert again.cached and again.seconds == 0 and again.rows == got.rows and "read from the cache" in again.line()
+    model = StepCostModel()
+    assert not model.ready
+    probe.seed(model, got if got.trusted else probe.ProbeResult(got.rows, got.coefficients, 0.0, 0.0, True))
+    assert model.ready and model.predict((64, 8, 8, 20.0)) > 0
+
+
+def test_a_probe_shapes_features_are_the_ones_the_engine_counts_for_that_step():
+    """The fit the engine seeds from must read the probe's steps as the engine reads its own:
+    `step_features` of the segments the probe runs."""
+    from tailgate.engine.pages import SeqPages
+
+    for decode, prompt in probe.SHAPES:
+        segs = [Segment([1], probe.CONTEXT, SeqPages()) for _ in range(decode)]
+        if prompt:
+            segs.append(Segment([1] * prompt, prompt if decode else 0, SeqPages(), sample=not decode))
+        f = probe.features(decode, prompt)
+        assert step_features(segs) == (f["prompt_rows"], f["decode_rows"], f["sampled"], f["pairs"] / 1000)
+
+
+def test_a_fit_over_the_trust_bound_does_not_seed_the_target():
+    rows = [{"prompt_rows": 0, "decode_rows": 1, "sampled": 1, "pairs": 129, "ms": 10.0}]
+    model = StepCostModel()
+    probe.seed(model, probe.ProbeResult(rows, {}, probe.TRUST_FIT + 0.01, 0.0, True))
+    assert model.seen == [0, 0]
