@@ -34,7 +34,10 @@ from ..engine.plan import Segment
 # prompt of twice their length (a walk round), or at position 0 when no decode rows ride (a prefill).
 SHAPES = ((1, 0), (8, 0), (8, 32), (8, 64), (0, 128))
 CONTEXT = 128
-REPS = 2
+# One run of each (after the warm-up step, so no first-call costs): ~0.2 s on AMD EPYC Zen 5 for
+# Gemma 3 270M, where two were ~0.4 s, over the 10 % of a warm start the probe may cost. A noisy
+# run shows as the fit's worst error, and live steps refine the fit from the first one.
+REPS = 1
 # Worst relative error of the linear fit over SHAPES above which the target is not trusted at
 # start. Measured worst errors: 15 % on AMD EPYC Zen 5's `bench step` table, 16 % on Zen 3's,
 # 25 % on the AMX Xeon's (where the q8 / bf16 row cut made a 64-row step cheaper than a 47-row one).
@@ -91,7 +94,8 @@ def measure(runner, book, shapes=SHAPES, reps: int = REPS, clock=time.perf_count
         for s, n in zip(seqs, need):
             if not book.reserve(s, n):
                 return None
-        runner.step([Segment([1] * CONTEXT, 0, s) for s in seqs[:-1]])  # the decode rows' context
+        # (the decode rows' context is not prefilled: attention reads CONTEXT keys of whatever the
+        # pages hold, at the same cost, and prefilling 8 x 128 rows cost 0.6 s on AMD EPYC Zen 5)
         rows = []
         for decode, prompt in shapes:
             segs = [Segment([1], CONTEXT, s) for s in seqs[:decode]]
