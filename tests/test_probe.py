@@ -41,3 +41,31 @@ def test_a_fit_over_the_trust_bound_does_not_seed_the_target():
     model = StepCostModel()
     probe.seed(model, probe.ProbeResult(rows, {}, probe.TRUST_FIT + 0.01, 0.0, True))
     assert model.seen == [0, 0]
+
+
+def test_a_plan_with_a_row_cut_races_its_layer_kernels_and_takes_the_cut_it_measured():
+    """`--kernels q8` beside dense weights (a native-bf16 CPU's hybrid): layer 0's matrices are
+    timed on both kernels at each of CUT_ROWS and the cut set on every layer matrix; a plan
+    without one (every call q8, as on AVX2) has nothing to race."""
+    import itertools
+
+    import torch
+
+    from tailgate.model.kernels import EVERY, Linear, choose
+
+    plan = choose("auto", "q8")
+    g = torch.Generator().manual_seed(2)
+    w = {f"layers.{i}.{n}": Linear(torch.randn(o, k, generator=g) / 8, plan, "layers")
+         for i in (0, 1) for n, o, k in (("qkv", 128, 64), ("o", 64, 64), ("gate_up", 256, 64), ("down", 64, 128))}
+    if plan.quant_rows[0] in (0, EVERY):
+        assert probe.measure_layer_cut(w) is None
+        return
+    cut = probe.measure_layer_cut(w)
+    assert cut in (0, *probe.CUT_ROWS)
+    ticks = itertools.count()  # a clock under which both kernels always take as long: q8 (batch invariant) wins ties
+    assert probe.measure_layer_cut(w, clock=lambda: next(ticks)) == max(probe.CUT_ROWS)
+    probe.apply_layer_cut(w, 48)
+    assert {v.max_q_rows for v in w.values()} == {48}
+    x = torch.randn(49, 64, generator=g)
+    assert w["layers.1.o"].takes(48) is None and w["layers.1.o"].takes(49) == plan.dense_dtype
+    assert w["layers.1.o"](x).shape == (49, 64)

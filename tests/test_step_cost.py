@@ -14,7 +14,7 @@ from tailgate.engine.pages import KVBook
 from tailgate.engine.plan import Segment
 from tailgate.engine.request import Finished, Request, Sampled
 from tailgate.engine.scheduler import Scheduler
-from tailgate.engine.step_cost import AUTO_FACTOR, TERMS, TRUST_ERROR, MeteredExecutor, RoundBudget, StepCostModel, step_features
+from tailgate.engine.step_cost import AUTO_FACTOR, AUTO_OVERHEAD, TERMS, TRUST_ERROR, MeteredExecutor, RoundBudget, StepCostModel, step_features
 from tailgate.sim import run as sim
 from tailgate.sim.cost import CostModel, load_preset
 
@@ -160,8 +160,30 @@ def test_auto_prices_a_round_to_a_multiple_of_the_live_batchs_own_decode_step(co
     decode = b.model.predict(b.round_features([], len(rows), kp, 0))
     take = b.rows(walkers, rows)
     target = AUTO_FACTOR * decode
-    assert b.predicted <= target and b.model.predict(b.round_features(walkers, len(rows), kp, take + 1)) > target
+    priced = take if b.predicted <= target else None  # the largest round within the target...
+    if priced is not None:
+        assert b.model.predict(b.round_features(walkers, len(rows), kp, take + 1)) > target
+    else:  # ...unless that is narrower than rounds may cheaply go: then the narrowest such round
+        assert take == b.narrowest()
     assert take > 1  # a factor over the batch's own step always leaves room for prompt rows
+
+
+def test_auto_narrows_a_round_only_as_far_as_its_extra_step_floors_cost_at_most_auto_overhead():
+    """Absorbing a prompt in rounds of r rows instead of the walk's 64 adds a fitted step floor
+    per extra round; auto's rounds never go below the r at which that extra is AUTO_OVERHEAD of
+    the walk's step time for the same rows (and, where the floor is cheap beside a prompt row,
+    that bound is a few rows)."""
+    for cost in (TRUE, CostModel(0.013, 0.0004, 0.0007), CostModel(0.002, 0.002, 0.001)):
+        b = RoundBudget(None, None, model=fitted(cost))
+        c = b.model.coefficients
+        r = b.narrowest()
+
+        def extra(n):  # the extra step time of rounds of n rows, per prompt row, relative to the walk's
+            return c["floor"] * (1 / n - 1 / 64) / (c["floor"] / 64 + c["prompt_row"])
+
+        assert extra(r) <= AUTO_OVERHEAD + 1e-9 and (r == 1 or extra(r - 1) > AUTO_OVERHEAD)
+        take = b.rows([walker(300)], live(*range(100, 1700, 100)))  # a deep batch: the price alone is narrow
+        assert take >= min(r, 300)
 
 
 def test_a_target_below_the_live_batchs_own_step_still_moves_one_prompt_row():

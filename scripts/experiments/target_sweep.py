@@ -18,13 +18,14 @@ from tailgate.engine import step_cost
 from tailgate.sim.cost import resolve_cost
 from tailgate.sim.run import metrics, simulate, workload
 
-FACTOR = step_cost.AUTO_FACTOR
+FACTOR, OVERHEAD = step_cost.AUTO_FACTOR, step_cost.AUTO_OVERHEAD
 POLICIES = {"walk": {"ITL_TARGET_MS": "off"}, "default": {}}
 
 
 def cell(preset: str, knobs: dict, c: int, seed: int, jitter: float, n: int) -> tuple[float, float, float]:
     knobs = dict(knobs)
-    step_cost.AUTO_FACTOR = float(knobs.pop("FACTOR", FACTOR))  # a rule variant under study
+    step_cost.AUTO_FACTOR = float(knobs.pop("FACTOR", FACTOR))  # rule variants under study
+    step_cost.AUTO_OVERHEAD = float(knobs.pop("OVERHEAD", OVERHEAD))
     cfg = resolve(env_lookup(knobs, environ={}), lanes=("cpu", "green")).with_model_limit(32768)
     cost = resolve_cost(preset)
     jobs = workload(n, 256, 64, 0.0, seed)

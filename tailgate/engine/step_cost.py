@@ -73,6 +73,13 @@ AUTO_FACTOR = 2.0
 # past 64 rows where prompt rows are cheap beside the floor (AMX c16: ITL p99 1.00x the walk's,
 # Zen 5 c16 tok/s 0.93x); capped, ITL p99 0.45-1.00x the walk's and tok/s 0.96-1.00x on all nine.
 # Where the live fit's error says it does not know this host (TRUST_ERROR), rounds are the walk's.
+# And it narrows only as far as that stays cheap (`RoundBudget.narrowest`): each extra round costs a
+# step floor, and the closed loop pays it in TTFT and so in throughput. On AMD EPYC Zen 5 (a host
+# whose fitted floor was 12-17 ms beside 0.33-0.47 ms a prompt row), rounds priced at 2x the decode
+# step alone (~35 rows at c4) cut ITL p99 to 0.66-0.75x the walk's but cost 10-15 % of its tok/s
+# in two real A/Bs (docs/benchmarks/raw-ab-target-factor-zen5.log); the bound keeps the extra
+# step time of absorbing a prompt within AUTO_OVERHEAD of the walk's.
+AUTO_OVERHEAD = 0.1
 # The fit's error on a W-std c8 run: p90 0.11 on the AMX Xeon (its step trace in
 # ../shared/design/measured/), 0.13-0.17 on AMD EPYC Zen 3 (issue 26).
 TRUST_ERROR = 0.35
@@ -354,8 +361,21 @@ class RoundBudget:
                     lo = mid
                 else:
                     hi = mid - 1
+        if self.target is None:
+            lo = max(lo, min(widest, self.narrowest()))
         self.predicted = cost(lo)
         return lo
+
+    def narrowest(self) -> int:
+        """`auto`'s floor on a round's prompt rows (AUTO_OVERHEAD): the fewest rows r at which
+        absorbing prompts in rounds of r instead of the walk's W costs at most AUTO_OVERHEAD more
+        step time, the extra being one fitted step floor per extra round:
+        floor * (1/r - 1/W) <= AUTO_OVERHEAD * (floor / W + prompt_row)."""
+        c = self.model.coefficients
+        floor, row, w = c["floor"], c["prompt_row"], self.fallback
+        if floor <= 0:
+            return 1
+        return max(1, math.ceil(1 / (1 / w + AUTO_OVERHEAD * (1 / w + row / floor))))
 
     def metered(self, executor, clock) -> "MeteredExecutor":
         return MeteredExecutor(executor, self.model, clock, self.metrics)

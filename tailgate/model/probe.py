@@ -14,6 +14,10 @@ rows fit the simulator's cost form (`sim.cost.fit`), and:
   `/version`; a CPU whose steps the linear form cannot follow (worst error over TRUST_FIT) leaves
   the target on the fixed walk until live steps say otherwise (`step_cost.StepCostModel.trusted`).
 
+A plan with a row cut (`--kernels q8` beside dense weights) first races its layers' two kernels
+on layer 0's matrices at CUT_ROWS and sets the cut it measured (`measure_layer_cut`); the table
+in kernels.py is then only the fallback.
+
 Cached per CPU model and flags, kernel plan, torch and tailgate version and model file (size,
 mtime) under the cache directory (`TAILGATE_CACHE_DIR`, else ~/.cache/tailgate/probe/): a warm
 start reads it. Measured cost of the probe itself (Gemma 3 270M, 2 cores): docs/knobs.md.
@@ -44,6 +48,13 @@ REPS = 1
 TRUST_FIT = 0.3
 
 
+# The row counts at which a plan with a row cut (`--kernels q8` beside bf16 / fp32 dense weights)
+# has its layers' two kernels raced on layer 0's matrices; the cut is the largest count at which
+# the quantized one won. The tables in kernels.QUANT_ROWS are the fallback (a cached or failed probe
+# keeps them); they disagreed with serving on the AMX Xeon (issue 35).
+CUT_ROWS = (8, 16, 32, 48, 64, 96, 128)
+
+
 @dataclass
 class ProbeResult:
     rows: list[dict]  # per shape: prompt_rows, decode_rows, sampled, pairs, ms (bench step's names)
@@ -51,6 +62,7 @@ class ProbeResult:
     worst_error: float  # the fit's worst |error| / measured over the rows
     seconds: float  # what measuring took (0 when read from the cache)
     cached: bool
+    layer_cut: int | None = None  # the layers' row cut measured here (None: the plan has none)
 
     @property
     def trusted(self) -> bool:
@@ -62,14 +74,15 @@ class ProbeResult:
             ((1, 0), "decode 1"), ((8, 0), "decode 8"), ((8, 64), "walk 64+8"), ((0, 128), "prefill 128")) if k in ms)
         c = self.coefficients
         how = "read from the cache" if self.cached else f"measured in {self.seconds:.2f} s"
-        return (f"kernels measured here ({how}): {shown}; fit floor {1000 * c['floor']:.1f} ms + "
+        cut = "" if self.layer_cut is None else f"layers' quantized kernel for calls of <= {self.layer_cut} rows; "
+        return (f"kernels measured here ({how}): {cut}{shown}; fit floor {1000 * c['floor']:.1f} ms + "
                 f"{1000 * c['prompt_row']:.2f} ms a prompt row + {1000 * (c['decode_row'] + c['sampled_row']):.2f} ms "
                 f"a decode row, worst error {100 * self.worst_error:.0f} %"
                 + ("" if self.trusted else " (over the target's trust bound: rounds start as the fixed walk)"))
 
     def as_dict(self) -> dict:
         return {"rows": self.rows, "fit": self.coefficients, "worst_error": self.worst_error,
-                "seconds": self.seconds, "cached": self.cached}
+                "seconds": self.seconds, "cached": self.cached, "layer_cut": self.layer_cut}
 
 
 def features(decode: int, prompt: int) -> dict:
@@ -116,6 +129,49 @@ def measure(runner, book, shapes=SHAPES, reps: int = REPS, clock=time.perf_count
             book.free(s)
 
 
+def _cut_mats(w: dict) -> list | None:
+    """Layer 0's q8 matrices that also hold a dense form (a plan with a row cut), else None."""
+    from .kernels import EVERY, Linear
+
+    mats = [v for k, v in w.items() if k.startswith("layers.0.") and isinstance(v, Linear)]
+    ok = mats and all(m.quant == "q8" and m.w is not None and 0 < m.max_q_rows < EVERY for m in mats)
+    return mats if ok else None
+
+
+@torch.inference_mode()
+def measure_layer_cut(w: dict, rows=CUT_ROWS, reps: int = 3, clock=time.perf_counter) -> int | None:
+    """The largest of `rows` at which q8 took no longer than the dense kernel over layer 0's
+    matrices (fastest of `reps` each; 0 when dense always won); None when the plan has no cut."""
+    from . import native
+
+    mats = _cut_mats(w)
+    if mats is None:
+        return None
+    g = torch.Generator().manual_seed(0)
+    cut = 0
+    for m in rows:
+        xs = [torch.randn(m, lin.q[0].shape[1], generator=g) for lin in mats]
+        best = []
+        for run in (lambda lin, x: native.q8_linear(x, *lin.q), lambda lin, x: lin._dense(x.to(lin.dense_dtype or x.dtype))):
+            t = float("inf")
+            for _ in range(reps):
+                t0 = clock()
+                for lin, x in zip(mats, xs):
+                    run(lin, x)
+                t = min(t, clock() - t0)
+            best.append(t)
+        if best[0] <= best[1]:
+            cut = m
+    return cut
+
+
+def apply_layer_cut(w: dict, cut: int) -> None:
+    """Every layer matrix's row cut (the head keeps the table's: its calls rarely pass ~32 rows)."""
+    for k, v in w.items():
+        if k.startswith("layers.") and getattr(v, "quant", None) == "q8" and getattr(v, "w", None) is not None:
+            v.max_q_rows = cut
+
+
 def cache_key(plan, source) -> str:
     from .. import __version__
     from .cpu import this_cpu
@@ -138,11 +194,17 @@ def run(runner, book, source, cache_dir=None, log=None) -> ProbeResult | None:
     from .weights import cache_root
 
     path = (cache_dir or cache_root()) / "probe" / f"{cache_key(runner.plan, source)}.json"
-    rows, took, cached = None, 0.0, False
+    rows, took, cached, cut = None, 0.0, False, None
     try:
-        rows, cached = json.loads(path.read_text())["rows"], True
+        saved = json.loads(path.read_text())
+        rows, cut, cached = saved["rows"], saved.get("layer_cut"), True
+        if cut is not None and _cut_mats(runner.w) is not None:
+            apply_layer_cut(runner.w, cut)
     except (OSError, ValueError, KeyError):
         t0 = time.perf_counter()
+        cut = measure_layer_cut(runner.w)
+        if cut is not None:  # before the steps: their costs follow the cut
+            apply_layer_cut(runner.w, cut)
         rows = measure(runner, book)
         took = time.perf_counter() - t0
         if rows is None:
@@ -150,7 +212,7 @@ def run(runner, book, source, cache_dir=None, log=None) -> ProbeResult | None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"rows": rows}))
+            tmp.write_text(json.dumps({"rows": rows, "layer_cut": cut}))
             tmp.replace(path)
         except OSError:
             pass  # a read-only cache: measured again next start
@@ -158,7 +220,7 @@ def run(runner, book, source, cache_dir=None, log=None) -> ProbeResult | None:
     from ..sim.cost import TERMS
 
     worst = max(abs(e["error_pct"]) for e in errors) / 100
-    result = ProbeResult(rows, {t: getattr(model, t) for t in TERMS}, worst, took, cached)
+    result = ProbeResult(rows, {t: getattr(model, t) for t in TERMS}, worst, took, cached, cut)
     if log is not None:
         log(result.line())
     return result
