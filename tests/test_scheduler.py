@@ -549,3 +549,26 @@ def test_a_walk_round_records_its_row_budget_and_every_prompt_row_it_took():
     assert [(r.kind, r.prompt_rows, r.budget) for r in walk] == [("prefill", 16, 16), ("prefill", 16, 16),
                                                                   ("prefill", 8, 16)]
     assert walk[0].predicted_s is None  # no ITL target: no cost model
+
+
+def test_a_request_cancelled_in_the_queue_leaves_it_at_the_next_step_not_at_the_head():
+    """Issue 36: a queued request's abort waited behind the stream holding the slot (~200 steps),
+    and the waiting gauge counted it meanwhile. Engine.abort flags the queue; the next step retires
+    it, counted like any abort, and the stream ahead of it is untouched."""
+    from tailgate.engine.loop import Engine
+
+    s, _ = make(slots=1)
+    long = req(10, max_tokens=200)
+    s.submit(long)
+    s.step(0.0)  # holds the only slot for 200 steps
+    q, behind = req(10, max_tokens=4), req(12, max_tokens=4)
+    s.submit(q), s.submit(behind)
+    s.step(0.0)
+    engine = Engine(s)
+    assert list(s.queue) == [q, behind] and engine.waiting == 2
+    engine.abort(q)
+    ev = s.step(0.0)
+    assert list(s.queue) == [behind] and engine.waiting == 1
+    assert finished(ev, q.id).reason == "abort" and s.metrics.finished["abort"] == 1
+    assert [x.req.id for x in s.roster] == [long.id] and any(isinstance(e, Token) and e.request_id == long.id
+                                                           for e in ev)

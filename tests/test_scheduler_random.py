@@ -277,7 +277,7 @@ def scenarios(draw, never_fits: bool = False, cached_pressure: bool = False):
     reqs = draw(st.lists(specs(), min_size=1, max_size=7))
     slots = draw(st.integers(1, 6))
     door = draw(st.sampled_from([None, None, None, 5, 50, "auto"]))
-    lane_polls = None if door is not None else draw(st.sampled_from([None, 1, 2, 3]))
+    lane_polls = None if door is not None else draw(st.sampled_from([None, 1, 2, 3, 8, 30]))  # long flights: issue 36
     biggest = max(pages_for(s.prompt_len + s.max_tokens) for s in reqs)
     if never_fits:
         gpages = biggest + draw(st.integers(0, max(0, MAX_CONTEXT // PAGE_SIZE - 1 - biggest)))

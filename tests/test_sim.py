@@ -123,8 +123,32 @@ def test_a_fit_recovers_a_known_cost_model():
 
 
 def test_every_preset_names_its_source():
-    for name in ("gemma4-12b-sm89", "moe-26b-a4b-like", "local"):
+    for name in ("gemma4-12b-sm89", "moe-26b-a4b-like", "local", "zen3-measured", "zen5-measured", "amx-measured"):
         assert load_preset(name).source
+
+
+def test_a_lane_flight_joined_for_a_live_rows_page_finishes_every_request_whole(tmp_path):
+    """Issue 36's bug 1, its own command: a live row short of a page joined the lane's flight, whose
+    request then entered the roster after the rows had their pages and decoded past its page table
+    (`KV frontier N+1 passed its reservation N` on the simulator, every request failed)."""
+    out = tmp_path / "bug1.json"
+    assert main(["sim", "--cost", "local", "--max-context", "2048", "--decode-slots", "8", "--async-prefill", "cpu:1",
+                 "--kv-cache-mb", "190", "--mix-chunk-tokens", "off", "--num-prompts", "48", "--random-input-len", "400",
+                 "--random-output-len", "300", "--random-range-ratio", "0.9", "--max-concurrency", "8", "--seed", "3",
+                 "--jitter", "0.1", "--save-result", str(out)]) == 0
+    m = json.loads(out.read_text())
+    assert m["completed"] == 48 and m["failed"] == 0 and m["preemptions"] > 0
+
+
+def test_equal_arrivals_with_a_lane_flight_and_short_pages_all_finish_whole():
+    """The same root with every request arriving at once (24 at t=0 into 8 slots, a 190 MiB budget,
+    the lane): failed as bug 1 before the fix (`KV frontier 353 passed its reservation 352`)."""
+    jobs = sim.workload(24, 300, 300, 0.9, 0)
+    res, s = sim.simulate(cfg(DECODE_SLOTS="8", MAX_CONTEXT="2048", KV_CACHE_MB="190", ASYNC_PREFILL="cpu:1",
+                              MIX_CHUNK_TOKENS="off"), load_preset("local"), jobs, concurrency=24, offsets=[0.0] * 24,
+                          seed=0, jitter=0.1)
+    assert s["preemptions"] > 0
+    assert all(r.success and r.output_tokens == ol for r, (_, ol) in zip(res, jobs))
 
 
 def test_a_kv_budget_preempts_under_the_simulator_and_every_request_still_finishes_whole():

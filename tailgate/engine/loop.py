@@ -61,6 +61,7 @@ class Engine:
         """Mark a request cancelled; the engine retires it (and frees its pages) on its next turn."""
         req.cancelled = True
         with self._cv:
+            self.scheduler.cancels_queued = True  # a hint: the next turn looks through the queue too
             self._cv.notify()
 
     @property

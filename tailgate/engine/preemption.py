@@ -26,12 +26,14 @@ class Preemption:
         cannot grow does not fit the pools alone, and fails."""
         preempted = self.metrics.preemptions
         # Only rows at the end of their last page need one (1 step in 16): the sort stays off most steps.
-        full = [a for a in self.roster if a.pages.frontier >= a.pages.reserved]
-        for a in sorted(full, key=lambda a: a.req.arrival) if len(full) > 1 else full:
-            if a not in self.roster:  # preempted for an older row of this very call
-                continue
-            if not self._make_room(a, a.pages.frontier + 1, self_ok=True) and a in self.roster:
-                self._finish(a, "error", "KV pools exhausted: the request does not fit them alone")
+        # Until none is short: a lane flight joined for pages enters the roster during the pass, and
+        # its row needs a page like the others (issue 36: it decoded past its page table).
+        while full := [a for a in self.roster if a.pages.frontier >= a.pages.reserved]:
+            for a in sorted(full, key=lambda a: a.req.arrival) if len(full) > 1 else full:
+                if a not in self.roster:  # preempted for an older row of this very call
+                    continue
+                if not self._make_room(a, a.pages.frontier + 1, self_ok=True) and a in self.roster:
+                    self._finish(a, "error", "KV pools exhausted: the request does not fit them alone")
         return self.metrics.preemptions > preempted
 
     def _holders(self, but) -> list:
@@ -45,15 +47,20 @@ class Preemption:
         same stream is not recomputed over and over (vLLM preempts the youngest; its thrash is
         unbounded). Only holders younger than `holder` are taken; when none is left, a live row
         (`self_ok`) preempts itself if anyone else holds pages (it is then the youngest), and a
-        walker waits. A lane flight in the way is joined first. Returns whether it got the pages."""
+        walker waits. For a live row a lane flight is joined first, before anyone is chosen: its
+        request then holds its pages as a live row like any other (the youngest may be it), and
+        `_ready_decode_rows` gives its row a page in the same pass. A walker never joins it (a row
+        joined mid-round would ride the round without a page): it waits, and the flight joins at
+        the next iteration's top. Returns whether it got the pages."""
         while not self.book.reserve(holder.pages, total):
+            if self.flight is not None and self_ok:
+                self._join()
+                continue
             others = self._holders(holder)
             younger = [h for h in others if h.req.arrival > holder.req.arrival
                        or (h.req.arrival == holder.req.arrival and self._admitted_after(h, holder))]
             if younger:
                 self._preempt(max(younger, key=lambda h: (h.req.preemptions < MAX_PREEMPTIONS, h.req.arrival)))
-            elif self.flight is not None:
-                self._join()
             elif others and self_ok:
                 self._preempt(holder)
                 return False

@@ -95,6 +95,7 @@ class Scheduler(Admission, Preemption):
                                     horizon_s=None if ttft is None else ttft / 1000)
             self.chunk = self.chunk or config.max_context  # the walk is on; its width is the budget's
             self.executor = self.pace.metered(executor, clock)
+        self.cancels_queued = False  # a request may have been cancelled while queued (Engine.abort)
         self._events: list[tuple[Request, Event]] = []  # not yet delivered
         self._iteration: list[Event] = []  # everything this iteration emitted (the step output)
         self._current = StepPlan("decode", [], [], [], [])  # the step being settled (its kind goes on each token)
@@ -397,6 +398,17 @@ class Scheduler(Admission, Preemption):
             self._finish(a, a.req.cancel_as)  # pages return at once
         for w in [w for w in self.walk if w.req.cancelled]:
             self._drop_walker(w, w.req.cancel_as)
+        if self.cancels_queued:  # set by Engine.abort: a queued request retires now, not at the queue head
+            self.cancels_queued = False
+            dead = [r for r in self.queue if r.cancelled]
+            if dead:
+                self.queue = deque(r for r in self.queue if not r.cancelled)
+                for r in dead:
+                    self._passed.discard(r.id)
+                    if r.held_at is not None:
+                        self.metrics.door_hold.observe(self.clock() - r.held_at)
+                        r.held_at = None
+                    self._admissible(r)  # a cancelled request is never admissible: it finishes here
 
     def _reject(self, req: Request, why: str) -> None:
         req.status = Status.FINISHED
