@@ -333,6 +333,12 @@ def test_version_names_the_kernel_plan_of_this_cpu(server):
     # the plan this machine's choice gives for the server's flags (live.ARGS: --dtype auto; --kernels
     # from TAILGATE_KERNELS, default auto; --device auto), field by field
     want = choose("auto", os.environ.get("TAILGATE_KERNELS", "auto"), "auto").as_dict()
+    # beside the plan, the step costs the start-up probe measured (or read back) on this CPU
+    from tailgate.model.probe import SHAPES
+
+    measured = k.pop("measured")
+    assert [(r["decode_rows"], r["prompt_rows"]) for r in measured["rows"]] == list(SHAPES)
+    assert all(r["ms"] > 0 for r in measured["rows"]) and set(measured["fit"]) >= {"floor", "prompt_row"}
     assert sorted(k) == sorted(want)
     for field in want:
         assert k[field] == want[field], field
@@ -498,3 +504,15 @@ def test_a_cached_prefix_shows_in_usage_and_in_the_prefix_cache_metrics():
         assert metrics["vllm:prefix_cache_queries_total"] == first.json()["usage"]["prompt_tokens"] + got["prompt_tokens"]
     finally:
         stop_server(p)
+
+
+def test_tokenize_checks_the_template_fields_of_a_prompt_body_as_the_schema_does(server):
+    """A fuzzed /tokenize body with `prompt` and a non-boolean chat_template_kwargs
+    .continue_final_message got a 200 (schemathesis ST201): the template's fields are checked
+    whichever form came."""
+    for extra in ({"chat_template_kwargs": {"continue_final_message": 2.2e-308}},
+                  {"chat_template_kwargs": {"add_generation_prompt": "yes"}}):
+        r = httpx.post(server[0] + "/tokenize", json={"prompt": "hi", **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
+    ok = httpx.post(server[0] + "/tokenize", json={"prompt": "hi", "chat_template_kwargs": {"enable_thinking": True}})
+    assert ok.status_code == 200 and ok.json()["count"] >= 1

@@ -207,9 +207,11 @@ class TemplateOptions:
     kwargs: dict = field(default_factory=dict)  # chat_template_kwargs: extra variables for the template
 
 
-def template_options(m) -> TemplateOptions:
+def template_options(m, rendered: bool = True) -> TemplateOptions:
     """A validated chat (or tokenize) request's template fields. As in vLLM, chat_template_kwargs
-    may also carry add_generation_prompt / continue_final_message, and then they win."""
+    may also carry add_generation_prompt / continue_final_message, and then they win. `rendered`
+    False (a /tokenize `prompt`, which no template renders): the flags' types are checked, as the
+    schema declares them everywhere, but not their pairing, which binds only with messages."""
     o = TemplateOptions(_pick(m.add_generation_prompt, default=True), bool(m.continue_final_message),
                         dict(m.chat_template_kwargs or {}))
     for name in ("add_generation_prompt", "continue_final_message"):
@@ -218,7 +220,7 @@ def template_options(m) -> TemplateOptions:
             if not isinstance(v, bool):
                 raise bad(f"'chat_template_kwargs.{name}': Input should be a valid boolean", "chat_template_kwargs")
             setattr(o, name, v)
-    if o.add_generation_prompt and o.continue_final_message:
+    if rendered and o.add_generation_prompt and o.continue_final_message:
         raise bad("'continue_final_message' needs 'add_generation_prompt': false (they cannot both be true)",
                   "continue_final_message")
     return o

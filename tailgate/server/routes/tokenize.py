@@ -18,8 +18,11 @@ async def tokenize(req: Request):
     m = validate(schema.TokenizeRequest, await admitted_body(req))
     state = server_state(req)
     tok = state.model.tokenizer
+    # The template's fields are checked whichever form came: the schema constrains them either way
+    # (a fuzzed `prompt` body whose chat_template_kwargs.continue_final_message was a number got a 200).
+    options = template_options(m, rendered=m.messages is not None)
     if m.messages is not None:
-        ids = (await run_in_threadpool(chat_prompt, m.messages, tok, template_options(m)))[1]
+        ids = (await run_in_threadpool(chat_prompt, m.messages, tok, options))[1]
     elif m.prompt is not None:
         add_bos = (m.add_special_tokens is not False) and tok.add_bos
         ids = await run_in_threadpool(tok.encode, m.prompt, add_bos)
