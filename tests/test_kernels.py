@@ -481,3 +481,22 @@ def test_every_kernel_call_returns_a_tensor_no_later_call_writes():
                         kept = y1.clone()
                         y2 = call(x2)
                         assert torch.equal(y1, kept) and y1.data_ptr() != y2.data_ptr(), (plan.line(), rows)
+
+
+@needs_native
+def test_the_gguf_plan_runs_a_dense_matrix_of_any_shape_in_the_widest_panels_it_takes():
+    """An HF checkpoint's matrices under `auto`'s gguf plan: N % 16 takes the CPU's own panels,
+    N % 8 the 8-output AVX2 ones (the 16-output VNNI / AMX panels refused it: a crash at load on
+    AVX-512), and a shape no panel takes runs fp32 F.linear."""
+    plan = choose("fp32", "gguf")
+    g = torch.Generator().manual_seed(4)
+    for n, k in ((48, 64), (40, 64), (36, 64), (48, 48)):
+        w = torch.randn(n, k, generator=g) / 8
+        lin = Linear(w, plan, "layers")
+        x = torch.randn(5, k, generator=g)
+        y = lin(x)
+        assert y.shape == (5, n) and lin.out_features == n
+        if k % 32 or n % 8:
+            assert lin.quant is None and torch.equal(y, F.linear(x, w))
+        else:
+            assert lin.quant == "q8" and (y - F.linear(x, w)).abs().max() < 0.05 * F.linear(x, w).abs().max()

@@ -318,9 +318,15 @@ class Linear:
 
         self.packed, self.dense_dtype, self.w = False, None, None
         parts = w if isinstance(w, list) else [w] if isinstance(w, blocks.Blocks) else None
-        if parts is None:
-            self.out_features = w.shape[0]
-            self.quant, self.max_q_rows, self.q = "q8", EVERY, native.q8_quantize(w, plan.q8_variant)
+        if parts is None:  # a dense matrix (an HF checkpoint's): q8 panels of the widest form its shape takes
+            n, k = w.shape
+            self.out_features = n
+            variant = plan.q8_variant if n % (2 * native.PANEL) == 0 or plan.q8_variant in ("avx2", "avx_vnni") \
+                else "avx2"  # the 16-output panels need N % 16; the 8-output ones take N % 8
+            if k % native.GROUP or n % native.PANEL:  # no q8 panels for this shape: fp32 F.linear
+                self.w = w.float().contiguous()
+                return
+            self.quant, self.max_q_rows, self.q = "q8", EVERY, native.q8_quantize(w, variant)
             return
         self.out_features = sum(p.shape[0] for p in parts)
         panel = 2 * native.PANEL if plan.q8_variant in ("avx512_vnni", "amx") else native.PANEL
