@@ -20,6 +20,18 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=uint_arg(), default=0, help="torch threads (0 = torch's default)")
 
 
+def package_version() -> str:
+    """The installed distribution's version (what pip and /version report), else the source tree's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tailgate")
+    except PackageNotFoundError:
+        from . import __version__
+
+        return __version__
+
+
 def uint_list(raw: str) -> tuple[int, ...]:
     """Comma-separated integers, each read as uint_arg reads one."""
     return tuple(uint_arg(1)(c) for c in raw.split(","))
@@ -161,6 +173,7 @@ def cmd_bench_engine(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tailgate", description="LLM serving engine that protects the decode tail")
+    parser.add_argument("--version", action="version", version=f"tailgate {package_version()}")
     sub = parser.add_subparsers(dest="cmd", required=True)
     from .server.args import add_serve_args
 

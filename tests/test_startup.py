@@ -153,3 +153,32 @@ def test_a_model_file_that_cannot_be_read_refuses_before_binding(tmp_path, broke
     code, err = serve(tmp_path, "--model", str(model))
     assert code == 2 and f"tailgate: cannot serve {model}" in err and named in err, err[-3000:]
     assert "Uvicorn running" not in err
+
+
+def test_binding_beyond_loopback_without_an_api_key_warns_and_loopback_or_a_key_does_not():
+    from tailgate.cli import build_parser, package_version
+    from tailgate.server.main import exposure_warning
+
+    assert "0.0.0.0" in exposure_warning("0.0.0.0", None) and "--api-key" in exposure_warning("0.0.0.0", None)
+    assert exposure_warning("[::]", "") is not None and exposure_warning("10.1.2.3", None) is not None
+    for quiet in (("127.0.0.1", None), ("localhost", None), ("[::1]", None), ("0.0.0.0", "sk-1")):
+        assert exposure_warning(*quiet) is None
+    # and `tailgate --version` names the installed package's version, as /version does
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["--version"])
+    assert e.value.code == 0
+    from tailgate import __version__
+
+    assert package_version() == __version__
+
+
+def test_a_gguf_tensor_type_we_cannot_read_refuses_in_the_preflight_before_binding(monkeypatch):
+    """An IQ* quant (or any type the loader cannot read) used to fail only once the weights loaded,
+    after the port was bound; the header check now names it in `assemble.preflight`. Faked here by
+    taking Q8_0 (Gemma 3's embedding type) out of the readable set."""
+    from tailgate.assemble import PreflightError, preflight
+
+    path = resolve_model_path("gemma3-270m")
+    monkeypatch.setattr(gguf_loader, "SUPPORTED_QTYPES", gguf_loader.SUPPORTED_QTYPES - {"Q8_0"})
+    with pytest.raises(PreflightError, match=r"unsupported GGUF tensor type\(s\) \['Q8_0'\]"):
+        preflight(str(path), resolve(lambda k: None))

@@ -128,8 +128,21 @@ def read_layout(path) -> Layout:
 
 
 def read_header_spec(path) -> ModelSpec:
-    """The spec from the header alone (start-up checks before any weights load)."""
-    return layout_spec(read_layout(path))
+    """The spec from the header alone (start-up checks before any weights load), after the tensor
+    types are known readable: an IQ* file refuses here, before the server binds its port, not
+    after it answered /health for the length of a load."""
+    layout = read_layout(path)
+    check_qtypes(layout)
+    return layout_spec(layout)
+
+
+def check_qtypes(layout: Layout) -> dict:
+    """{ggml type id: name} of the layout's tensors; ValueError naming any type we cannot read."""
+    kinds = {k: _GGML_NAMES.get(k, str(k)) for _, k, _ in layout.tensors.values()}
+    bad = sorted(set(kinds.values()) - SUPPORTED_QTYPES)
+    if bad:
+        raise ValueError(f"unsupported GGUF tensor type(s) {bad}; supported: {sorted(SUPPORTED_QTYPES)}")
+    return kinds
 
 
 def layout_spec(layout: Layout) -> ModelSpec:
@@ -191,10 +204,7 @@ def read_stored(path, layout: Layout, spec: ModelSpec, progress=None) -> dict:
     read into fp32 tensors (exact for every GGUF format). The map stays open while a view lives."""
     from .blocks import BLOCK, Blocks
 
-    kinds = {k: _GGML_NAMES.get(k, str(k)) for _, k, _ in layout.tensors.values()}
-    bad = sorted(set(kinds.values()) - SUPPORTED_QTYPES)
-    if bad:
-        raise ValueError(f"unsupported GGUF tensor type(s) {bad}; supported: {sorted(SUPPORTED_QTYPES)}")
+    kinds = check_qtypes(layout)
     with open(path, "rb") as f:
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     whole = np.frombuffer(mm, dtype=np.uint8)

@@ -19,6 +19,15 @@ def api_key(cli_value: str | None, environ) -> str | None:
     return cli_value if cli_value is not None else environ.get("TAILGATE_API_KEY") or None
 
 
+def exposure_warning(host: str, key: str | None) -> str | None:
+    """What `serve` warns at start when it binds beyond loopback without an API key (None: nothing
+    to say). It still starts: a trusted network or a proxy in front may be the point."""
+    if host.strip("[]").lower() in LOOPBACK or key:
+        return None
+    return (f"binding {host} without an API key: anyone who can reach this port can use the model "
+            "(set --api-key or TAILGATE_API_KEY)")
+
+
 def chat_template(cli_value: str | None, environ) -> str | None:
     """--chat-template, else TAILGATE_CHAT_TEMPLATE: the template's text (a file's, or the value
     itself, as vLLM reads it), compiled in transformers' environment; ValueError naming the source
@@ -77,6 +86,8 @@ def serve(args, lookup) -> int:
     from .logs import configure
 
     configure(args.log_level, args.log_format)
+    if (why := exposure_warning(args.host, api_key(args.api_key, os.environ))) is not None:
+        logging.getLogger("tailgate").warning(why)
     state = ServerState(served_name=args.served_model_name or name,
                         api_key=api_key(args.api_key, os.environ),
                         allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
