@@ -26,7 +26,9 @@ def fleet():
     from live import start_server, stop_server
 
     # The prefix cache on, so a repeat's cached_tokens show where its prefix was kept.
-    p, base, _ = start_server(timeout=600, args=["--replicas", "2"], TAILGATE_PREFIX_CACHE="16")
+    # --allowed-origins and --log-format json: settings that once stopped at the front (issue 37).
+    p, base, _ = start_server(timeout=600, args=["--replicas", "2", "--allowed-origins", "http://app.example",
+                                                 "--log-format", "json"], TAILGATE_PREFIX_CACHE="16")
     yield base
     stop_server(p, timeout=60)
 
@@ -71,6 +73,14 @@ def test_shared_prefixes_land_where_cached_and_different_prefixes_spread(fleet):
         assert metric(fleet, "vllm:prefix_cache_hits_total", replica=rid) > 0
     bad = httpx.post(fleet + "/v1/completions", json={"prompt": 5}, timeout=60)  # the app's own 400, forwarded
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt" and HEADER in bad.headers
+
+
+def test_a_fleet_answers_a_cors_preflight_from_an_allowed_origin_as_one_server_does(fleet):
+    ask = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
+    ok = httpx.options(fleet + "/v1/chat/completions", headers={"Origin": "http://app.example", **ask}, timeout=60)
+    assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://app.example", ok.text
+    other = httpx.options(fleet + "/v1/chat/completions", headers={"Origin": "http://evil.example", **ask}, timeout=60)
+    assert "access-control-allow-origin" not in other.headers
 
 
 def test_a_killed_replica_fails_its_streams_cleanly_while_the_fleet_serves_and_recovers(fleet):

@@ -15,15 +15,18 @@ ROUTERS = ("prefix", "least-loaded", "random", "pow2")
 
 
 def replica_spec(args, cfg, plan, template: str | None) -> dict:
+    """What each replica is built from: the engine's settings, and `state`, the app's settings
+    exactly as the single server derives them (`server.main.state_settings`), with the log format."""
     from ..model.weights import served_name
-    from ..server.main import api_key
+    from ..server.main import state_settings
 
+    state = state_settings(args, os.environ)
     return {"model": args.model, "config": cfg, "dtype": args.dtype, "device": args.device, "kernels": args.kernels,
             "kernel_plan": plan.as_dict(), "chat_template": template,
             "threads": args.threads or max(1, usable_cores() // args.replicas),
-            "served_name": args.served_model_name or served_name(args.model), "api_key": api_key(args.api_key, os.environ),
-            "max_queued_requests": args.max_queued_requests, "max_queued_tokens": args.max_queued_tokens,
-            "max_body_bytes": args.max_body_mb << 20}
+            "served_name": args.served_model_name or served_name(args.model), "state": state,
+            "log_level": args.log_level, "log_format": args.log_format,
+            "max_queued_requests": state["max_queued_requests"], "max_body_bytes": state["max_body_bytes"]}
 
 
 def deploy(spec: dict, replicas: int, router: str, cpus_per_replica: float, drain_s: int, log_level: str = "info"):
@@ -46,7 +49,10 @@ def deploy(spec: dict, replicas: int, router: str, cpus_per_replica: float, drai
                            graceful_shutdown_timeout_s=float(drain_s),
                            # Serve's access log writes a line per call (every request, every scrape)
                            # from each replica; tailgate's own log lines stay, at the command's level.
-                           logging_config={"enable_access_log": False, "log_level": log_level.upper()}, **opts)
+                           logging_config={"enable_access_log": False, "log_level": log_level.upper(),
+                                           # --log-format json: Serve writes the replicas' records as JSON too
+                                           "encoding": "JSON" if spec.get("log_format") == "json" else "TEXT"},
+                           **opts)
     return serve.run(dep.bind(spec), name=APP, route_prefix=None)
 
 

@@ -18,6 +18,15 @@ import time
 REPLICA_HEADER = b"x-tailgate-replica"
 
 
+def replica_state(spec: dict):
+    """A replica's app state from its spec: the single server's settings (`spec["state"]`), no Host
+    check (the front's, which saw the client), the plan the front chose."""
+    from ..server.app import ServerState
+
+    return ServerState(served_name=spec["served_name"], allowed_hosts=None, kernels=spec["kernel_plan"],
+                       **spec["state"])
+
+
 class EngineReplica:
     """The deployment's class. `spec` holds what `tailgate serve` resolved before Ray started
     (model, settled knobs, kernel flags, threads, server limits, chat template), so a replica
@@ -27,7 +36,7 @@ class EngineReplica:
         import torch
 
         from ..assemble import build_engine
-        from ..server.app import ServerState, create_app
+        from ..server.app import create_app
         from ..server.metrics import registry_for
 
         self.id = self._replica_id()
@@ -40,10 +49,7 @@ class EngineReplica:
         else:
             model.tokenizer.compile_chat_template()
         # Auth stays here (the app's own check); the Host check is the front's, which saw the client.
-        self.state = ServerState(served_name=spec["served_name"], api_key=spec["api_key"], allowed_hosts=None,
-                                 max_queued_requests=spec["max_queued_requests"],
-                                 max_queued_tokens=spec["max_queued_tokens"], max_body_bytes=spec["max_body_bytes"],
-                                 kernels=spec["kernel_plan"])
+        self.state = replica_state(spec)
         self.state.model, self.state.cfg = model, settled
         engine.start()
         self.state.engine = engine

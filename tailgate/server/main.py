@@ -19,6 +19,17 @@ def api_key(cli_value: str | None, environ) -> str | None:
     return cli_value if cli_value is not None else environ.get("TAILGATE_API_KEY") or None
 
 
+def state_settings(args, environ) -> dict:
+    """The `ServerState` settings the serve flags give, in one place: the single server and every
+    replica of a fleet (fleet/launch.py's spec) build their app's state from the same dict (issue
+    37: --allowed-origins and --sse-keep-alive never reached the replicas; a CORS preflight got 405)."""
+    return {"api_key": api_key(args.api_key, environ),
+            "max_queued_requests": args.max_queued_requests, "max_queued_tokens": args.max_queued_tokens,
+            "max_body_bytes": args.max_body_mb << 20,
+            "allowed_origins": tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip()),
+            "keep_alive_s": args.sse_keep_alive}
+
+
 def exposure_warning(host: str, key: str | None) -> str | None:
     """What `serve` warns at start when it binds beyond loopback without an API key (None: nothing
     to say). It still starts: a trusted network or a proxy in front may be the point."""
@@ -89,12 +100,8 @@ def serve(args, lookup) -> int:
     if (why := exposure_warning(args.host, api_key(args.api_key, os.environ))) is not None:
         logging.getLogger("tailgate").warning(why)
     state = ServerState(served_name=args.served_model_name or name,
-                        api_key=api_key(args.api_key, os.environ),
-                        allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
-                        max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
-                        max_body_bytes=args.max_body_mb << 20, kernels=plan.as_dict(),
-                        allowed_origins=tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip()),
-                        keep_alive_s=args.sse_keep_alive)
+                        allowed_hosts=allowed_hosts(args.host, args.allowed_hosts), kernels=plan.as_dict(),
+                        **state_settings(args, os.environ))
     app = create_app(state)
     failed: list[BaseException] = []
 
