@@ -73,26 +73,19 @@ def fleet_status(target: int):
 def serve_fleet(args, lookup) -> int:
     import uvicorn
 
-    from ..assemble import check_kv_budget
-    from ..model.kernels import choose
-    from ..model.weights import read_spec, resolve_model_path
+    from ..assemble import PreflightError, preflight
     from ..server.app import HostCheck
     from ..server.main import allowed_hosts, chat_template
 
     cfg = resolve(lookup)
     try:
         template = chat_template(getattr(args, "chat_template", None), os.environ)
-    except ValueError as e:
+        # the single server's checks, the same function: kernels, the model's file, shapes and
+        # tensor types, the KV budget (KernelError, FileNotFoundError, KnobError -> exit 2 in cli)
+        plan, _ = preflight(args.model, cfg, args.dtype, args.kernels, args.device)
+    except (ValueError, PreflightError) as e:
         print(f"tailgate: {e}", file=sys.stderr)
         return 2
-    plan = choose(args.dtype, args.kernels, args.device)
-    path = resolve_model_path(args.model)
-    try:
-        spec = read_spec(path)
-    except (ValueError, KeyError, OSError) as e:
-        print(f"tailgate: cannot serve {path}: {e if isinstance(e, ValueError) else repr(e)}", file=sys.stderr)
-        return 2
-    check_kv_budget(spec, cfg.with_model_limit(spec.max_position), plan.kv)
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import ray
