@@ -99,9 +99,9 @@ PACE_BOUNDS = (0.25, 4.0)
 
 
 def step_features(segments) -> tuple[int, int, int, float]:
-    """(prompt rows, decode rows, sampled rows, query-key pairs / 1000) of a step's segments,
-    counted as `sim.cost.CostModel.features` counts them: a row of a multi-token segment (or of a
-    segment at position 0) is a prompt row, a one-token segment is a decode row."""
+    """(prompt rows, decode rows, sampled rows, query-key pairs / 1000) of a step's segments: a row
+    of a multi-token segment (or of a segment at position 0) is a prompt row, a one-token segment is
+    a decode row. The one rule: the simulator's `CostModel.features` and the probe count with it."""
     prompt = decode = sampled = pairs = 0
     for s in segments:
         n, st = len(s.tokens), s.start

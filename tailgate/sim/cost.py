@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..engine.step_cost import step_features
+
 PRESETS = Path(__file__).with_name("presets.json")
 TERMS = ("floor", "prompt_row", "decode_row", "sampled_row", "attn_per_1k")
 
@@ -34,16 +36,9 @@ class CostModel:
     source: str = ""
 
     def features(self, segments) -> tuple[float, float, float, float]:
-        prompt = decode = sampled = pairs = 0
-        for s in segments:
-            n = len(s.tokens)
-            if n > 1 or s.start == 0:
-                prompt += n
-            else:
-                decode += 1
-            sampled += 1 if s.sample else 0
-            pairs += n * s.start + n * (n + 1) // 2
-        return prompt, decode, sampled, pairs / 1000
+        """The step's (prompt rows, decode rows, sampled rows, query-key pairs / 1000), counted by
+        the one rule the engine's step-cost fit counts them with (`engine.step_cost.step_features`)."""
+        return step_features(segments)
 
     def step_seconds(self, segments) -> float:
         p, d, s, k = self.features(segments)
