@@ -22,7 +22,7 @@ from ..config import ServingConfig
 from ..engine.request import Finished, Rejected, Request, Scheduled, Token
 from ..fleet.policy import RouterPolicy
 from .cost import CostModel
-from .run import VirtualClock, build
+from .engine import VirtualClock, build
 
 
 def prefix_workload(n: int, input_len: int, output_len: int, prefix_len: int, groups: int,
