@@ -47,9 +47,9 @@ class ModelSpec:
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
-        from .families import get
-
-        get(self.arch)  # refuses a family nobody registered
+        # (`arch` is not checked here: every spec is built by its family's own reader, and
+        # `families.get` refuses an unregistered one where a spec is used; spec.py imports no
+        # family, so the families import it without a cycle, issue 36)
         if not self.layer_sliding:
             object.__setattr__(self, "layer_sliding", (False,) * self.n_layers)
         for name, default in (("layer_head_dim", self.head_dim), ("layer_kv_heads", self.n_kv_heads)):
