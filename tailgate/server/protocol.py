@@ -11,25 +11,8 @@ from dataclasses import dataclass, field, replace
 from pydantic import BaseModel, ValidationError
 
 from ..engine.request import SamplingParams
+from .errors import ApiError, bad  # noqa: F401  (the request parsers' errors; named here for their callers)
 from .schema import MAX_STOP, MAX_STOP_CHARS, ChatCompletionRequest, ChatMessage, CompletionRequest
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, type_: str | None = None,
-                 code: str | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.headers = status, message, param, headers or {}
-        self.type = type_ or {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-                              429: "RateLimitError", 503: "ServiceUnavailableError"}.get(
-            status, "BadRequestError" if status < 500 else "InternalServerError")
-        self.code = code if code is not None else status
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def bad(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, param)
 
 
 # Fields whose meaning we do not implement (OpenAI's and vLLM's extra parameters): refusing beats

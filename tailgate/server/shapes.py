@@ -5,6 +5,7 @@ so a new response field touches one class here."""
 from __future__ import annotations
 
 from .token_bytes import token_bytes
+from .tools import ToolStream
 
 
 class Shape:
@@ -142,9 +143,54 @@ class CompletionShape(Shape):
         return (self.prompt_text(c), False) if self.g.echo and self.g.score_prompt is None else None
 
 
-def shape_for(g, tokenizer) -> Shape:
-    if getattr(g, "tools", None) is not None:  # chat with tools: server/tools.py reads the calls
-        from .tools import tool_shape
+class ToolChatShape(ChatShape):
+    """The chat response shape of a request with tools (`shape_for` picks it): content as it
+    streams, calls as `tool_calls` (whole, or OpenAI's deltas) and their finish reason. Here, not in
+    tools.py, so shapes imports tools and not the other way round (issue 36's cycle)."""
 
-        return tool_shape(g, tokenizer)
+    def __init__(self, g, tokenizer):
+        super().__init__(g, tokenizer)
+        self.streams: dict[int, ToolStream] = {}
+
+    def _stream(self, c) -> ToolStream:
+        return self.streams.setdefault(c.index, ToolStream(self.g.tools))
+
+    def chunk_choice(self, c, text, items, finish, first):
+        ts = self._stream(c)
+        out = super().chunk_choice(c, ts.push(text) if text else "", items, None, first)
+        calls = ts.take()
+        if calls:
+            out["delta"]["tool_calls"] = calls
+        if finish is not None:
+            self.close(out, c)
+        elif not first and not out["delta"].get("content"):
+            out["delta"].pop("content", None)
+        return out
+
+    def close(self, choice: dict, c) -> None:
+        """The choice's last chunk: held text that was no call, the calls, the finish reason."""
+        ts = self._stream(c)
+        rest = ts.finish()
+        if rest:
+            choice["delta"]["content"] = choice["delta"].get("content", "") + rest
+        calls = ts.take()
+        if calls:
+            choice["delta"]["tool_calls"] = choice["delta"].get("tool_calls", []) + calls
+        choice["finish_reason"] = self.g.tools.finish if ts.called and c.finish == "stop" else c.finish
+
+    def full_choice(self, c):
+        out = super().full_choice(c)
+        ts = ToolStream(self.g.tools, live=False)
+        content = ts.push(c.stream.final_text) + ts.finish()
+        out["message"]["content"] = content or (None if ts.calls else "")
+        if ts.calls:
+            out["message"]["tool_calls"] = ts.calls
+            if c.finish == "stop":
+                out["finish_reason"] = self.g.tools.finish
+        return out
+
+
+def shape_for(g, tokenizer) -> Shape:
+    if getattr(g, "tools", None) is not None:  # chat with tools: server/tools.py's ToolStream reads the calls
+        return ToolChatShape(g, tokenizer)
     return (ChatShape if g.kind == "chat" else CompletionShape)(g, tokenizer)

@@ -12,7 +12,7 @@ import json
 import weakref
 
 from ..model.constraint import GrammarError, book_for
-from .protocol import bad
+from .errors import bad
 
 # Compact JSON with the separators json.dumps writes (what a small model has seen most):
 # whitespace between tokens would be the model's to choose, and a weak model can loop on it.

@@ -10,7 +10,7 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
-from .protocol import bad
+from .errors import bad
 from .tool_formats import ToolFormat, format_for
 from .tool_scan import scan
 
@@ -257,53 +257,3 @@ class ToolStream:
                 self._emit({"index": i, "function": {"arguments": c["function"]["arguments"]}})
         self.held = ""
         return content
-
-
-def tool_shape(g, tokenizer):
-    """The chat response shape of a request with tools (`shapes.shape_for` asks): content as it
-    streams, calls as `tool_calls` (whole, or OpenAI's deltas) and their finish reason."""
-    from .shapes import ChatShape
-
-    class ToolChatShape(ChatShape):
-        def __init__(self, g, tokenizer):
-            super().__init__(g, tokenizer)
-            self.streams: dict[int, ToolStream] = {}
-
-        def _stream(self, c) -> ToolStream:
-            return self.streams.setdefault(c.index, ToolStream(g.tools))
-
-        def chunk_choice(self, c, text, items, finish, first):
-            ts = self._stream(c)
-            out = super().chunk_choice(c, ts.push(text) if text else "", items, None, first)
-            calls = ts.take()
-            if calls:
-                out["delta"]["tool_calls"] = calls
-            if finish is not None:
-                self.close(out, c)
-            elif not first and not out["delta"].get("content"):
-                out["delta"].pop("content", None)
-            return out
-
-        def close(self, choice: dict, c) -> None:
-            """The choice's last chunk: held text that was no call, the calls, the finish reason."""
-            ts = self._stream(c)
-            rest = ts.finish()
-            if rest:
-                choice["delta"]["content"] = choice["delta"].get("content", "") + rest
-            calls = ts.take()
-            if calls:
-                choice["delta"]["tool_calls"] = choice["delta"].get("tool_calls", []) + calls
-            choice["finish_reason"] = g.tools.finish if ts.called and c.finish == "stop" else c.finish
-
-        def full_choice(self, c):
-            out = super().full_choice(c)
-            ts = ToolStream(g.tools, live=False)
-            content = ts.push(c.stream.final_text) + ts.finish()
-            out["message"]["content"] = content or (None if ts.calls else "")
-            if ts.calls:
-                out["message"]["tool_calls"] = ts.calls
-                if c.finish == "stop":
-                    out["finish_reason"] = g.tools.finish
-            return out
-
-    return ToolChatShape(g, tokenizer)

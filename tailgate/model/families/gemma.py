@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..gemma4_spec import read_gemma4_spec
 from ..spec import ModelSpec, gemma3_layer_sliding
-from . import HF_LAYER, Family, register
+from .registry import HF_LAYER, Family, register
 
 # Gemma has four norms per layer (Llama's post_attention_layernorm is its pre-MLP norm).
 GEMMA_LAYER = {**HF_LAYER, "post_attention_layernorm": "post_attn_norm", "pre_feedforward_layernorm": "ffn_norm",

@@ -12,7 +12,7 @@ except the model's shape, which must be given.
 from __future__ import annotations
 
 from ..spec import ModelSpec
-from . import HF_LAYER, Family, register
+from .registry import HF_LAYER, Family, register
 
 LLAMA_LAYER = {**HF_LAYER, "post_attention_layernorm": "ffn_norm"}  # Llama's pre-MLP norm
 # The shape (vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads) is
