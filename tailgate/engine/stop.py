@@ -22,6 +22,13 @@ def resolve_max_tokens(req: Request, max_context: int, default: int | None) -> N
     req.min_tokens = min(req.min_tokens, max(req.max_tokens, 0))
 
 
+def clamp_max_tokens(asked: int | None, prompt_len: int, max_context: int) -> int | None:
+    """An explicit max_tokens as a ceiling beside the context's: the answer ends at whichever comes
+    first (finish "length"); unset (None) stays unset for `resolve_max_tokens`. The one clamp the
+    server and the simulator apply (issue 36: it was written three times)."""
+    return None if asked is None else min(asked, max_context - prompt_len)
+
+
 def verdict(req: Request, token: int, emitted: int) -> str | None:
     """What `token`, sampled after `emitted` output tokens, does to `req`: EMIT, STOP or LENGTH."""
     if token in req.stop_token_ids or (token in req.eos_ids and not req.ignore_eos):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from ..engine.request import Finished, Rejected, Request, Scheduled, Token
 from .protocol import ApiError, GenRequest, bad
 from ..engine.prompt_logprobs import PromptLogprobs
+from ..engine.stop import clamp_max_tokens
 from .shapes import shape_for
 from .state import ServerState
 from .text import TextStream
@@ -80,7 +81,7 @@ class Generation:
                 # Set, it is a ceiling beside the context's: the answer ends at whichever comes first
                 # (finish "length"). A schema cannot say how many tokens a prompt is, so a value the
                 # schema takes is served rather than refused for this prompt (schemathesis' ST202).
-                cap = g.max_tokens if g.max_tokens is None else min(g.max_tokens, ceiling - len(p))
+                cap = clamp_max_tokens(g.max_tokens, len(p), ceiling)
                 r = Request(prompt=p, max_tokens=cap, params=params, eos_ids=frozenset(tok.eos_ids),
                             stop_token_ids=frozenset(g.stop_token_ids), ignore_eos=g.ignore_eos,
                             min_tokens=g.min_tokens, logprobs=g.logprobs, prompt_logprobs=g.score_prompt)

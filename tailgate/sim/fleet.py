@@ -20,6 +20,7 @@ import random
 from ..bench.workload import Result, gamma_offsets
 from ..config import ServingConfig
 from ..engine.request import Finished, Rejected, Request, Scheduled, Token
+from ..engine.stop import clamp_max_tokens
 from ..fleet.policy import RouterPolicy
 from .cost import CostModel
 from .engine import VirtualClock, build
@@ -91,7 +92,7 @@ def simulate_fleet(cfg: ServingConfig, cost: CostModel, jobs: list[tuple[list[in
             where[i] = k
             clocks[k].t = max(clocks[k].t, at)
             results[i].send = at
-            req = Request(prompt=prompt, max_tokens=max(1, min(ol, cfg.max_context - len(prompt))), arrival=at,
+            req = Request(prompt=prompt, max_tokens=max(1, clamp_max_tokens(ol, len(prompt), cfg.max_context)), arrival=at,
                           ignore_eos=True)
             req.sink = sink_for(i)
             scheds[k].submit(req)

@@ -18,6 +18,7 @@ import time
 from ..bench.workload import Result, add_workload_args, compute_metrics, gamma_offsets, print_table
 from ..config import ServingConfig, cli_lookup, resolve
 from ..engine.request import Finished, Rejected, Request, Scheduled, Token
+from ..engine.stop import clamp_max_tokens
 from ..engine.scheduler import Scheduler  # noqa: F401  (what it runs, unmodified: tests check the identity)
 from .cost import CostModel, resolve_cost
 # The simulated engine (sim/engine.py), named here too: this module is the simulator's face.
@@ -89,7 +90,7 @@ def simulate(cfg: ServingConfig, cost: CostModel, jobs: list[tuple[int, int]], r
             # As the server does (`Generation.start`): at most what the context leaves after the prompt.
             # Distinct from the first token on (no two requests share a prefix), sliced, not built.
             req = Request(prompt=[1000 + i % 50000] + filler[:il - 1],
-                          max_tokens=max(1, min(ol, cfg.max_context - il)), arrival=at, ignore_eos=True)
+                          max_tokens=max(1, clamp_max_tokens(ol, il, cfg.max_context)), arrival=at, ignore_eos=True)
             req.sink = sink_for(i)
             sched.submit(req)
         sched.step(clock.t)
