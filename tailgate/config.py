@@ -266,7 +266,6 @@ def resolve(lookup: Callable[[str], str | None], cores: int | None = None,
     # (vLLM 232/303/1223) for -14 %/-6 %/0 % output tok/s, still 1.6/1.4/1.5x vLLM's
     # (docs/benchmarks/walk-amd.md). Off where the ceiling is too small.
     default_chunk = str(DEFAULT_CHUNK) if (max_context or 4096) > DEFAULT_CHUNK else "off"
-    default_chunk_rows = DEFAULT_CHUNK if default_chunk != "off" else None
     chunk = parse_mix_chunk_tokens(raw["MIX_CHUNK_TOKENS"] if present("MIX_CHUNK_TOKENS") else default_chunk,
                                    max_context or 4096)
     lane = parse_async_prefill(raw["ASYNC_PREFILL"], usable_cores() if cores is None else cores)
@@ -309,8 +308,8 @@ def resolve(lookup: Callable[[str], str | None], cores: int | None = None,
         # Unset, an absolute target's rounds are uncapped (the target decides); `auto`'s are capped
         # at the walk's own width: it narrows the walk where live rows ride, never widens it
         # (engine/step_cost.py AUTO_FACTOR: judged on three CPU classes' measured costs).
-        if not present("MIX_CHUNK_TOKENS"):
-            chunk = default_chunk_rows if target == "auto" else None
+        if not present("MIX_CHUNK_TOKENS") and target != "auto":
+            chunk = None  # (under auto, unset keeps the default walk's width parsed above)
     ttft = parse_ttft_target_ms(raw["TTFT_TARGET_MS"] if present("TTFT_TARGET_MS") else DEFAULT_TTFT_TARGET)
     if target is None:
         if present("TTFT_TARGET_MS") and ttft is not None:

@@ -25,8 +25,7 @@ def replica_spec(args, cfg, plan, template: str | None) -> dict:
             "kernel_plan": plan.as_dict(), "chat_template": template,
             "threads": args.threads or max(1, usable_cores() // args.replicas),
             "served_name": args.served_model_name or served_name(args.model), "state": state,
-            "log_level": args.log_level, "log_format": args.log_format,
-            "max_queued_requests": state["max_queued_requests"], "max_body_bytes": state["max_body_bytes"]}
+            "log_level": args.log_level, "log_format": args.log_format}
 
 
 def deploy(spec: dict, replicas: int, router: str, cpus_per_replica: float, drain_s: int, log_level: str = "info"):
@@ -43,7 +42,7 @@ def deploy(spec: dict, replicas: int, router: str, cpus_per_replica: float, drai
     # The engine queues (and refuses past --max-queued-requests with a 429), so Serve never should:
     # a replica Serve called full would make the router back off instead of placing the request.
     dep = serve.deployment(EngineReplica, name=DEPLOYMENT, num_replicas=replicas,
-                           max_ongoing_requests=spec["max_queued_requests"] + 1024,
+                           max_ongoing_requests=spec["state"]["max_queued_requests"] + 1024,
                            ray_actor_options={"num_cpus": cpus_per_replica},
                            health_check_period_s=2.0, health_check_timeout_s=60.0,
                            graceful_shutdown_timeout_s=float(drain_s),
@@ -103,7 +102,7 @@ def serve_fleet(args, lookup) -> int:
         from .front import Front
 
         routes = (lambda: {}) if args.router == "pow2" else _routes
-        front = Front(handle, fleet_status(args.replicas), routes, rspec["max_body_bytes"])
+        front = Front(handle, fleet_status(args.replicas), routes, rspec["state"]["max_body_bytes"])
         hosts = allowed_hosts(args.host, args.allowed_hosts)
         app = HostCheck(front, hosts) if hosts is not None else front
         logging.getLogger("tailgate").info("fleet of %d replicas (%d thread(s) each, router %s) on http://%s:%d",

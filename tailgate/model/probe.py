@@ -34,6 +34,7 @@ import torch
 
 from ..engine.pages import SeqPages
 from ..engine.plan import Segment
+from ..engine.step_cost import step_features
 
 # (decode rows, prompt rows): decode rows each read CONTEXT keys; prompt rows sit half-way into a
 # prompt of twice their length (a walk round), or at position 0 when no decode rows ride (a prefill).
@@ -86,16 +87,19 @@ class ProbeResult:
                 "seconds": self.seconds, "cached": self.cached, "layer_cut": self.layer_cut}
 
 
+def shape_segments(decode: int, prompt: int, seqs: list) -> list[Segment]:
+    """The segments of a shape over `seqs` (decode rows first, the prompt's sequence last)."""
+    segs = [Segment([1], CONTEXT, s) for s in seqs[:decode]]
+    if prompt:  # a walk round mid-prompt samples nothing; a whole prefill samples its last row
+        segs.append(Segment([1] * prompt, prompt if decode else 0, seqs[-1], sample=not decode))
+    return segs
+
+
 def features(decode: int, prompt: int) -> dict:
-    """bench step's feature names for a shape (what `sim.cost.fit` reads)."""
-    if decode and prompt:
-        k0 = prompt  # the round sits half-way into a prompt of 2 x its rows
-        pairs = prompt * k0 + prompt * (prompt + 1) // 2 + decode * (CONTEXT + 1)
-    elif decode:
-        pairs = decode * (CONTEXT + 1)
-    else:
-        pairs = prompt * (prompt + 1) // 2
-    return dict(prompt_rows=prompt, decode_rows=decode, sampled=decode or 1, pairs=pairs)
+    """A shape's features under bench step's names (what `sim.cost.fit` reads), counted by the
+    engine's own rule (`step_cost.step_features`) over the segments `measure` runs."""
+    p, d, s, k = step_features(shape_segments(decode, prompt, [SeqPages() for _ in range(max(decode, 1))]))
+    return dict(prompt_rows=p, decode_rows=d, sampled=s, pairs=round(k * 1000))
 
 
 @torch.inference_mode()
@@ -112,11 +116,7 @@ def measure(runner, book, shapes=SHAPES, reps: int = REPS, clock=time.perf_count
         # pages hold, at the same cost, and prefilling 8 x 128 rows cost 0.6 s on AMD EPYC Zen 5)
         rows = []
         for decode, prompt in shapes:
-            segs = [Segment([1], CONTEXT, s) for s in seqs[:decode]]
-            if prompt:
-                start = prompt if decode else 0
-                # a walk round mid-prompt samples nothing; a whole prefill samples its last row
-                segs.append(Segment([1] * prompt, start, seqs[-1], sample=not decode))
+            segs = shape_segments(decode, prompt, seqs)
             best = float("inf")
             for _ in range(reps):
                 t0 = clock()
