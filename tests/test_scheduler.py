@@ -4,6 +4,7 @@ from __future__ import annotations
 from tailgate.config import ServingConfig
 from tailgate.engine.pages import KVBook
 from tailgate.engine.request import Finished, Rejected, Request, Sampled, Scheduled, Token
+from tailgate.engine.admission import door_view
 from tailgate.engine.scheduler import Scheduler
 
 VOCAB = 1000
@@ -42,15 +43,15 @@ def scheduled(events):
     return [e.request_id for e in events if isinstance(e, Scheduled)]
 
 
-def test_an_idle_roster_admits_the_head_alone_then_mixes_the_rest():
+def test_an_idle_roster_admits_the_head_alone_then_mixes_the_rest_one_forward_pass_an_iteration():
     s, ex = make()
     a, b, c = req(), req(), req()
     for r in (a, b, c):
         s.submit(r)
-    ev = s.step(0.0)
-    assert scheduled(ev) == [a.id, b.id, c.id]  # one intake turn, one step output
-    assert ex.plans[0] == ([10], 0)  # solo prefill
+    assert scheduled(s.step(0.0)) == [a.id] and ex.plans == [([10], 0)]  # solo prefill
+    assert scheduled(s.step(0.0)) == [b.id, c.id]  # the door let all three through: no second wait
     assert ex.plans[1] == ([10, 10], 1)  # b and c gathered into one mixed step with a's row
+    s.step(0.0)
     assert ex.plans[2] == ([], 3)  # then the decode round
 
 
@@ -60,9 +61,10 @@ def test_gather_respects_max_prompts_and_the_row_budget():
     s.step(0.0)
     for n in (20, 3, 4, 30):
         s.submit(req(n))
-    s.step(0.0)
+    for _ in range(3):
+        s.step(0.0)
     # leader 20 + follower 3 (rows 23 <= 25, max_prompts 2); then leader 4 (rows 4 + 30 > 25): alone; then 30
-    assert ex.plans[2:5] == [([20, 3], 1), ([4], 3), ([30], 4)]
+    assert ex.plans[1:4] == [([20, 3], 1), ([4], 3), ([30], 4)]
 
 
 def test_a_long_leader_is_never_bounded_by_the_gather_budget():
@@ -71,7 +73,7 @@ def test_a_long_leader_is_never_bounded_by_the_gather_budget():
     s.step(0.0)
     s.submit(req(100))
     s.step(0.0)
-    assert ex.plans[2] == ([100], 1)
+    assert ex.plans[1] == ([100], 1)
 
 
 def test_the_roster_edge_holds_arrivals_without_scheduling_them():
@@ -79,9 +81,9 @@ def test_the_roster_edge_holds_arrivals_without_scheduling_them():
     a, b, c = req(max_tokens=6), req(max_tokens=50), req()
     for r in (a, b):
         s.submit(r)
-    s.step(0.0)  # a: 3 tokens (solo, mixed with b, decode round)
+    s.step(0.0), s.step(0.0)  # a: 2 tokens (solo, then mixed with b)
     s.submit(c)
-    for _ in range(3):  # a reaches 6 tokens in the third round and frees its slot
+    for _ in range(4):  # a reaches 6 tokens in the fourth decode round and frees its slot
         ev = s.step(0.0)
         assert c.id not in scheduled(ev) and list(s.queue) == [c] and len(s.roster) <= 2
     assert len(s.roster) == 1
@@ -190,7 +192,7 @@ def test_each_walk_round_carries_every_live_row_and_at_most_n_prompt_rows():
     b, c = req(150, max_tokens=3), req(100, max_tokens=3)
     s.submit(b), s.submit(c)
     rounds = []
-    while b.id not in {x.req.id for x in s.roster} or s.walk:
+    while b.id not in {x.id for x in s.roster} or s.walk:
         ev = s.step(0.0)
         rounds.append(ex.segments[-1])
         # the live stream gets a token in every round: one round per iteration
@@ -207,7 +209,7 @@ def test_a_walker_joins_the_roster_with_the_token_of_its_final_segment():
     evs = [s.step(0.0) for _ in range(3)]
     assert [seg for seg in ex.segments] == [[(64, 0, False)], [(64, 64, False)], [(2, 128, True)]]
     toks = [e for ev in evs for e in ev if isinstance(e, Token)]
-    assert len(toks) == 1 and [x.req.id for x in s.roster] == [b.id]
+    assert len(toks) == 1 and [x.id for x in s.roster] == [b.id]
     assert s.book.glob.used > 0 and not s.walk
 
 
@@ -245,14 +247,15 @@ def test_the_door_counts_walkers_as_active():
     assert len(s.walk) == 1 and len(s.roster) == 0
     late = req(10)
     s.submit(late)
-    view = s._door_view()
+    view = door_view(s)
     assert view.active == 1 and view.pending == 1
-    assert s.intake_turn(0.0) is False and late.held_at == 0.0 and list(s.queue) == [late]
+    plan = s.schedule(0.0)
+    assert plan.held == 1 and plan.why == "the door holds" and late.held_at == 0.0 and list(s.queue) == [late]
     # the same arrival with no walker: the door opens for the idle engine and admits it
     idle, _ = make(slots=4, chunk=64, door_ms=1000)
     idle.submit(late2 := req(10))
-    assert idle._door_view().active == 0
-    assert idle.intake_turn(0.0) is True and late2 not in idle.queue
+    assert door_view(idle).active == 0
+    assert idle.schedule(0.0).admitted == [late2] and late2 not in idle.queue
 
 
 # ---- stall attribution --------------------------------------------------------------------
@@ -274,17 +277,18 @@ def test_every_gap_is_attributed_to_the_step_that_ended_it():
     s = Scheduler(ex, KVBook(65, None, None), cfg, VOCAB, clock=lambda: ex.now)
     a = req(10, max_tokens=20)
     s.submit(a)
-    first = [e for e in s.step() if isinstance(e, Token)]  # prefill (10 rows), then a decode round
+    first = [e for e in s.step() if isinstance(e, Token)]  # prefill (10 rows)
     b = req(30, max_tokens=20)
     s.submit(b)
-    second = [e for e in s.step() if isinstance(e, Token)]  # b rides a's row, then a decode round
+    second = [e for e in s.step() if isinstance(e, Token)]  # b rides a's row
+    third = [e for e in s.step() if isinstance(e, Token)]  # a decode round
     got = [(e.request_id == a.id, e.cause, e.prompt_rows, e.prompts, None if e.gap is None else round(e.gap, 6))
-           for e in first + second]
-    assert got == [(True, "prefill", 10, 1, None), (True, "decode", 0, 0, 0.010),
+           for e in first + second + third]
+    assert got == [(True, "prefill", 10, 1, None),
                    (False, "mixed", 30, 1, None), (True, "mixed", 30, 1, 0.040),
                    (True, "decode", 0, 0, 0.010), (False, "decode", 0, 0, 0.010)]
     h = s.metrics.itl_by_cause
-    assert (h["decode"].n, h["mixed"].n) == (3, 1) and abs(h["mixed"].total - 0.040) < 1e-9
+    assert (h["decode"].n, h["mixed"].n) == (2, 1) and abs(h["mixed"].total - 0.040) < 1e-9
 
 
 # ---- KV budget: preemption ----------------------------------------------------------------
@@ -345,7 +349,7 @@ def test_when_the_pools_run_dry_a_younger_walker_gives_its_pages_to_an_older_str
         s.step(0.0)
     s.submit(new)
     s.step(0.0)  # new's first 64 rows: it holds 4 pages
-    assert s.walk and s.walk[0].req is new and len(s.walk[0].pages.global_pages) == 4
+    assert s.walk and s.walk[0] is new and len(s.walk[0].pages.global_pages) == 4
     other = s.book.glob.take(s.book.glob.available)  # something else holds every free page
     events = []
     while not new.preemptions:  # old needs its third page: only the walker holds any to give
@@ -419,7 +423,7 @@ def test_an_arrival_joins_a_running_walk_instead_of_waiting_it_out():
     short = req(10, max_tokens=4)
     s.submit(short)
     ev = s.step(0.0)
-    assert scheduled(ev) == [short.id] and s.walk[-1].req is short  # admitted while the long prompt still walks
+    assert scheduled(ev) == [short.id] and s.walk[-1] is short  # admitted while the long prompt still walks
     rows = [sum(n for n, start, _ in step if n > 1 or start == 0) for step in ex.segments]
     assert max(rows) <= 64  # the live stream's stall stays one chunk
 
@@ -508,7 +512,8 @@ def test_every_model_step_leaves_one_record_of_its_kind_and_rows_in_the_step_log
     s, ex = make()
     for r in (req(), req(), req()):
         s.submit(r)
-    s.step(0.0)
+    for _ in range(3):
+        s.step(0.0)
     log = list(s.step_log)
     assert [r.seq for r in log] == list(range(len(ex.plans))) == [0, 1, 2]
     assert [(r.kind, r.prompt_rows, r.prompts, r.decode_rows) for r in log] == [
@@ -570,5 +575,5 @@ def test_a_request_cancelled_in_the_queue_leaves_it_at_the_next_step_not_at_the_
     ev = s.step(0.0)
     assert list(s.queue) == [behind] and engine.waiting == 1
     assert finished(ev, q.id).reason == "abort" and s.metrics.finished["abort"] == 1
-    assert [x.req.id for x in s.roster] == [long.id] and any(isinstance(e, Token) and e.request_id == long.id
+    assert [x.id for x in s.roster] == [long.id] and any(isinstance(e, Token) and e.request_id == long.id
                                                            for e in ev)

@@ -46,6 +46,7 @@ from tailgate.config import ServingConfig
 from tailgate.engine.pages import PAGE_SIZE, KVBook, pages_for
 from tailgate.engine.request import Finished, Rejected, Request, Sampled, Scheduled, Status, Token
 from tailgate.engine.scheduler import Scheduler
+from tailgate.engine.preemption import MAX_PREEMPTIONS
 
 VOCAB = 64
 POISON = VOCAB - 1  # never sampled (tokens are h % (VOCAB - 1)), only placed in prompts
@@ -108,6 +109,7 @@ class PagedKV:
         self.l = [None] * (book.local.num_pages * PAGE_SIZE) if book.local else None
         self.window = book.window if book.local else None
         self.violations: list[str] = []
+        self.passes = self.poisoned = 0  # forward passes run; passes that raised
         self.sampled: set[str] = set()  # requests whose sampler state the executor holds
         self.released: set[str] = set()
 
@@ -167,8 +169,10 @@ class PagedKV:
     # -- the protocol
     def run(self, segments, rows):
         self.clock[0] += 0.001 + 0.00002 * sum(len(s.tokens) for s in segments)
+        self.passes += 1
         hs = [self._forward(s) for s in segments]  # a failing pass may still have written its KV
         if any(POISON in s.tokens for s in segments):
+            self.poisoned += 1
             raise RuntimeError("poisoned forward pass")
         sampled = [(s, h) for s, h in zip(segments, hs) if s.sample]
         if len(sampled) != len(rows):
@@ -190,6 +194,7 @@ class PagedKV:
         return Flight(self, segments, rows)
 
     def join(self, flight):
+        self.passes -= 1  # the lane's pass, not the iteration's
         return self.run(flight.segments, flight.rows)  # the worker's writes land as late as they can
 
 
@@ -366,8 +371,11 @@ def simulate(sc: Scenario) -> Outcome:
             out.drained = True
             break
         clock[0] += 0.001
+        passes, poisoned = ex.passes, ex.poisoned
         for e in sched.step(clock[0]):
             out.events[e.request_id].append(e)
+        if ex.passes - passes > 1 and ex.poisoned == poisoned:  # only a failed pass is retried row by row
+            ex.violations.append(f"step {i}: one iteration ran {ex.passes - passes} forward passes")
         out.misplaced += [f"step {i}: {r.id} is {r.status.value} but {got}" for r in reqs
                           if s_submitted(sc, r, reqs, i) and (got := where(sched, r)) != r.status]
     m = sched.metrics  # what the scenario exercised (pytest --hypothesis-show-statistics)
@@ -392,11 +400,11 @@ def s_submitted(sc: Scenario, r: Request, reqs: list, i: int) -> bool:
 
 def where(sched: Scheduler, r: Request):
     """The status the structure holding `r` implies."""
-    if sched.flight is not None and sched.flight[0].req is r:
+    if sched.flight is not None and sched.flight[0] is r:
         return Status.IN_FLIGHT
-    if any(w.req is r for w in sched.walk):
+    if any(w is r for w in sched.walk):
         return Status.WALKING
-    if any(a.req is r for a in sched.roster):
+    if any(a is r for a in sched.roster):
         return Status.RUNNING
     if r in sched.queue:
         return Status.HELD if r.held_at is not None else Status.PREEMPTED if r.preemptions else Status.WAITING
@@ -465,8 +473,13 @@ def check_status_names_its_holder(o: Outcome) -> None:
     assert not o.misplaced, o.misplaced[:5]
 
 
+def check_preemption_bound(o: Outcome) -> None:
+    over = [(r.id, r.preemptions) for r in o.reqs if r.preemptions > MAX_PREEMPTIONS]
+    assert not over, f"preempted more than MAX_PREEMPTIONS={MAX_PREEMPTIONS} times: {over[:5]}"
+
+
 INVARIANTS = (check_one_terminal_event_and_no_leak, check_status_names_its_holder, check_tokens_as_alone,
-              check_page_safety, check_fits_alone_never_killed)
+              check_page_safety, check_fits_alone_never_killed, check_preemption_bound)
 _HELD: dict[Scenario, set] = {}  # scenario -> the invariants its simulation was seen to hold (shared)
 
 
@@ -521,6 +534,13 @@ def test_a_request_that_fits_the_kv_pools_alone_is_never_killed_or_rejected(sc):
     holds(sc, check_fits_alone_never_killed)
 
 
+@seed(SHARED_SEED)
+@SHARED
+@given(scenarios())
+def test_no_request_is_preempted_more_than_the_bound(sc):
+    holds(sc, check_preemption_bound)
+
+
 @SETTINGS
 @given(scenarios(never_fits=True))
 def test_a_request_that_can_never_fit_ends_once_and_gives_back_its_pages_while_the_rest_run_as_alone(sc):
@@ -529,6 +549,7 @@ def test_a_request_that_can_never_fit_ends_once_and_gives_back_its_pages_while_t
     check_tokens_as_alone(o)
     check_page_safety(o)
     check_fits_alone_never_killed(o)
+    check_preemption_bound(o)
 
 
 @SETTINGS
@@ -539,3 +560,4 @@ def test_under_kv_pressure_with_the_prefix_cache_every_request_runs_as_alone_and
     check_tokens_as_alone(o)
     check_page_safety(o)
     check_fits_alone_never_killed(o)
+    check_preemption_bound(o)

@@ -27,30 +27,30 @@ def test_the_simulator_drives_the_unmodified_scheduler_and_knob_parser():
 
 
 def test_virtual_time_gives_the_hand_computed_event_times():
-    # A (10-token prompt, 3 tokens) at 0; B (5, 2) at 15 ms; whole-prompt admission (walk off).
-    # t=0: A's solo prefill, 10 + 10 = 20 ms -> A1 at 20; the iteration's decode round, 10 + 2 ->
-    # A2 at 32. B (due at 15) is taken at 32: a mixed step of B's 5 rows + A's row, 10 + 5 + 2 ->
-    # B1 and A3 at 49 (A done); the decode round of B, 12 ms -> B2 at 61.
+    # A (10-token prompt, 3 tokens) at 0; B (5, 2) at 15 ms; whole-prompt admission (walk off); one
+    # forward pass an iteration. t=0: A's solo prefill, 10 + 10 = 20 ms -> A1 at 20. t=20: B (due
+    # at 15) is taken: a mixed step of B's 5 rows + A's row, 10 + 5 + 2 -> B1 and A2 at 37. t=37:
+    # the decode round of A and B, 10 + 2 + 2 -> A3 (A done) and B2 at 51.
     res, s = sim.simulate(cfg(DECODE_SLOTS="4", MIX_CHUNK_TOKENS="off"), SCRIPTED, [(10, 3), (5, 2)],
                           offsets=[0.0, 0.015])
-    assert [round(t, 9) for t in res[0].chunk_times] == [0.020, 0.032, 0.049]
-    assert [round(t, 9) for t in res[1].chunk_times] == [0.049, 0.061]
-    assert res[1].send == 0.015 and round(s["scheduled_at"][1], 9) == 0.032
-    assert (s["iterations"], s["steps"]) == (2, 4) and all(r.success for r in res)
+    assert [round(t, 9) for t in res[0].chunk_times] == [0.020, 0.037, 0.051]
+    assert [round(t, 9) for t in res[1].chunk_times] == [0.037, 0.051]
+    assert res[1].send == 0.015 and round(s["scheduled_at"][1], 9) == 0.020
+    assert (s["iterations"], s["steps"]) == (3, 3) and all(r.success for r in res)
 
 
 def test_a_lane_prefill_shares_the_machine_in_hand_computed_virtual_time():
     # green:50, the lane owns half the machine. A (10, 5) at 0, B (20, 2) at 15 ms, walk off.
-    # A: prefill 20 ms -> A1 at 20, decode 12 -> A2 at 32. At 32 B goes to the lane: 30 ms of
-    # work at half speed, done at 92. A's decode steps run at half speed meanwhile: A3 at 56, A4
-    # at 80; A5's 12 ms straddles the lane's end (6 ms of work by 92, 6 at full speed) -> 98.
-    # At 98 the lane is done: B1 at the join, 98; B2 12 ms later, 110.
+    # A: prefill 20 ms -> A1 at 20. At 20 B goes to the lane: 30 ms of work at half speed, done at
+    # 80. A's decode steps (12 ms of work) run at half speed meanwhile: A2 at 44, A3 at 68; A4's
+    # straddles the lane's end (6 ms of work by 80, 6 at full speed) -> 86. At 86 the flight
+    # lands: B1 at the landing, 86; then A5 and B2 in one decode step, 10 + 2 + 2 -> 100.
     c = resolve(lambda n: {"DECODE_SLOTS": "4", "MIX_CHUNK_TOKENS": "off", "ASYNC_PREFILL": "green:50"}.get(n),
                 lanes=("cpu", "green")).with_model_limit(32768)
     res, s = sim.simulate(c, SCRIPTED, [(10, 5), (20, 2)], offsets=[0.0, 0.015])
-    assert [round(t, 9) for t in res[0].chunk_times] == [0.020, 0.032, 0.056, 0.080, 0.098]
-    assert [round(t, 9) for t in res[1].chunk_times] == [0.098, 0.110]
-    assert round(s["scheduled_at"][1], 9) == 0.032 and all(r.success for r in res)
+    assert [round(t, 9) for t in res[0].chunk_times] == [0.020, 0.044, 0.068, 0.086, 0.100]
+    assert [round(t, 9) for t in res[1].chunk_times] == [0.086, 0.100]
+    assert round(s["scheduled_at"][1], 9) == 0.020 and all(r.success for r in res)
     assert sim.lane_share("cpu:1", cores=2) == 0.5 and sim.lane_share(None) == 0.0
 
 
@@ -149,6 +149,22 @@ def test_equal_arrivals_with_a_lane_flight_and_short_pages_all_finish_whole():
                           seed=0, jitter=0.1)
     assert s["preemptions"] > 0
     assert all(r.success and r.output_tokens == ol for r, (_, ol) in zip(res, jobs))
+
+
+def test_no_request_is_preempted_more_than_max_preemptions_under_heavy_kv_thrash(tmp_path):
+    """Issue 36's bug 4: the cap was a preference. This workload (16 long streams in a 160 MiB pool,
+    walk off) preempted one request 7 times before the bound; now the MAX_PREEMPTIONS-th preemption
+    readmits it with its whole length reserved, and nobody is preempted again."""
+    from tailgate.engine.preemption import MAX_PREEMPTIONS
+
+    out = tmp_path / "thrash.json"
+    assert main(["sim", "--cost", "local", "--num-prompts", "60", "--seed", "5", "--jitter", "0.1",
+                 "--max-concurrency", "16", "--kv-cache-mb", "160", "--max-context", "512", "--decode-slots", "16",
+                 "--random-input-len", "50", "--random-output-len", "440", "--mix-chunk-tokens", "off",
+                 "--itl-target-ms", "off", "--save-result", str(out)]) == 0
+    m = json.loads(out.read_text())
+    assert m["completed"] == 60 and m["failed"] == 0 and m["preemptions"] > 60
+    assert m["most_preempted"] == MAX_PREEMPTIONS  # reached, never passed
 
 
 def test_a_kv_budget_preempts_under_the_simulator_and_every_request_still_finishes_whole():

@@ -119,7 +119,7 @@ def test_a_cold_model_waits_for_prompt_rows_at_two_widths_before_it_prices_a_rou
 
 # ---- the budget ---------------------------------------------------------------------------
 def walker(length: int, done: int = 0):
-    return SimpleNamespace(tokens=[1] * length, done=done, rest=length - done)
+    return SimpleNamespace(tokens=[1] * length, computed=done, rest=length - done)
 
 
 def live(*contexts: int):

@@ -2,7 +2,7 @@
 (`StepPlan`, vLLM v1's SchedulerOutput), and the record each step leaves (`StepRecord`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .pages import SeqPages
 
@@ -27,21 +27,32 @@ class Segment:
         return self.start + len(self.tokens)
 
 
-@dataclass(slots=True, eq=False)  # one per model step
+@dataclass(slots=True, eq=False)  # one per engine iteration
 class StepPlan:
-    """One model step as the scheduler decided it, before it runs: which prompt rows of whom
-    (`chunks`, (walker, rows) in order; a whole prompt is one chunk), which live rows decode one
-    token each (`rows`), under what prompt-row budget, and the segments and sample rows the
-    executor gets. Planning already did its side effects on pages (reservations, preemptions);
-    `Scheduler._run` then executes the plan and settles what it sampled, and the plan ends as a
-    `StepRecord`. Tests and the step timeline read the records; the runner reads `segments`."""
+    """One engine iteration as `Scheduler.schedule(now)` decided it (vLLM v1's SchedulerOutput):
+    who came in (`admitted`), who the door holds, who gave pages back (`preempted`) or ended before
+    the step (`finished`: cancelled, rejected, never fits), the lane flight it joined (`joined`)
+    and the one it launches (`launch`), which prompt rows of whom (`chunks`, (request, rows) in
+    order; a whole prompt is one chunk), which live rows decode one token each (`rows`), under what
+    prompt-row budget, and the segments and sample rows of its one forward pass. Page moves are
+    done when decided (reservations, preemptions, as vLLM's schedule() allocates); the step then
+    launches the lane, runs the pass and settles what it sampled, and the plan ends as a
+    `StepRecord`. Tests and the step timeline read plans and records; the runner reads `segments`."""
 
-    kind: str  # decode | mixed | walk | prefill | recompute | lane
-    chunks: list  # [(Walker, rows)]
-    rows: list  # [Active]
-    segments: list  # [Segment]: the chunks' then the rows'
-    samples: list  # [RowSample] for the sampled segments, in order
+    kind: str = "decode"  # decode | mixed | walk | prefill | recompute | lane | idle
+    chunks: list = field(default_factory=list)  # [(Request, rows)]
+    rows: list = field(default_factory=list)  # [Request]: live rows, one token each
+    segments: list = field(default_factory=list)  # [Segment]: the chunks' then the rows'
+    samples: list = field(default_factory=list)  # [RowSample] for the sampled segments, in order
     budget: int | None = None  # a walk round's prompt-row budget (MIX_CHUNK_TOKENS or ITL_TARGET_MS); None: none
+    at: float = 0.0  # the `now` it was decided at
+    admitted: list = field(default_factory=list)  # [Request] taken from the queue this iteration
+    held: int = 0  # requests the door holds after this iteration's turn
+    preempted: list = field(default_factory=list)  # [Request] whose pages were taken back
+    finished: list = field(default_factory=list)  # [(Request, reason)] ended while planning
+    joined: tuple | None = None  # (Request, why) the lane flight landed while planning: done | idle | pages
+    launch: object = None  # the Request whose whole prompt starts on the side lane
+    why: str = ""  # the rule that chose the step's shape (docs/engine.md lists them)
 
     @property
     def prompt_rows(self) -> int:

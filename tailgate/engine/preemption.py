@@ -1,106 +1,119 @@
-"""Preemption: the pages a step needs, taken back from younger holders (a mixin of `Scheduler`).
+"""Preemption: the pages a step needs, taken back from younger holders. Functions over the
+scheduler's state, called only while `Scheduler.schedule` plans an iteration.
 
 Every live row gets a page for its next token before anyone is admitted; a walker's round
 reserves the pages it writes. Short of pages, the youngest holder (live row or walker) is
-preempted, its output kept, and requeued in arrival order to be recomputed; a request already
-preempted MAX_PREEMPTIONS times goes last. A request that fits the pools alone is never failed.
+preempted: its pages return, its output is kept, and it is requeued in arrival order to be
+recomputed. A request that fits the pools alone is never failed.
+
+The bound: no request is preempted more than MAX_PREEMPTIONS times. The preemption that makes it
+`pinned` also changes how it comes back: it is readmitted only with pages reserved for its whole
+length (prompt + max_tokens), so no later step is ever short of a page for it, and preemption
+never chooses it. (A pinned request needing a page cannot happen; a live row short of one with
+only pinned holders beside it gives its own pages back, and a walker waits.)
 """
 from __future__ import annotations
 
-from .pages import SeqPages
+from . import lane
+from .pages import pages_for
 from .request import Request, Status
-from .walk import Walker
 
-# A request preempted this many times is taken last when pages must be freed (`_make_room`).
 # vLLM preempts the youngest with no bound; issue 25's thrash case (three old streams, four walking
-# newcomers) preempted one stream twice for 1877 prompt rows computed per 688 useful. Preempting
-# over every holder with this bound took the three thrash scenarios of
-# scripts/experiments/thrash_rows.py from 4.46/5.42/2.59x to 1.90/2.09/1.52x rows per useful row.
+# newcomers) preempted one stream twice for 1877 prompt rows computed per 688 useful. Taking a
+# request preempted this many times last took the three thrash scenarios of
+# scripts/experiments/thrash_rows.py from 4.46/5.42/2.59x to 1.90/2.09/1.52x rows per useful row;
+# issue 36 made it a bound (module doc).
 MAX_PREEMPTIONS = 2
 
 
-class Preemption:
-    def _ready_decode_rows(self) -> bool:
-        """Give every live row a page for its next token, oldest arrival first; returns whether
-        anyone was preempted for it (`_make_room`). A row that is the only page holder and still
-        cannot grow does not fit the pools alone, and fails."""
-        preempted = self.metrics.preemptions
-        # Only rows at the end of their last page need one (1 step in 16): the sort stays off most steps.
-        # Until none is short: a lane flight joined for pages enters the roster during the pass, and
-        # its row needs a page like the others (issue 36: it decoded past its page table).
-        while full := [a for a in self.roster if a.pages.frontier >= a.pages.reserved]:
-            for a in sorted(full, key=lambda a: a.req.arrival) if len(full) > 1 else full:
-                if a not in self.roster:  # preempted for an older row of this very call
-                    continue
-                if not self._make_room(a, a.pages.frontier + 1, self_ok=True) and a in self.roster:
-                    self._finish(a, "error", "KV pools exhausted: the request does not fit them alone")
-        return self.metrics.preemptions > preempted
+def pinned(r: Request) -> bool:
+    return r.preemptions >= MAX_PREEMPTIONS
 
-    def _holders(self, but) -> list:
-        """Everyone else holding KV pages that preemption can take back: live rows and walkers
-        (the lane's flight is written by its worker until it joins)."""
-        return [h for h in (*self.roster, *self.walk) if h is not but and h.pages.global_pages]
 
-    def _make_room(self, holder, total: int, self_ok: bool) -> bool:
-        """Reserve KV for `holder` (an Active or a Walker) up to `total` tokens, preempting page
-        holders youngest arrival first: a request preempted MAX_PREEMPTIONS times goes last, so the
-        same stream is not recomputed over and over (vLLM preempts the youngest; its thrash is
-        unbounded). Only holders younger than `holder` are taken; when none is left, a live row
-        (`self_ok`) preempts itself if anyone else holds pages (it is then the youngest), and a
-        walker waits. For a live row a lane flight is joined first, before anyone is chosen: its
-        request then holds its pages as a live row like any other (the youngest may be it), and
-        `_ready_decode_rows` gives its row a page in the same pass. A walker never joins it (a row
-        joined mid-round would ride the round without a page): it waits, and the flight joins at
-        the next iteration's top. Returns whether it got the pages."""
-        while not self.book.reserve(holder.pages, total):
-            if self.flight is not None and self_ok:
-                self._join()
+def full_length(r: Request) -> int:
+    """Every token a request can ever hold KV for: its prompt and its whole max_tokens."""
+    return len(r.prompt) + r.max_tokens
+
+
+def never_fits(r: Request) -> str:
+    return (f"the prompt needs {pages_for(len(r.tokens))} KV pages per pool, more than the pools hold "
+            "with nothing running")
+
+
+def ready_rows(s, plan) -> bool:
+    """Give every live row a page for its next token, oldest arrival first; returns whether anyone
+    was preempted for it. A row that is the only page holder and still cannot grow does not fit
+    the pools alone, and fails."""
+    before = len(plan.preempted)
+    # Only rows at the end of their last page need one (1 step in 16): the sort stays off most steps.
+    # Until none is short: a lane flight landed for pages enters the roster during the pass, and
+    # its row needs a page like the others (issue 36: it decoded past its page table).
+    while full := [a for a in s.roster if a.pages.frontier >= a.pages.reserved]:
+        for a in sorted(full, key=lambda a: a.arrival) if len(full) > 1 else full:
+            if a not in s.roster:  # preempted for an older row of this very call
                 continue
-            others = self._holders(holder)
-            younger = [h for h in others if h.req.arrival > holder.req.arrival
-                       or (h.req.arrival == holder.req.arrival and self._admitted_after(h, holder))]
-            if younger:
-                self._preempt(max(younger, key=lambda h: (h.req.preemptions < MAX_PREEMPTIONS, h.req.arrival)))
-            elif others and self_ok:
-                self._preempt(holder)
-                return False
-            else:
-                return False
-        return True
+            if not make_room(s, plan, a, a.pages.frontier + 1, self_ok=True) and a in s.roster:
+                s.finish(a, "error", "KV pools exhausted: the request does not fit them alone")
+                plan.finished.append((a, "error"))
+    return len(plan.preempted) > before
 
-    def _admitted_after(self, h, holder) -> bool:
-        """Tie-break between equal arrivals: a walker came in after every live row."""
-        return isinstance(h, Walker) and not isinstance(holder, Walker)
 
-    def _preempt(self, h) -> None:
-        """Take a live row's or a walker's pages back and requeue it to be recomputed (its output
-        so far, if any, is kept and not re-emitted; its sampler state stays with the executor)."""
-        h.req.preemptions += 1
-        self.metrics.preemptions += 1
-        if h in self.roster:
-            self.roster.remove(h)
-            if self.prefix is not None:  # its written pages, prompt and output, stay cached for its recompute
-                self.prefix.keep(h.req.prompt + h.output, len(h.req.prompt), h.req.id, h.pages)
-            self._park(h.req, h.pages, h.output, h.last_at)
+def holders(s, but: Request) -> list[Request]:
+    """Everyone else holding KV pages that preemption can take back: live rows and walkers (the
+    lane's flight is written by its worker until it lands)."""
+    return [h for h in (*s.roster, *s.walk) if h is not but and h.pages.global_pages]
+
+
+def make_room(s, plan, holder: Request, total: int, self_ok: bool) -> bool:
+    """Reserve KV for `holder` (a live row or a walker) up to `total` tokens, preempting unpinned
+    holders younger than it, youngest arrival first. When none is left, a live row (`self_ok`)
+    gives its own pages back if anyone else holds pages, and a walker waits (older ones finish
+    and free theirs). For a live row the lane's flight lands first, before anyone is chosen: its
+    request then holds its pages as a live row like any other, and `ready_rows` gives its row a
+    page in the same pass. A walker never lands it (a row landed mid-round would ride the round
+    without a page): the flight lands at the next iteration's top. Returns whether it got them."""
+    while not s.book.reserve(holder.pages, total):
+        if s.flight is not None and self_ok:
+            lane.land(s, plan, "pages")
+            continue
+        others = holders(s, holder)
+        younger = [h for h in others if not pinned(h) and (h.arrival > holder.arrival or (
+            h.arrival == holder.arrival and h.status is Status.WALKING and holder.status is not Status.WALKING))]
+        if younger:  # equal arrivals: a walker came in after every live row
+            preempt(s, plan, max(younger, key=lambda h: h.arrival))
+        elif others and self_ok:
+            preempt(s, plan, holder)
+            return False
         else:
-            self.walk.remove(h)
-            if self.prefix is not None:
-                self.prefix.keep(h.tokens, len(h.req.prompt), h.req.id, h.pages)
-            self._park(h.req, h.pages, h.resumed, h.last_at)
+            return False
+    return True
 
-    def _requeue(self, w: Walker) -> None:
-        self._park(w.req, w.pages, w.resumed, w.last_at)
 
-    def _park(self, req: Request, pages: SeqPages, output: list[int], last_at: float | None) -> None:
-        """Back to the queue with its pages returned, ahead of every later arrival (re-admission in
-        arrival order), keeping any output it already emitted to recompute on readmission."""
-        self.book.free(pages)
-        if output:
-            self._preempted[req.id] = (list(output), last_at)
-        self._passed.add(req.id)  # it was let in once: no second wait at the door
-        req.status = Status.PREEMPTED if req.preemptions else Status.WAITING
-        i = 0
-        while i < len(self.queue) and self.queue[i].arrival < req.arrival:
-            i += 1
-        self.queue.insert(i, req)
+def preempt(s, plan, h: Request) -> None:
+    """Take a live row's or a walker's pages back and requeue it to be recomputed (its output so
+    far is kept and not re-emitted; its sampler state stays with the executor). Its written pages,
+    prompt and output, stay in the prefix cache for its recompute."""
+    h.preemptions += 1
+    s.metrics.preemptions += 1
+    plan.preempted.append(h)
+    if h.status is Status.RUNNING:
+        s.roster.remove(h)
+        if s.prefix is not None:
+            s.prefix.keep(h.prompt + h.output, len(h.prompt), h.id, h.pages)
+    else:
+        s.walk.remove(h)
+        if s.prefix is not None:
+            s.prefix.keep(h.tokens, len(h.prompt), h.id, h.pages)
+    park(s, h)
 
+
+def park(s, r: Request) -> None:
+    """Back to the queue with its pages returned, ahead of every later arrival (readmission in
+    arrival order), keeping any output it already emitted to recompute on readmission."""
+    s.book.free(r.pages)
+    r.passed = True  # it was let in once: no second wait at the door
+    r.status = Status.PREEMPTED if r.preemptions else Status.WAITING
+    i = 0
+    while i < len(s.queue) and s.queue[i].arrival < r.arrival:
+        i += 1
+    s.queue.insert(i, r)

@@ -3,7 +3,7 @@ asks of the executor and what it hands back. Plain data, no torch (model/prompt_
 
 A request that asks prefills every prompt row itself (no prefix-cache pages: a cached row has no
 logits) with each chunk's segment marked `all_logits` and carrying a `PromptScore`; the executor
-fills the walker's `scores` by position, so a chunk run twice (a failed step retried alone) or a
+fills the request's `scores` by position, so a chunk run twice (a failed step retried alone) or a
 walk restarted after a preemption writes the same slots again. When the prompt's last chunk is
 absorbed the scheduler emits one `PromptLogprobs` event, before the request's first token.
 """
@@ -41,10 +41,10 @@ def new_scores(req, resumed: list[int]) -> list | None:
 
 
 def prompt_segment(w, toks: list[int], start: int, sample: bool) -> Segment:
-    """The segment of walker `w`'s chunk `toks` at `start`, scored when the walker asks."""
+    """The segment of request `w`'s chunk `toks` at `start`, scored when the walker asks."""
     if w.scores is None:
         return Segment(toks, start, w.pages, sample=sample)
-    prompt = w.req.prompt
+    prompt = w.prompt
     targets = prompt[start + 1:min(start + len(toks), len(prompt) - 1) + 1]
     return Segment(toks, start, w.pages, sample=sample, all_logits=True,
-                   score=PromptScore(targets, w.req.prompt_logprobs, w.scores, start))
+                   score=PromptScore(targets, w.prompt_logprobs, w.scores, start))

@@ -1,9 +1,16 @@
-"""Requests and the events the engine emits about them (plain data, no torch)."""
+"""Requests and the events the engine emits about them (plain data, no torch).
+
+A `Request` is the one object the engine keeps per request (vLLM v1's Request, nano-vllm's
+Sequence): what the client asked, then where it is (`status`), its KV pages, and its progress,
+counted once: `computed` is its page table's frontier, the tokens whose KV is written.
+"""
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
 from enum import Enum
+
+from .pages import SeqPages
 
 _ids = itertools.count()
 GREEDY_BELOW = 1e-5
@@ -36,7 +43,10 @@ class Status(str, Enum):
     waiting -> [held -> waiting] -> walking (its prompt is being prefilled: a walker, or a newcomer
     in a mixed step) | in_flight (prefilling on the side lane) -> running (decoding in the roster)
     -> finished. A running or walking request whose pages are taken back goes to `preempted`
-    (waiting in the queue to be recomputed, ahead of later arrivals), then walks again."""
+    (waiting in the queue to be recomputed, ahead of later arrivals), then walks again.
+
+    Where each status lives: waiting, held, preempted in `Scheduler.queue`; walking in
+    `Scheduler.walk`; in_flight in `Scheduler.flight`; running in `Scheduler.roster`."""
 
     WAITING = "waiting"
     HELD = "held"  # at the admission door
@@ -47,7 +57,7 @@ class Status(str, Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # identity: queues and the roster find and remove this very request
 class Request:
     prompt: list[int]
     # None: the engine decides (Scheduler.submit, engine/stop.py): DEFAULT_MAX_TOKENS within the
@@ -66,9 +76,40 @@ class Request:
     cancel_as: str = "abort"  # the finish reason a cancellation counts as ("stop": a stop string matched)
     sink: object = None  # callable(event) set by whoever submitted it
     sink_failed: bool = False  # the sink raised once: no more events go to it
-    held_at: float | None = None  # set while the door holds it
-    preemptions: int = 0  # times its pages were taken back to be recomputed (scheduler._make_room)
+    # ---- the engine's state of it (the scheduler sets these; nothing else writes them) ----
     status: Status = Status.WAITING
+    held_at: float | None = None  # set while the door holds it
+    passed: bool = False  # the door let it through (or it was admitted once): it never waits there again
+    preemptions: int = 0  # times its pages were taken back to be recomputed (engine/preemption.py)
+    pages: SeqPages = field(default_factory=SeqPages)  # its page tables while it holds KV
+    output: list[int] = field(default_factory=list)  # tokens emitted so far; kept over a preemption
+    # What prefill computes: the prompt, then any output a preemption made it recompute (set at
+    # admission; `resumed` of them are output, re-run but not re-emitted).
+    tokens: list[int] = field(default_factory=list)
+    resumed: int = 0
+    cached: int = 0  # prompt tokens whose KV came from the prefix cache at admission
+    scores: list | None = None  # its prompt logprobs by position, when asked (engine/prompt_logprobs.py)
+    last_at: float | None = None  # when its previous token was emitted (a resumed one's gap spans the preemption)
+    # Its decode rows' sampling request, built once past min_tokens (nothing in it changes after:
+    # the history it passes is this very output list). One per row per step was 6 % of a sim run.
+    sample: RowSample | None = None
+
+    @property
+    def computed(self) -> int:
+        """Tokens whose KV is written: the one progress counter (prefill chunks and decode rows
+        both advance the page table's frontier)."""
+        return self.pages.frontier
+
+    @property
+    def rest(self) -> int:
+        """Prompt rows (of `tokens`) still to prefill."""
+        return len(self.tokens) - self.pages.frontier
+
+    def chunk(self, take: int) -> tuple[list[int], int, bool]:
+        """(tokens, start position, whether this chunk ends the prefill) of the next `take` rows."""
+        start = self.pages.frontier
+        end = start + take
+        return self.tokens[start:end], start, end == len(self.tokens)
 
 
 @dataclass(slots=True)  # events and rows are made per token: slots build them faster

@@ -299,7 +299,7 @@ class RoundBudget:
             if n <= 0:
                 continue
             budget -= n
-            st = w.done
+            st = w.computed
             if n > 1 or st == 0:
                 prompt += n
             else:

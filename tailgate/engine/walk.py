@@ -1,50 +1,21 @@
-"""The chunked walk (TAILGATE_MIX_CHUNK_TOKENS): prompts enter a live batch N rows per step.
+"""The chunked walk (MIX_CHUNK_TOKENS, ITL_TARGET_MS): prompts enter a live batch N rows per step.
 
 Without it an admission is one whole-prompt step, and every live stream's inter-token gap pays
 the whole prompt (a 1024-token prompt is ~2.5 s of one step on the 2-core EPYC). With it, the
-gathered prompts ("walkers") advance in rounds: each round spreads at most N prompt rows over
-the walkers in admission order, reserves only the pages that round writes, and rides the live
-decode rows. One round runs per engine iteration, so live streams get a token between rounds and
-a stall is bounded by one N-row step. Plain data, no torch.
+admitted prompts ("walkers", status walking) advance in rounds: each round spreads a prompt-row
+budget over the walkers in arrival order, reserves only the pages that round writes, and rides
+the live decode rows. One round is one iteration's forward pass, so live streams get a token
+between rounds and a stall is bounded by one round. Plain data, no torch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from .pages import SeqPages
+from .preemption import holders, make_room, never_fits, ready_rows
 from .request import Request
 
 
-@dataclass(eq=False)  # identity, as Active
-class Walker:
-    """A prompt mid-prefill: `done` of its rows have run (and hold pages). `resumed` is the output
-    a preempted request had already emitted: it is recomputed after the prompt, not re-emitted."""
-
-    req: Request
-    pages: SeqPages
-    done: int = 0
-    resumed: list[int] = field(default_factory=list)
-    last_at: float | None = None  # a resumed stream's previous token time (its gap spans the preemption)
-    cached: int = 0  # prompt tokens whose KV came from the prefix cache (done starts there)
-    scores: list | None = None  # its prompt logprobs by position, when asked (engine/prompt_logprobs.py)
-    tokens: list[int] = field(init=False)  # what the walk prefills: the prompt, then any resumed output
-
-    def __post_init__(self):
-        self.tokens = self.req.prompt + self.resumed if self.resumed else self.req.prompt
-
-    @property
-    def rest(self) -> int:
-        return len(self.tokens) - self.done
-
-    def chunk(self, take: int) -> tuple[list[int], int, bool]:
-        """(tokens, start position, whether this chunk ends the sequence) for the next `take` rows."""
-        end = self.done + take
-        return self.tokens[self.done:end], self.done, end == len(self.tokens)
-
-
-def plan_round(walkers: list[Walker], budget: int) -> list[tuple[Walker, int]]:
-    """Spread `budget` prompt rows over the walkers in admission order: each takes what it has
-    left, up to what the budget has left; later walkers wait for a later round."""
+def plan_round(walkers: list[Request], budget: int) -> list[tuple[Request, int]]:
+    """Spread `budget` prompt rows over the walkers in order: each takes what it has left, up to
+    what the budget has left; later walkers wait for a later round."""
     out = []
     for w in walkers:
         if budget <= 0:
@@ -54,3 +25,28 @@ def plan_round(walkers: list[Walker], budget: int) -> list[tuple[Walker, int]]:
             out.append((w, take))
             budget -= take
     return out
+
+
+def walk_round(s, plan) -> None:
+    """One round: at most the budget's prompt rows across the walkers (oldest arrival first),
+    beside every live row. The budget is MIX_CHUNK_TOKENS, or under ITL_TARGET_MS what the
+    step-cost model prices within the target (engine/step_cost.py). A walker short of pages takes
+    them from younger page holders; with none younger it waits for a later round, unless it is
+    the only holder left, which means its prompt does not fit the pools at all."""
+    ready_rows(s, plan)
+    s.walk.sort(key=lambda w: w.arrival)  # stable: admission order among equals
+    if s.pace is None:
+        budget = s.chunk
+    else:  # ITL_TARGET_MS (and TTFT_TARGET_MS, which reads the queue's prompts too)
+        queued = sum(len(r.prompt) for r in s.queue) if s.pace.horizon is not None else 0
+        budget = s.pace.rows(s.walk, s.roster, queued)
+    for w, take in plan_round(s.walk, budget):
+        if w not in s.walk:  # preempted by an older walker of this round
+            continue
+        if make_room(s, plan, w, w.computed + take, self_ok=False):
+            plan.chunks.append((w, take))
+        elif not holders(s, w) and not plan.chunks:
+            s.finish(w, "error", never_fits(w))
+            plan.finished.append((w, "error"))
+    plan.budget = budget
+    plan.why = plan.why or "a walk round"

@@ -79,6 +79,7 @@ def simulate(cfg: ServingConfig, cost: CostModel, jobs: list[tuple[int, int]], r
         return sink
 
     filler = list(range(60000, 60000 + max((il for il, _ in jobs), default=1)))
+    reqs = []
     release()
     while due or sched.has_work():
         if not sched.has_work() and due[0][0] > clock.t:
@@ -93,13 +94,16 @@ def simulate(cfg: ServingConfig, cost: CostModel, jobs: list[tuple[int, int]], r
                           max_tokens=max(1, clamp_max_tokens(ol, il, cfg.max_context)), arrival=at, ignore_eos=True)
             req.sink = sink_for(i)
             sched.submit(req)
+            reqs.append(req)
         sched.step(clock.t)
     m = sched.metrics
+    # The most times one request was preempted (bounded: engine/preemption.py MAX_PREEMPTIONS).
+    most_preempted = max((r.preemptions for r in reqs), default=0)
     extra = {"itl_target": target_summary(m)} if sched.pace is not None else {}
     return results, {**extra, "iterations": m.steps, "steps": sched.executor.steps, "door_releases": dict(m.door_releases),
                      "door_holds": m.door_hold.n,
                      "door_mean_hold_ms": 1000 * m.door_hold.total / max(1, m.door_hold.n),
-                     "preemptions": m.preemptions, "kv_pages": {"global": sched.book.glob.capacity,
+                     "preemptions": m.preemptions, "most_preempted": most_preempted, "kv_pages": {"global": sched.book.glob.capacity,
                                                                 "local": sched.book.local.capacity if sched.book.local else 0},
                      "virtual_s": clock.t, "scheduled_at": scheduled}
 
