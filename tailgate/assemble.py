@@ -117,8 +117,8 @@ def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device:
     engine = Engine(sched, clock=clock)
     if probed is not None:
         engine.probe = probed.as_dict()
-        if sched.pace is not None:
-            probe.seed(sched.pace.model, probed)
+        if sched.costs is not None:
+            probe.seed(sched.costs, probed)
     return engine, m, cfg
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from tailgate.config import KnobError, parse_admit_coalesce_ms
-from tailgate.engine.door import CoalesceDoor, DoorView as V, PricedDoor, StepCosts
+from tailgate.engine.door import CoalesceDoor, DoorView as V, PricedDoor
+from tailgate.engine.step_cost import StepCostModel
 
 T = 1000.0
 W = 0.25  # exact in binary, so T + W - T == W
@@ -67,28 +68,34 @@ def test_the_cohort_follows_max_prompts():
 
 # ---- auto: the priced door -------------------------------------------------------------
 
+def taught(decode_s=0.03, row_s=0.0002) -> StepCostModel:
+    """A step-cost model that has measured GPU-like steps: 30 ms a decode step whatever its rows,
+    0.2 ms a prompt row; through the calls the metered executor makes."""
+    m = StepCostModel()
+    for n in (1, 2, 4, 8):
+        m.observe((0, n, n, 0.0), decode_s)
+    for p in (50, 100, 150):
+        m.observe((p, 8, 8, 0.0), decode_s + p * row_s)
+    return m
+
+
 def priced(chunk=None, decode_s=0.03, row_s=0.0002):
-    """A priced door that has already learned its step costs (GPU-like: 30 ms decode steps,
-    0.2 ms a prompt row), taught through the same calls the scheduler makes."""
-    d = PricedDoor(chunk)
-    d.observe_step(decode_s, 0, 8)
-    d.observe_step(decode_s + 100 * row_s, 100, 8)
-    return d
+    """A priced door reading a model that has learned its step costs (`taught`)."""
+    return PricedDoor(chunk, taught(decode_s, row_s))
 
 
-def test_step_costs_price_a_prompt_row_by_the_stall_it_added_to_a_decode_step():
-    c = StepCosts()
-    c.observe(0.5, 256, 0)  # a prompt alone: no live stream paid it, nothing learned
-    assert not c.ready
-    c.observe(0.030, 0, 8)
-    c.observe(0.050, 100, 8)
-    assert c.ready and c.decode_s == 0.030 and abs(c.row_s - 0.0002) < 1e-12
+def test_the_door_prices_a_decode_step_and_a_prompt_row_from_the_engines_step_cost_model():
+    d = priced()
+    decode, row = d.prices(V(1, 8, 16, (50, 1, 90), 1024))
+    assert decode == pytest.approx(0.03, rel=1e-3) and row == pytest.approx(0.0002, rel=1e-2)
 
 
-def test_auto_does_not_hold_before_it_has_measured_a_decode_and_a_mixed_step():
-    d = PricedDoor(None)
-    d.observe_step(0.03, 0, 8)
-    assert d.decide(V(1, 8, 16, (1, 50), 1024), T) == (True, "priced")
+def test_auto_does_not_hold_before_the_model_has_measured_a_decode_step():
+    m = StepCostModel()
+    for p in (50, 100, 150):
+        m.observe((p, 8, 8, 0.0), 0.03 + p * 0.0002)
+    assert m.ready and not PricedDoor(None, m).ready
+    assert PricedDoor(None, m).decide(V(1, 8, 16, (1, 50), 1024), T) == (True, "priced")
 
 
 def test_auto_holds_to_spare_a_stream_about_to_end_a_stall_worth_more_than_the_wait():
@@ -96,7 +103,7 @@ def test_auto_holds_to_spare_a_stream_about_to_end_a_stall_worth_more_than_the_w
     # 1 token left: a 30 ms hold spares that stream 1024 rows x 0.2 ms = 205 ms of stall; the wait
     # costs 30 ms x 1 pending x 2 (half the slots busy).
     assert d.decide(V(1, 8, 16, (50, 1, 90), 1024), T) == (False, None) and d.since == T
-    assert d.best_hold(V(1, 8, 16, (50, 1, 90), 1024), T)[1] == pytest.approx(0.03)
+    assert d.best_hold(V(1, 8, 16, (50, 1, 90), 1024), T)[1] == pytest.approx(0.03, rel=1e-3)
 
 
 def test_auto_holds_no_longer_than_one_decode_step():
@@ -133,9 +140,11 @@ def test_a_burst_raises_the_price_of_holding_and_a_lull_lowers_it():
 def test_an_auto_hold_that_still_pays_ends_at_its_cap():
     d = priced()
     v = V(1, 8, 16, (1, 90), 1024)
+    cap = d.prices(v)[0]  # one predicted decode step of this batch: ~30 ms
+    assert cap == pytest.approx(0.03, rel=1e-3)
     assert not d.decide(v, T)[0]
-    assert not d.decide(v, T + 0.03 - 1e-6)[0]
-    assert d.decide(v, T + 0.0301) == (True, "window") and d.since is None
+    assert not d.decide(v, T + cap - 1e-6)[0]
+    assert d.decide(v, T + cap + 1e-4) == (True, "window") and d.since is None
 
 
 def test_auto_opens_for_an_idle_roster_and_an_empty_queue():

@@ -80,18 +80,19 @@ def test_a_short_door_window_releases_an_incomplete_cohort_under_the_simulator()
 
 
 def test_the_priced_door_spares_a_stream_its_last_tokens_stall_under_the_simulator():
-    # Walk off. A lives long; B (6 tokens, the 5th at 204 ms, the last at 232 ms door off) rides A;
-    # C (100 rows) arrives at 210 ms, so the next intake turn finds B one token from its end. The
-    # priced door has learned ~14 ms decode steps and 1 ms prompt rows from the steps it watched: a
-    # one-step hold spares B 100 ms of stall, so C waits for B's last token; A's end is seconds
-    # off, so the door then admits C ("priced"). With the door off C rides B's last step.
-    jobs, offsets = [(40, 400), (40, 6), (100, 3)], [0.0, 0.1, 0.21]
+    # Walk off. A lives long; D (30 rows) at 50 ms and B (6 tokens, the 5th at 216 ms, the last at
+    # 230 ms door on) ride A; C (100 rows) arrives at 210 ms, so the next intake turn finds B one
+    # token from its end. By then the engine's step-cost model has three steps with prompt rows at
+    # two widths and decode steps (10 ms + 2 ms a row, 1 ms a prompt row): a one-step hold spares B
+    # 100 ms of stall, so C waits for B's last token; A's end is seconds off, so the door then
+    # admits C ("priced"). With the door off C rides B's last step (B's last token at 330 ms).
+    jobs, offsets = [(40, 400), (30, 3), (40, 6), (100, 3)], [0.0, 0.05, 0.1, 0.21]
     res, s = sim.simulate(cfg(DECODE_SLOTS="4", MIX_CHUNK_TOKENS="off", ADMIT_COALESCE_MS="auto"), SCRIPTED,
                           jobs, offsets=offsets)
-    b_end, c_at = res[1].chunk_times[-1], s["scheduled_at"][2]
+    b_end, c_at = res[2].chunk_times[-1], s["scheduled_at"][3]
     assert c_at >= b_end and c_at - 0.21 < 0.03 and s["door_releases"] == {"priced": 1}
     res, s = sim.simulate(cfg(DECODE_SLOTS="4", MIX_CHUNK_TOKENS="off"), SCRIPTED, jobs, offsets=offsets)
-    assert s["scheduled_at"][2] < res[1].chunk_times[-1]
+    assert s["scheduled_at"][3] < res[2].chunk_times[-1]
 
 
 def _sim_json(tmp_path, seed, name):

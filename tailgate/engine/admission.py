@@ -54,7 +54,7 @@ def door_open(s, plan, now: float) -> bool:
 def door_view(s) -> DoorView:
     cohort = islice(s.queue, max(1, min(s.cfg.mix_max_prompts, s.slots - s.running)))
     return DoorView(len(s.queue), s.running, s.slots, tuple(a.max_tokens - len(a.output) for a in s.roster),
-                    sum(len(r.prompt) for r in cohort))
+                    sum(len(r.prompt) for r in cohort), sum(a.pages.frontier + 1 for a in s.roster) / 1000)
 
 
 def pop(s) -> Request:

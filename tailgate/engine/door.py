@@ -7,7 +7,9 @@ the number of interruptions, not their size: gather rules still decide how many 
 
 `auto` (`PricedDoor`) holds only while holding pays, in one currency, seconds:
 - What an admission costs the live streams: the pending prompts' rows times the learned price of
-  a prompt row (`StepCosts`), paid by every live stream that is still running when the rows run.
+  a prompt row, paid by every live stream that is still running when the rows run. The prices
+  come from the engine's one step-cost model (`engine/step_cost.py` `StepCostModel`, fitted from
+  every measured step; the walk's `ITL_TARGET_MS` budgets with the same fit).
   Under the walk a stream pays only the rounds it is alive for: min(rows, remaining * chunk).
 - What holding buys: a stream that finishes before the admission never pays it. The roster's
   remaining tokens times the learned decode step time say when each would finish.
@@ -21,7 +23,7 @@ Why no credit for merging arrivals: with step time linear in rows (floor + rows;
 measured on both CPUs), two admissions or one merged admission cost the live streams the same
 total stall (the separate case's extra step also yields a token), so merging only reshapes the
 gap distribution; the price counts what is actually saved: stalls streams never see.
-Until it has measured both a decode step and a step with prompt rows, `auto` does not hold.
+Until the model is ready and has measured a decode step, `auto` does not hold.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ class DoorView:
     slots: int
     remaining: tuple[int, ...] = ()  # live streams' tokens left (max_tokens bound; EOS only ends them sooner)
     pending_rows: int = 0  # prompt rows of the prompts the next intake would admit
+    live_kpairs: float = 0.0  # the live rows' query-key pairs of one decode step / 1000 (their contexts)
 
 
 def _open_regardless(door, v: DoorView) -> tuple[bool, str | None] | None:
@@ -82,56 +85,22 @@ class CoalesceDoor:
             return True, "window"
         return False, None
 
-    def observe_step(self, seconds: float, prompt_rows: int, decode_rows: int) -> None:
-        pass  # a fixed window learns nothing
-
     def observe_arrival(self, at: float) -> None:
         pass
-
-
-class StepCosts:
-    """Running estimates of a decode step's time and a prompt row's price, from the steps the
-    engine actually ran (EWMAs: the machine's speed drifts, and so does the batch). A step of live
-    rows alone is a decode step; a step of prompt rows riding live rows prices its rows as
-    (its time - the decode estimate) / rows: exactly the stall it added to every live stream.
-    Prompt-only steps teach nothing here (no live stream paid them)."""
-
-    def __init__(self, alpha: float = 0.2):
-        self.alpha = alpha
-        self.decode_s: float | None = None
-        self.row_s: float | None = None
-
-    def _ewma(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self.alpha * (new - old)
-
-    def observe(self, seconds: float, prompt_rows: int, decode_rows: int) -> None:
-        if not decode_rows:
-            return
-        if not prompt_rows:
-            self.decode_s = self._ewma(self.decode_s, seconds)
-        elif self.decode_s is not None:
-            self.row_s = self._ewma(self.row_s, max(0.0, seconds - self.decode_s) / prompt_rows)
-
-    @property
-    def ready(self) -> bool:
-        return self.decode_s is not None and self.row_s is not None
 
 
 class PricedDoor:
     """ADMIT_COALESCE_MS=auto: holds while the priced saving beats the priced wait (module doc)."""
 
-    def __init__(self, chunk: int | None, cap_s: float = AUTO_CAP_S, cap_steps: float = AUTO_CAP_STEPS,
+    def __init__(self, chunk: int | None, costs, cap_s: float = AUTO_CAP_S, cap_steps: float = AUTO_CAP_STEPS,
                  alpha: float = 0.2):
         self.chunk = chunk
         self.cap, self.cap_steps = cap_s, cap_steps
-        self.costs = StepCosts(alpha)
+        self.costs = costs  # engine/step_cost.StepCostModel, shared with the walk's budget
         self.since: float | None = None
         self.last_arrival: float | None = None
         self.gap_s: float | None = None  # EWMA of inter-arrival gaps
         self.alpha = alpha
-
-    def observe_step(self, seconds: float, prompt_rows: int, decode_rows: int) -> None:
-        self.costs.observe(seconds, prompt_rows, decode_rows)
 
     def observe_arrival(self, at: float) -> None:
         if self.last_arrival is not None and at >= self.last_arrival:
@@ -146,15 +115,26 @@ class PricedDoor:
             return 0.0
         return 1.0 / max(self.gap_s, now - self.last_arrival, 1e-6)
 
-    def _cap(self) -> float:
-        return min(self.cap, self.cap_steps * self.costs.decode_s)
+    @property
+    def ready(self) -> bool:
+        """The model can price both: it is ready and has measured a decode step."""
+        return self.costs.ready and self.costs.seen[0] > 0
+
+    def prices(self, v: DoorView) -> tuple[float, float]:
+        """(the live batch's decode step, one prompt row's added stall) in seconds, predicted."""
+        n = len(v.remaining)
+        return (self.costs.predict((0, n, n, v.live_kpairs)),
+                self.costs.coefficients["prompt_row"] * self.costs.pace)
+
+    def _cap(self, d: float) -> float:
+        return min(self.cap, self.cap_steps * d)
 
     def best_hold(self, v: DoorView, now: float) -> tuple[float, float]:
         """(net saving in seconds, hold seconds) of the best hold; (0, 0) when none pays."""
-        if not self.costs.ready or not v.remaining or v.pending_rows <= 0:
+        if not self.ready or not v.remaining or v.pending_rows <= 0:
             return 0.0, 0.0
-        d, row = self.costs.decode_s, self.costs.row_s
-        cap = self._cap()
+        d, row = self.prices(v)
+        cap = self._cap(d)
         lam = self.rate(now)
         # A hold delays more than the pending requests: while the slots are busy, a later start
         # pushes back every request behind it (queueing: a delay inside a busy period reaches each
@@ -183,7 +163,7 @@ class PricedDoor:
         if net <= 0:
             self.since = None
             return True, "priced"
-        if self.since is not None and now - self.since >= self._cap():  # holding implies costs are known
+        if self.since is not None and now - self.since >= self._cap(self.prices(v)[0]):  # holding: costs known
             self.since = None
             return True, "window"
         if self.since is None:
@@ -191,10 +171,13 @@ class PricedDoor:
         return False, None
 
 
-def make_door(ms: int | str | None, max_prompts: int, chunk: int | None):
-    """The door ADMIT_COALESCE_MS asks for: None (off), a fixed window, or the priced one."""
+def make_door(ms: int | str | None, max_prompts: int, chunk: int | None, costs=None):
+    """The door ADMIT_COALESCE_MS asks for: None (off), a fixed window, or the priced one (which
+    reads `costs`, the engine's step-cost model)."""
     if ms is None:
         return None
     if ms == "auto":
-        return PricedDoor(chunk)
+        if costs is None:
+            raise ValueError("ADMIT_COALESCE_MS=auto prices with the engine's step-cost model: pass it")
+        return PricedDoor(chunk, costs)
     return CoalesceDoor(ms / 1000.0, max_prompts)

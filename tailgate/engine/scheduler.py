@@ -27,6 +27,7 @@ from .prefix import PrefixCache
 from .prompt_logprobs import prompt_segment
 from .request import Event, Finished, Rejected, Request, RowSample, Sampled, Status
 from .settle import settle_step
+from .step_cost import MeteredExecutor, RoundBudget, StepCostModel
 from .stop import resolve_max_tokens
 from .walk import walk_round
 
@@ -67,22 +68,25 @@ class Scheduler:
         self.flight: tuple[Request, object] | None = None  # in flight: the lane's prefill
         self.chunk = config.mix_chunk_tokens
         self.lane = config.async_prefill is not None
-        self.door = make_door(config.admit_coalesce_ms, config.mix_max_prompts, config.mix_chunk_tokens)
         self.prefix = PrefixCache(config.prefix_cache, book) if config.prefix_cache else None
         self.metrics = EngineMetrics()
-        # ITL_TARGET_MS: each walk round's prompt rows priced in seconds by a step-cost model fitted
-        # from the steps themselves (engine/step_cost.py); the target turns the walk on, capped by
-        # MIX_CHUNK_TOKENS only when that is set. Without it no budget object exists.
+        # One step-cost model (engine/step_cost.py), fitted from every measured step, when anything
+        # prices steps: ITL_TARGET_MS's walk budget and ADMIT_COALESCE_MS=auto's door read the same fit.
+        self.costs = None
+        if config.itl_target_ms is not None or config.admit_coalesce_ms == "auto":
+            self.costs = StepCostModel()
+            self.executor = MeteredExecutor(executor, self.costs, clock, self.metrics)
+        self.door = make_door(config.admit_coalesce_ms, config.mix_max_prompts, config.mix_chunk_tokens, self.costs)
+        # ITL_TARGET_MS: each walk round's prompt rows priced in seconds (engine/step_cost.py); the
+        # target turns the walk on, capped by MIX_CHUNK_TOKENS only when that is set. Without it no
+        # budget object exists.
         self.pace = None
         if config.itl_target_ms is not None:
-            from .step_cost import RoundBudget
-
             t = config.itl_target_ms
             ttft = config.ttft_target_ms
             self.pace = RoundBudget(None if t == "auto" else t / 1000, config.mix_chunk_tokens, self.metrics,
-                                    horizon_s=None if ttft is None else ttft / 1000)
+                                    model=self.costs, horizon_s=None if ttft is None else ttft / 1000)
             self.chunk = self.chunk or config.max_context  # the walk is on; its width is the budget's
-            self.executor = self.pace.metered(executor, clock)
         self.cancels_queued = False  # a request may have been cancelled while queued (Engine.abort)
         self.events: list[tuple[Request, Event]] = []  # not yet delivered
         self._iteration: list[Event] = []  # everything this iteration emitted (the step output)

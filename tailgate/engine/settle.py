@@ -19,8 +19,6 @@ def settle_step(s, plan, per_seg: list, t0: float, now: float) -> None:
     if rows:
         m.decode_rows.observe(len(rows))
     s.record(plan, t0, now)
-    if s.door is not None:
-        s.door.observe_step(now - t0, prompt_rows, len(rows))
     for (r, take), out in zip(plan.chunks, per_seg):
         absorb(s, r, take, out, now)
     settle_rows(s, rows, per_seg[len(plan.chunks):], now, advance=True)

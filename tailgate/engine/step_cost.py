@@ -377,14 +377,10 @@ class RoundBudget:
             return 1
         return max(1, math.ceil(1 / (1 / w + AUTO_OVERHEAD * (1 / w + row / floor))))
 
-    def metered(self, executor, clock) -> "MeteredExecutor":
-        return MeteredExecutor(executor, self.model, clock, self.metrics)
-
 
 class MeteredExecutor:
     """The scheduler's executor, wrapped: every step is priced before it runs, timed with the
-    scheduler's clock around `run` (as `Scheduler._run` times it for the door), and fed to the
-    model; |predicted - actual| / actual goes to the metrics. A step that raises teaches nothing.
+    scheduler's clock around `run`, and fed to the model; |predicted - actual| / actual goes to the metrics. A step that raises teaches nothing.
     Everything else (`release`, `launch`, `join`, `close`, the sim's `steps`) is the wrapped one's."""
 
     def __init__(self, inner, model: StepCostModel, clock, metrics=None):
