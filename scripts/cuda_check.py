@@ -12,6 +12,7 @@ weights (HF transformers' own initialisation, fixed seed) and the real Gemma tok
 
 Usage (on the GPU machine): python3 scripts/cuda_check.py --carry .devcarry --out "$OUT"
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,18 +34,33 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 GEMMA3_270M = dict(  # the shapes Gemma 3 270M's GGUF declares
-    vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
-    num_attention_heads=4, num_key_value_heads=1, head_dim=256, max_position_embeddings=32768,
-    rms_norm_eps=1e-6, sliding_window=512, query_pre_attn_scalar=256, hidden_activation="gelu_pytorch_tanh",
+    vocab_size=262144,
+    hidden_size=640,
+    intermediate_size=2048,
+    num_hidden_layers=18,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    head_dim=256,
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-6,
+    sliding_window=512,
+    query_pre_attn_scalar=256,
+    hidden_activation="gelu_pytorch_tanh",
     layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(18)],
-    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                     "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
-    bos_token_id=2, eos_token_id=1, pad_token_id=0, tie_word_embeddings=True,
+    rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+    },
+    bos_token_id=2,
+    eos_token_id=1,
+    pad_token_id=0,
+    tie_word_embeddings=True,
 )
 
 
 def make_checkpoint(carry: Path, out: Path):
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
     torch.manual_seed(0)
     cfg = Gemma3TextConfig(**GEMMA3_270M)
     model = Gemma3ForCausalLM(cfg).float().eval()
@@ -79,8 +95,11 @@ def oracle(hf, ckpt: Path, report: dict):
                 ours = serial.teacher_forced_logits(runner, book, seq, chunk=chunk).float().log_softmax(-1)
                 d = (ours - ref).abs()
                 key = f"{dtype}/len{len(seq)}/chunk{chunk or 'whole'}"
-                res[key] = dict(max_abs_dlogprob=d.max().item(), mean_abs_dlogprob=d.mean().item(),
-                                argmax_agree=(ours.argmax(-1) == ref.argmax(-1)).float().mean().item())
+                res[key] = dict(
+                    max_abs_dlogprob=d.max().item(),
+                    mean_abs_dlogprob=d.mean().item(),
+                    argmax_agree=(ours.argmax(-1) == ref.argmax(-1)).float().mean().item(),
+                )
                 print("oracle", key, res[key], flush=True)
         del runner
     report["oracle"] = res
@@ -126,11 +145,29 @@ def http(ckpt: Path, report: dict, out: Path, cells: str):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cli = [sys.executable, "-m", "tailgate.cli"]
     log = open(out / "serve.log", "w")
-    srv = subprocess.Popen(cli + ["serve", "--model", str(ckpt), "--device", DEV, "--port", "8011",
-                                  "--decode-slots", "64", "--max-context", "2048"],
-                           stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    srv = subprocess.Popen(
+        cli
+        + [
+            "serve",
+            "--model",
+            str(ckpt),
+            "--device",
+            DEV,
+            "--port",
+            "8011",
+            "--decode-slots",
+            "64",
+            "--max-context",
+            "2048",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     try:
         import httpx
+
         end = time.monotonic() + 240
         while time.monotonic() < end:
             try:
@@ -143,10 +180,33 @@ def http(ckpt: Path, report: dict, out: Path, cells: str):
             time.sleep(0.5)
         report["version"] = httpx.get("http://127.0.0.1:8011/version").json()
         for c, n in (map(int, cell.split(":")) for cell in cells.split(",")):
-            run(cli + ["bench", "serve", "--base-url", "http://127.0.0.1:8011", "--model", ckpt.name,
-                       "--tokenizer", str(ckpt), "--num-prompts", str(n), "--max-concurrency", str(c),
-                       "--random-input-len", "256", "--random-output-len", "64", "--ignore-eos",
-                       "--save-result", str(out / f"serve-c{c}.json")], report, f"serve_c{c}", 300)
+            run(
+                cli
+                + [
+                    "bench",
+                    "serve",
+                    "--base-url",
+                    "http://127.0.0.1:8011",
+                    "--model",
+                    ckpt.name,
+                    "--tokenizer",
+                    str(ckpt),
+                    "--num-prompts",
+                    str(n),
+                    "--max-concurrency",
+                    str(c),
+                    "--random-input-len",
+                    "256",
+                    "--random-output-len",
+                    "64",
+                    "--ignore-eos",
+                    "--save-result",
+                    str(out / f"serve-c{c}.json"),
+                ],
+                report,
+                f"serve_c{c}",
+                300,
+            )
     finally:
         os.killpg(srv.pid, signal.SIGTERM)
         srv.wait(30)
@@ -164,16 +224,56 @@ def main() -> int:
     DEV = a.device
     out, ckpt = Path(a.out), Path(a.ckpt)
     out.mkdir(parents=True, exist_ok=True)
-    report = dict(torch=torch.__version__, gpu=torch.cuda.get_device_name(0) if DEV == "cuda" else "none", started=time.time())
+    report = dict(
+        torch=torch.__version__, gpu=torch.cuda.get_device_name(0) if DEV == "cuda" else "none", started=time.time()
+    )
     print(report, flush=True)
     steps = [
         ("checkpoint", lambda: report.__setitem__("_hf", make_checkpoint(Path(a.carry), ckpt))),
         ("oracle", lambda: report.__setitem__("_m", oracle(report["_hf"], ckpt, report))),
         ("engine", lambda: engine_exact(report["_m"], report)),
-        ("step", lambda: run([sys.executable, "-m", "tailgate.cli", "bench", "step", "--model", str(ckpt),
-                              "--device", DEV, "--only-chosen"], report, "bench_step", 300)),
-        ("step_fp32", lambda: run([sys.executable, "-m", "tailgate.cli", "bench", "step", "--model", str(ckpt),
-                                   "--device", DEV, "--dtype", "fp32", "--only-chosen"], report, "bench_step_fp32", 300)),
+        (
+            "step",
+            lambda: run(
+                [
+                    sys.executable,
+                    "-m",
+                    "tailgate.cli",
+                    "bench",
+                    "step",
+                    "--model",
+                    str(ckpt),
+                    "--device",
+                    DEV,
+                    "--only-chosen",
+                ],
+                report,
+                "bench_step",
+                300,
+            ),
+        ),
+        (
+            "step_fp32",
+            lambda: run(
+                [
+                    sys.executable,
+                    "-m",
+                    "tailgate.cli",
+                    "bench",
+                    "step",
+                    "--model",
+                    str(ckpt),
+                    "--device",
+                    DEV,
+                    "--dtype",
+                    "fp32",
+                    "--only-chosen",
+                ],
+                report,
+                "bench_step_fp32",
+                300,
+            ),
+        ),
         ("http", lambda: http(ckpt, report, out, a.serve_cells)),
     ]
     for name, fn in steps:
@@ -185,8 +285,9 @@ def main() -> int:
             print("FAILED", name, report["errors"][name], flush=True)
         report.setdefault("seconds", {})[name] = round(time.monotonic() - t0, 1)
         print("section", name, report["seconds"][name], "s", flush=True)
-        (out / "cuda-check.json").write_text(json.dumps({k: v for k, v in report.items() if not k.startswith("_")},
-                                                         indent=1, default=str))
+        (out / "cuda-check.json").write_text(
+            json.dumps({k: v for k, v in report.items() if not k.startswith("_")}, indent=1, default=str)
+        )
     return 1 if report.get("errors") else 0
 
 

@@ -10,6 +10,7 @@
    budget of the door-off TTFT p50, beside `auto`.
 Prints markdown tables.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,11 +25,23 @@ KEYS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", 
 
 
 def one(cost, door, n, c=None, rate=float("inf"), seed=0, jitter=0.0, slots=16, chunk="64", burstiness=1.0):
-    knobs = {"DECODE_SLOTS": str(slots), "MAX_CONTEXT": "4096", "ADMIT_COALESCE_MS": str(door) if door else "off",
-             "MIX_CHUNK_TOKENS": chunk}
+    knobs = {
+        "DECODE_SLOTS": str(slots),
+        "MAX_CONTEXT": "4096",
+        "ADMIT_COALESCE_MS": str(door) if door else "off",
+        "MIX_CHUNK_TOKENS": chunk,
+    }
     cfg = resolve(knobs.get).with_model_limit(32768)
-    res, s = simulate(cfg, cost, workload(n, 1024, 128, 0.0, seed), rate=rate, burstiness=burstiness,
-                      concurrency=c, seed=seed, jitter=jitter)
+    res, s = simulate(
+        cfg,
+        cost,
+        workload(n, 1024, 128, 0.0, seed),
+        rate=rate,
+        burstiness=burstiness,
+        concurrency=c,
+        seed=seed,
+        jitter=jitter,
+    )
     m = metrics(res)
     m["door_holds"] = s["door_holds"]
     return m
@@ -38,8 +51,9 @@ def row(label, ms):
     cells = []
     for k in KEYS:
         vals = [m[k] for m in ms]
-        cells.append(f"{statistics.fmean(vals):.1f} [{min(vals):.1f}–{max(vals):.1f}]" if len(vals) > 1
-                     else f"{vals[0]:.1f}")
+        cells.append(
+            f"{statistics.fmean(vals):.1f} [{min(vals):.1f}–{max(vals):.1f}]" if len(vals) > 1 else f"{vals[0]:.1f}"
+        )
     return f"| {label} | " + " | ".join(cells) + f" | {statistics.fmean(m['door_holds'] for m in ms):.0f} |"
 
 
@@ -56,13 +70,18 @@ def main(argv=None) -> int:
     cost = resolve_cost(a.cost)
     print(f"cost model `{a.cost}`: {cost}\n")
     doors = (None, 300, "auto")
-    open_loops = [(f"Poisson {r} req/s", dict(n=200, rate=r)) for r in (0.5, 1.0, 2.0, 4.0)] + \
-        [(f"bursty {r} req/s", dict(n=200, rate=r, burstiness=0.25)) for r in (1.0, 2.0)]
+    open_loops = [(f"Poisson {r} req/s", dict(n=200, rate=r)) for r in (0.5, 1.0, 2.0, 4.0)] + [
+        (f"bursty {r} req/s", dict(n=200, rate=r, burstiness=0.25)) for r in (1.0, 2.0)
+    ]
     for chunk in ("off", "64"):
-        walk = "walk off: whole-prompt admission (the seed's setting)" if chunk == "off" else \
-            "walk 64 (tailgate's default)"
-        print(f"## {walk}\n\n### Closed loop, 1024 in / 128 out, mean [min–max] over {a.seeds} seeds, "
-              f"jitter {a.jitter}\n")
+        walk = (
+            "walk off: whole-prompt admission (the seed's setting)"
+            if chunk == "off"
+            else "walk 64 (tailgate's default)"
+        )
+        print(
+            f"## {walk}\n\n### Closed loop, 1024 in / 128 out, mean [min–max] over {a.seeds} seeds, jitter {a.jitter}\n"
+        )
         print(HEAD)
         for c, n in ((4, 24), (8, 48), (16, 64)):
             for door in doors:
@@ -74,18 +93,24 @@ def main(argv=None) -> int:
             for door in doors:
                 ms = [one(cost, door, seed=s, jitter=a.jitter, chunk=chunk, **kw) for s in range(a.seeds)]
                 print(row(f"{label} door {door or 'off'}", ms))
-        print(f"\n### Sweep: the fixed window with the lowest ITL p99 keeping TTFT p50 <= {a.budget}x door off, "
-              "beside auto\n")
-        print("| workload | off: ITL p99 / TTFT p50 / tok/s | best window | its ITL p99 / TTFT p50 / tok/s | "
-              "auto: ITL p99 / TTFT p50 / tok/s |\n|---|---|---|---|---|")
+        print(
+            f"\n### Sweep: the fixed window with the lowest ITL p99 keeping TTFT p50 <= {a.budget}x door off, "
+            "beside auto\n"
+        )
+        print(
+            "| workload | off: ITL p99 / TTFT p50 / tok/s | best window | its ITL p99 / TTFT p50 / tok/s | "
+            "auto: ITL p99 / TTFT p50 / tok/s |\n|---|---|---|---|---|"
+        )
         windows = (None, 20, 50, 100, 200, 300, 500, 1000)
-        for label, kw in [("closed c8", dict(n=48, c=8)), ("closed c16", dict(n=64, c=16))] + open_loops[1:3] + \
-                open_loops[4:]:
+        for label, kw in (
+            [("closed c8", dict(n=48, c=8)), ("closed c16", dict(n=64, c=16))] + open_loops[1:3] + open_loops[4:]
+        ):
             res = {}
             for w in windows + ("auto",):
                 ms = [one(cost, w, seed=s, jitter=a.jitter, chunk=chunk, **kw) for s in range(a.seeds)]
-                res[w] = tuple(statistics.fmean(m[k] for m in ms)
-                               for k in ("p99_itl_ms", "median_ttft_ms", "output_throughput"))
+                res[w] = tuple(
+                    statistics.fmean(m[k] for m in ms) for k in ("p99_itl_ms", "median_ttft_ms", "output_throughput")
+                )
             off = res[None]
             ok = [w for w in windows if res[w][1] <= a.budget * off[1]]
             best = min(ok, key=lambda w: res[w][0])

@@ -5,6 +5,7 @@ the dashboard has steps to draw. Saved as small palette PNGs.
     .venv/bin/tailgate serve &                      # any server; the docs' ones: the defaults
     .venv/bin/python scripts/web_screenshots.py http://127.0.0.1:8000 docs/web
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,12 +33,14 @@ def until(cond, timeout=300.0):
 
 def streams(base: str, n: int, tokens: int, stop: threading.Event):
     """n streamed completions, staggered so the engine runs mixed steps as well as decode ones."""
+
     def one(i):
         body = {"prompt": f"Story {i}: once upon a time", "max_tokens": tokens, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", base + "/v1/completions", json=body, timeout=600) as r:
             for _ in r.iter_lines():
                 if stop.is_set():
                     return
+
     threads = []
     for i in range(n):
         threads.append(threading.Thread(target=one, args=(i,), daemon=True))
@@ -48,8 +51,9 @@ def streams(base: str, n: int, tokens: int, stop: threading.Event):
 
 def shoot(d, path: Path, width: int, height: int, phone: bool):
     full = max(height, d.execute_script("return document.documentElement.scrollHeight"))
-    d.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                      {"width": width, "height": full, "deviceScaleFactor": 1, "mobile": phone})
+    d.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride", {"width": width, "height": full, "deviceScaleFactor": 1, "mobile": phone}
+    )
     png = path.with_suffix(".raw.png")
     d.save_screenshot(str(png))
     # 256 colours: fewer merge the legend's small swatches into their neighbours.
@@ -69,22 +73,28 @@ def main():
     d = chromium()
     try:
         for name, (w, h) in SIZES.items():
-            d.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                              {"width": w, "height": h, "deviceScaleFactor": 1, "mobile": name == "phone"})
+            d.execute_cdp_cmd(
+                "Emulation.setDeviceMetricsOverride",
+                {"width": w, "height": h, "deviceScaleFactor": 1, "mobile": name == "phone"},
+            )
             d.get(a.base + "/")
             d.find_element("css selector", '[data-testid="mode"] option[value="completion"]').click()
             d.find_element("css selector", '[data-testid="temperature"]').clear()
             d.find_element("css selector", '[data-testid="temperature"]').send_keys("0")
             d.find_element("css selector", '[data-testid="max-tokens"]').clear()
             d.find_element("css selector", '[data-testid="max-tokens"]').send_keys("48")
-            d.find_element("css selector", '[data-testid="prompt-input"]').send_keys("The three laws of thermodynamics are")
+            d.find_element("css selector", '[data-testid="prompt-input"]').send_keys(
+                "The three laws of thermodynamics are"
+            )
             d.find_element("css selector", '[data-testid="send"]').click()
             stats = lambda: d.find_element("css selector", '[data-testid="reply-stats"]').text  # noqa: E731
             until(lambda: "finish" in stats())
             shoot(d, a.out / f"playground-{name}.png", w, h, name == "phone")
 
-            d.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                              {"width": w, "height": h, "deviceScaleFactor": 1, "mobile": name == "phone"})
+            d.execute_cdp_cmd(
+                "Emulation.setDeviceMetricsOverride",
+                {"width": w, "height": h, "deviceScaleFactor": 1, "mobile": name == "phone"},
+            )
             stop = threading.Event()
             streams(a.base, 4, 96, stop)
             d.get(a.base + "/dashboard")

@@ -1,4 +1,5 @@
 """Put an engine together: knobs (resolved first) -> model -> runner -> scheduler -> engine."""
+
 from __future__ import annotations
 
 import os
@@ -38,8 +39,14 @@ def check_kv_budget(spec, config: ServingConfig, kv_dtype) -> None:
         return
     window = spec.sliding_window if spec.has_sliding else None
     try:
-        budget_pool_pages(config.kv_cache_mb << 20, token_bytes(spec, kv_dtype), config.max_context,
-                          config.decode_slots, window, transient_prompts=config.mix_max_prompts)
+        budget_pool_pages(
+            config.kv_cache_mb << 20,
+            token_bytes(spec, kv_dtype),
+            config.max_context,
+            config.decode_slots,
+            window,
+            transient_prompts=config.mix_max_prompts,
+        )
     except ValueError as e:
         raise KnobError(str(e)) from None
 
@@ -68,9 +75,17 @@ def preflight(model: str, config: ServingConfig, dtype: str = "auto", kernels: s
     return plan, served_name(model)
 
 
-def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device: str = "auto",
-                 loaded=None, clock=time.monotonic, log=lambda m: print(m, file=sys.stderr), kernels: str = "auto",
-                 ram_bytes: int | None = None):
+def build_engine(
+    model: str,
+    config: ServingConfig,
+    dtype: str = "auto",
+    device: str = "auto",
+    loaded=None,
+    clock=time.monotonic,
+    log=lambda m: print(m, file=sys.stderr),
+    kernels: str = "auto",
+    ram_bytes: int | None = None,
+):
     """Returns (engine not yet started, loaded model, settled config). `config` must come from
     `config.resolve`, so every knob was checked before this touches any weights."""
     from .model import probe
@@ -96,12 +111,15 @@ def build_engine(model: str, config: ServingConfig, dtype: str = "auto", device:
         need = pool_bytes(pages, tb)
         share = (available_ram() if ram_bytes is None else ram_bytes) // 2
         budget_mb = share >> 20 if need > share else None
-        log(f"KV cache: {need >> 20} MiB for {cfg.decode_slots} x {cfg.max_context} tokens; "
-            + (f"over half the free RAM, so a {budget_mb} MiB budget with preemption" if budget_mb else "fits"))
+        log(
+            f"KV cache: {need >> 20} MiB for {cfg.decode_slots} x {cfg.max_context} tokens; "
+            + (f"over half the free RAM, so a {budget_mb} MiB budget with preemption" if budget_mb else "fits")
+        )
     cfg = replace(cfg, kv_cache_mb=budget_mb)
     if budget_mb:  # a budget: the global pool holds what fits, live rows may be preempted
-        pages = budget_pool_pages(budget_mb << 20, tb, cfg.max_context, cfg.decode_slots, window,
-                                  transient_prompts=cfg.mix_max_prompts)
+        pages = budget_pool_pages(
+            budget_mb << 20, tb, cfg.max_context, cfg.decode_slots, window, transient_prompts=cfg.mix_max_prompts
+        )
     runner = ModelRunner(m.spec, m.weights, pages, plan=plan)
     log(resident_line(runner, m.source))
     book = KVBook(pages["global"], pages.get("local"), window)
@@ -127,7 +145,7 @@ def resident_line(runner, source) -> str:
     from .model.runner import resident_bytes
 
     held = resident_bytes(runner.w)
-    mib = lambda n: f"{n / 2 ** 20:.0f} MiB"  # noqa: E731
+    mib = lambda n: f"{n / 2**20:.0f} MiB"  # noqa: E731
     size = sum(f.stat().st_size for f in ([source] if source.is_file() else source.glob("*.safetensors")))
     try:
         with open("/proc/self/status") as f:
@@ -136,7 +154,14 @@ def resident_line(runner, source) -> str:
         rss = 0
     from .model.blocks import PanelRows
 
-    lookups = "; embedding lookups read the head's panels" if isinstance(runner.w.get("embed"), PanelRows) else \
-        f"; {mib(held['mapped'])} of stored blocks mapped for lookups" if held["mapped"] else ""
-    return (f"weights resident: {mib(held['kernels'] + held['tensors'])} ({mib(held['kernels'])} in the kernels' "
-            f"forms, {mib(held['tensors'])} other tensors{lookups}) for a {mib(size)} model file; process RSS {mib(rss)}")
+    lookups = (
+        "; embedding lookups read the head's panels"
+        if isinstance(runner.w.get("embed"), PanelRows)
+        else f"; {mib(held['mapped'])} of stored blocks mapped for lookups"
+        if held["mapped"]
+        else ""
+    )
+    return (
+        f"weights resident: {mib(held['kernels'] + held['tensors'])} ({mib(held['kernels'])} in the kernels' "
+        f"forms, {mib(held['tensors'])} other tensors{lookups}) for a {mib(size)} model file; process RSS {mib(rss)}"
+    )

@@ -1,4 +1,5 @@
 """`tailgate` command line: serve, generate, bench."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,12 +11,18 @@ from .server.args import uint_arg
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="gemma3-270m",
-                   help="gemma3-270m | smollm2-135m | path to a .gguf file | HF checkpoint directory")
+    p.add_argument(
+        "--model",
+        default="gemma3-270m",
+        help="gemma3-270m | smollm2-135m | path to a .gguf file | HF checkpoint directory",
+    )
     p.add_argument("--dtype", default="auto", help="auto | bf16 | fp32 | fp16 (auto: bf16 where the CPU has it)")
-    p.add_argument("--kernels", default=os.environ.get("TAILGATE_KERNELS", "auto"),
-                   help="auto | torch | onednn | q8 | gguf | int8 | int4 (env TAILGATE_KERNELS; auto: the fastest for this "
-                        "CPU, see docs/kernels.md; an explicit --dtype fp32/bf16 keeps weights dense)")
+    p.add_argument(
+        "--kernels",
+        default=os.environ.get("TAILGATE_KERNELS", "auto"),
+        help="auto | torch | onednn | q8 | gguf | int8 | int4 (env TAILGATE_KERNELS; auto: the fastest for this "
+        "CPU, see docs/kernels.md; an explicit --dtype fp32/bf16 keeps weights dense)",
+    )
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=uint_arg(), default=0, help="torch threads (0 = torch's default)")
 
@@ -54,12 +61,18 @@ def cmd_generate(args) -> int:
     print(f"[{plan.line()}]", file=sys.stderr)
     t0 = time.perf_counter()
     m = load_model(args.model)
-    ids = m.tokenizer.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else m.tokenizer.encode(args.prompt)
+    ids = (
+        m.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
+        if args.chat
+        else m.tokenizer.encode(args.prompt)
+    )
     ctx = len(ids) + args.max_tokens
     pages = pool_pages(ctx, 1, m.spec.sliding_window)
     runner = ModelRunner(m.spec, m.weights, pages, plan=plan)
     book = KVBook(pages["global"], pages.get("local"), m.spec.sliding_window)
-    print(f"[loaded {m.source.name} in {time.perf_counter() - t0:.1f}s, {runner.dtype}, {runner.device}]", file=sys.stderr)
+    print(
+        f"[loaded {m.source.name} in {time.perf_counter() - t0:.1f}s, {runner.dtype}, {runner.device}]", file=sys.stderr
+    )
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     sys.stdout.write(args.prompt if not args.chat else "")
     produced: list[int] = []
@@ -70,7 +83,7 @@ def cmd_generate(args) -> int:
         produced.append(tok)
         text = m.tokenizer.decode(produced)
         if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
-            sys.stdout.write(text[len(shown):])
+            sys.stdout.write(text[len(shown) :])
             sys.stdout.flush()
             shown = text
 
@@ -88,8 +101,15 @@ def cmd_bench_step(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    step.run(args.model, args.dtype, context=args.context, reps=args.reps, kernels=args.kernels,
-             compare=not args.only_chosen, device=args.device)
+    step.run(
+        args.model,
+        args.dtype,
+        context=args.context,
+        reps=args.reps,
+        kernels=args.kernels,
+        compare=not args.only_chosen,
+        device=args.device,
+    )
     return 0
 
 
@@ -118,8 +138,11 @@ def cmd_serve(args) -> int:
         import importlib.util
 
         if importlib.util.find_spec("ray") is None:
-            print("tailgate: --replicas needs Ray Serve, the `ray` extra: pip install .[ray] "
-                  "(or bash scripts/setup --ray)", file=sys.stderr)
+            print(
+                "tailgate: --replicas needs Ray Serve, the `ray` extra: pip install .[ray] "
+                "(or bash scripts/setup --ray)",
+                file=sys.stderr,
+            )
             return 2
         from .fleet.launch import serve_fleet
 
@@ -127,8 +150,10 @@ def cmd_serve(args) -> int:
         return serve_fleet(args, cli_lookup(args))
     for flag, value in (("--ray-address", args.ray_address), ("--router", args.router)):
         if value is not None:
-            print(f"tailgate: {flag} {value!r} needs --replicas N with N > 1 (one replica is served without Ray)",
-                  file=sys.stderr)
+            print(
+                f"tailgate: {flag} {value!r} needs --replicas N with N > 1 (one replica is served without Ray)",
+                file=sys.stderr,
+            )
             return 2
     from .server.main import serve
 
@@ -143,8 +168,13 @@ def cmd_check(args) -> int:
 
         torch.set_num_threads(args.threads)
     try:
-        res = check_against_hf(args.against_hf, greedy_tokens=args.greedy_tokens, kernels=args.kernels,
-                               log=lambda m: print(f"[{m}]", file=sys.stderr), model=args.model)
+        res = check_against_hf(
+            args.against_hf,
+            greedy_tokens=args.greedy_tokens,
+            kernels=args.kernels,
+            log=lambda m: print(f"[{m}]", file=sys.stderr),
+            model=args.model,
+        )
     except ValueError as e:  # an unsupported config: named, before any weights load
         print(f"tailgate: {e}", file=sys.stderr)
         return 2
@@ -162,8 +192,17 @@ def cmd_bench_engine(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     doors = tuple(args.doors.split(","))
-    res = engine_load.run(args.model, doors, args.concurrency, args.rounds,
-                          args.input_len, args.output_len, args.dtype, args.slots, not args.no_bursty)
+    res = engine_load.run(
+        args.model,
+        doors,
+        args.concurrency,
+        args.rounds,
+        args.input_len,
+        args.output_len,
+        args.dtype,
+        args.slots,
+        not args.no_bursty,
+    )
     print(engine_load.table(res, doors))
     if args.save:
         with open(args.save, "w") as f:
@@ -192,10 +231,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.set_defaults(fn=cmd_generate)
     ck = sub.add_parser("check", help="our logits vs HF transformers' for a checkpoint directory (fp32)")
-    ck.add_argument("--against-hf", required=True, metavar="DIR", help="HF checkpoint directory (config.json, "
-                    "*.safetensors, tokenizer.json)")
-    ck.add_argument("--model", default=None, metavar="PATH", help="what tailgate loads instead of DIR: a .gguf "
-                    "file of the same weights (HF still runs DIR)")
+    ck.add_argument(
+        "--against-hf",
+        required=True,
+        metavar="DIR",
+        help="HF checkpoint directory (config.json, *.safetensors, tokenizer.json)",
+    )
+    ck.add_argument(
+        "--model",
+        default=None,
+        metavar="PATH",
+        help="what tailgate loads instead of DIR: a .gguf file of the same weights (HF still runs DIR)",
+    )
     ck.add_argument("--greedy-tokens", type=uint_arg(), default=16)
     ck.add_argument("--kernels", default="auto", help="our fp32 kernels: auto (what serve --dtype fp32 runs) | torch")
     ck.add_argument("--threads", type=uint_arg(), default=0, help="torch threads (0 = torch's default)")
@@ -207,7 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--reps", type=uint_arg(1), default=5)
     b.add_argument("--only-chosen", action="store_true", help="skip the alternative kernel plans")
     b.set_defaults(fn=cmd_bench_step)
-    k = bench.add_parser("kernels", help="layer and head matmul times per kernel and row count (the kernel choice's table)")
+    k = bench.add_parser(
+        "kernels", help="layer and head matmul times per kernel and row count (the kernel choice's table)"
+    )
     _add_model_args(k)
     k.add_argument("--reps", type=uint_arg(1), default=3)
     k.set_defaults(fn=cmd_bench_kernels)

@@ -7,6 +7,7 @@ refuses to start with a message naming the knob, the value and the accepted gram
 read as written: an integer is ASCII digits alone, a word matches in any case, and neither may
 carry surrounding whitespace (one rule, so ' 0' is not off where ' 5' refuses).
 """
+
 from __future__ import annotations
 
 import os
@@ -162,43 +163,87 @@ class Knob:
 
 
 KNOBS = (
-    Knob("MAX_CONTEXT", "min(4096, model limit)", "N, 64 <= N <= model's max positions",
-         "serving ceiling: prompt + max_tokens; sizes the global KV pool"),
+    Knob(
+        "MAX_CONTEXT",
+        "min(4096, model limit)",
+        "N, 64 <= N <= model's max positions",
+        "serving ceiling: prompt + max_tokens; sizes the global KV pool",
+    ),
     Knob("DECODE_SLOTS", "16", "N, 1 <= N <= 256", "roster size: requests decoding together"),
-    Knob("MIX_GATHER_ROWS", "512", "N, 1 <= N <= MAX_CONTEXT",
-         "followers join a mixed step only while the gathered prompt rows stay within N (the leader is never bounded)"),
-    Knob("MIX_MAX_PROMPTS", "min(4, DECODE_SLOTS)", "N, 1 <= N <= DECODE_SLOTS",
-         "most prompts one mixed step absorbs; also the door's cohort cap"),
-    Knob("MIX_CHUNK_TOKENS", "unset: 64 (a cap under ITL_TARGET_MS=auto; uncapped under an ITL_TARGET_MS of N ms; off when MAX_CONTEXT <= 64)", "off | N, 64 <= N < MAX_CONTEXT (>=128 rounds down to x128)",
-         "chunked walk: gathered prompts enter the live batch at most N rows per step, one round per iteration (replaces MIX_GATHER_ROWS)"),
-    Knob("ASYNC_PREFILL", "off", LANE_GRAMMAR,
-         "side-lane prefill: an admission into a live batch prefills on a worker with N threads of its own while "
-         "decode keeps stepping on the rest (one in flight; intake waits); shared/green:NN are the seed's CUDA "
-         "lanes and refuse here; refuses with the door"),
-    Knob("PREFIX_CACHE", "off", "off | K, 1 <= K <= 1024",
-         "remember up to K prompts' full KV pages as hashed blocks (and a preempted request's, for its recompute); a prompt "
-         "resumes at its longest cached prefix (LRU; cached pages pin nothing: an allocation evicts idle ones only when none is free)"),
-    Knob("ADMIT_COALESCE_MS", "off", DOOR_GRAMMAR,
-         "admission coalesce door: hold arrivals into a deep live batch up to N ms; auto: hold only while "
-         "the stall it spares live streams (learned step costs) exceeds the wait it adds"),
-    Knob("ITL_TARGET_MS", DEFAULT_ITL_TARGET, ITL_TARGET_GRAMMAR,
-         "inter-token target: each walk round takes the most prompt rows whose predicted step time (a step-cost "
-         "model fitted online from the engine's own steps) stays within N ms (auto: 2x the live batch's own predicted decode step, never more rows than the walk's "
-         "width; the walk's width while the fit's error says it does not know this CPU), at least one; an idle engine "
-         "prefills at full width (auto: the walk's width). Turns the walk on; MIX_CHUNK_TOKENS, when set, caps every round; given explicitly it "
-         "refuses with MIX_CHUNK_TOKENS=off and with ASYNC_PREFILL (unset, the default yields to them)"),
-    Knob("TTFT_TARGET_MS", DEFAULT_TTFT_TARGET + " (under ITL_TARGET_MS)", TTFT_TARGET_GRAMMAR,
-         "under an inter-token target, a walk round widens past it to the prompt rows that clear every waiting "
-         "prompt (the walkers' rest and the queue's) within N ms at the predicted step time, so arrivals do not "
-         "queue without bound behind narrow rounds; off: the inter-token target alone. Given explicitly it refuses "
-         "without ITL_TARGET_MS"),
-    Knob("DEFAULT_MAX_TOKENS", f"min({DEFAULT_MAX_TOKENS}, MAX_CONTEXT)", "context | N, 1 <= N <= MAX_CONTEXT",
-         "max_tokens of a request that sets none (never past the context); context: the rest of the context, "
-         "as vLLM does"),
-    Knob("KV_CACHE_MB", "auto", "auto | off | N MiB, 1 <= N <= 1048576",
-         "size the global KV pool from a memory budget instead of DECODE_SLOTS x MAX_CONTEXT; a live row "
-         "that cannot grow preempts the latest arrival (requeued at the head, recomputed). auto: "
-         "DECODE_SLOTS x MAX_CONTEXT while that fits half the RAM available at start, else half that RAM"),
+    Knob(
+        "MIX_GATHER_ROWS",
+        "512",
+        "N, 1 <= N <= MAX_CONTEXT",
+        "followers join a mixed step only while the gathered prompt rows stay within N (the leader is never bounded)",
+    ),
+    Knob(
+        "MIX_MAX_PROMPTS",
+        "min(4, DECODE_SLOTS)",
+        "N, 1 <= N <= DECODE_SLOTS",
+        "most prompts one mixed step absorbs; also the door's cohort cap",
+    ),
+    Knob(
+        "MIX_CHUNK_TOKENS",
+        "unset: 64 (a cap under ITL_TARGET_MS=auto; uncapped under an ITL_TARGET_MS of N ms; off when MAX_CONTEXT <= 64)",
+        "off | N, 64 <= N < MAX_CONTEXT (>=128 rounds down to x128)",
+        "chunked walk: gathered prompts enter the live batch at most N rows per step, one round per iteration (replaces MIX_GATHER_ROWS)",
+    ),
+    Knob(
+        "ASYNC_PREFILL",
+        "off",
+        LANE_GRAMMAR,
+        "side-lane prefill: an admission into a live batch prefills on a worker with N threads of its own while "
+        "decode keeps stepping on the rest (one in flight; intake waits); shared/green:NN are the seed's CUDA "
+        "lanes and refuse here; refuses with the door",
+    ),
+    Knob(
+        "PREFIX_CACHE",
+        "off",
+        "off | K, 1 <= K <= 1024",
+        "remember up to K prompts' full KV pages as hashed blocks (and a preempted request's, for its recompute); a prompt "
+        "resumes at its longest cached prefix (LRU; cached pages pin nothing: an allocation evicts idle ones only when none is free)",
+    ),
+    Knob(
+        "ADMIT_COALESCE_MS",
+        "off",
+        DOOR_GRAMMAR,
+        "admission coalesce door: hold arrivals into a deep live batch up to N ms; auto: hold only while "
+        "the stall it spares live streams (learned step costs) exceeds the wait it adds",
+    ),
+    Knob(
+        "ITL_TARGET_MS",
+        DEFAULT_ITL_TARGET,
+        ITL_TARGET_GRAMMAR,
+        "inter-token target: each walk round takes the most prompt rows whose predicted step time (a step-cost "
+        "model fitted online from the engine's own steps) stays within N ms (auto: 2x the live batch's own predicted decode step, never more rows than the walk's "
+        "width; the walk's width while the fit's error says it does not know this CPU), at least one; an idle engine "
+        "prefills at full width (auto: the walk's width). Turns the walk on; MIX_CHUNK_TOKENS, when set, caps every round; given explicitly it "
+        "refuses with MIX_CHUNK_TOKENS=off and with ASYNC_PREFILL (unset, the default yields to them)",
+    ),
+    Knob(
+        "TTFT_TARGET_MS",
+        DEFAULT_TTFT_TARGET + " (under ITL_TARGET_MS)",
+        TTFT_TARGET_GRAMMAR,
+        "under an inter-token target, a walk round widens past it to the prompt rows that clear every waiting "
+        "prompt (the walkers' rest and the queue's) within N ms at the predicted step time, so arrivals do not "
+        "queue without bound behind narrow rounds; off: the inter-token target alone. Given explicitly it refuses "
+        "without ITL_TARGET_MS",
+    ),
+    Knob(
+        "DEFAULT_MAX_TOKENS",
+        f"min({DEFAULT_MAX_TOKENS}, MAX_CONTEXT)",
+        "context | N, 1 <= N <= MAX_CONTEXT",
+        "max_tokens of a request that sets none (never past the context); context: the rest of the context, "
+        "as vLLM does",
+    ),
+    Knob(
+        "KV_CACHE_MB",
+        "auto",
+        "auto | off | N MiB, 1 <= N <= 1048576",
+        "size the global KV pool from a memory budget instead of DECODE_SLOTS x MAX_CONTEXT; a live row "
+        "that cannot grow preempts the latest arrival (requeued at the head, recomputed). auto: "
+        "DECODE_SLOTS x MAX_CONTEXT while that fits half the RAM available at start, else half that RAM",
+    ),
 )
 KNOB_NAMES = tuple(k.name for k in KNOBS)
 
@@ -227,8 +272,10 @@ class ServingConfig:
         if self.max_context is None:
             return replace(self, max_context=min(4096, model_max))
         if self.max_context > model_max:
-            raise KnobError(f"{PREFIX}MAX_CONTEXT={self.max_context} exceeds the model's {model_max} positions "
-                            f"(accepted: N, 64 <= N <= {model_max})")
+            raise KnobError(
+                f"{PREFIX}MAX_CONTEXT={self.max_context} exceeds the model's {model_max} positions "
+                f"(accepted: N, 64 <= N <= {model_max})"
+            )
         return self
 
 
@@ -244,8 +291,9 @@ def env_lookup(cli: dict[str, str | None] | None = None, environ=None) -> Callab
     return lookup
 
 
-def resolve(lookup: Callable[[str], str | None], cores: int | None = None,
-            lanes: tuple[str, ...] = ("cpu",)) -> ServingConfig:
+def resolve(
+    lookup: Callable[[str], str | None], cores: int | None = None, lanes: tuple[str, ...] = ("cpu",)
+) -> ServingConfig:
     """Every knob parsed and cross-checked; `cores` (default: this process's) bounds the lane;
     `lanes` are the lane kinds the caller can run (the simulator also prices `green:NN`)."""
     raw = {name: lookup(name) for name in KNOB_NAMES}
@@ -253,21 +301,31 @@ def resolve(lookup: Callable[[str], str | None], cores: int | None = None,
     def present(name):  # "" is unset; whitespace is a value, and refuses like any other non-number
         return raw[name] not in (None, "")
 
-    max_context = _int_in("MAX_CONTEXT", raw["MAX_CONTEXT"], 64, 1 << 20, "N, 64 <= N <= model's max positions") \
-        if present("MAX_CONTEXT") else None
+    max_context = (
+        _int_in("MAX_CONTEXT", raw["MAX_CONTEXT"], 64, 1 << 20, "N, 64 <= N <= model's max positions")
+        if present("MAX_CONTEXT")
+        else None
+    )
     slots = _int_in("DECODE_SLOTS", raw["DECODE_SLOTS"], 1, 256, "N, 1 <= N <= 256") if present("DECODE_SLOTS") else 16
     ceiling = max_context or 1 << 20
-    gather = _int_in("MIX_GATHER_ROWS", raw["MIX_GATHER_ROWS"], 1, ceiling, "N, 1 <= N <= MAX_CONTEXT") \
-        if present("MIX_GATHER_ROWS") else 512
-    prompts = _int_in("MIX_MAX_PROMPTS", raw["MIX_MAX_PROMPTS"], 1, slots, f"N, 1 <= N <= DECODE_SLOTS ({slots})") \
-        if present("MIX_MAX_PROMPTS") else min(4, slots)
+    gather = (
+        _int_in("MIX_GATHER_ROWS", raw["MIX_GATHER_ROWS"], 1, ceiling, "N, 1 <= N <= MAX_CONTEXT")
+        if present("MIX_GATHER_ROWS")
+        else 512
+    )
+    prompts = (
+        _int_in("MIX_MAX_PROMPTS", raw["MIX_MAX_PROMPTS"], 1, slots, f"N, 1 <= N <= DECODE_SLOTS ({slots})")
+        if present("MIX_MAX_PROMPTS")
+        else min(4, slots)
+    )
     # The walk is on by default at 64 rows. AMD EPYC, 256/64 closed loop c4/c8/c16, one run with
     # vLLM beside it: 64-row rounds cut ITL p99 to 376/328/491 ms from 691/721/864 at 256 rows
     # (vLLM 232/303/1223) for -14 %/-6 %/0 % output tok/s, still 1.6/1.4/1.5x vLLM's
     # (docs/benchmarks/walk-amd.md). Off where the ceiling is too small.
     default_chunk = str(DEFAULT_CHUNK) if (max_context or 4096) > DEFAULT_CHUNK else "off"
-    chunk = parse_mix_chunk_tokens(raw["MIX_CHUNK_TOKENS"] if present("MIX_CHUNK_TOKENS") else default_chunk,
-                                   max_context or 4096)
+    chunk = parse_mix_chunk_tokens(
+        raw["MIX_CHUNK_TOKENS"] if present("MIX_CHUNK_TOKENS") else default_chunk, max_context or 4096
+    )
     lane = parse_async_prefill(raw["ASYNC_PREFILL"], usable_cores() if cores is None else cores)
     cache = parse_off_or_int("PREFIX_CACHE", raw["PREFIX_CACHE"], 1, 1024)
     door = parse_admit_coalesce_ms(raw["ADMIT_COALESCE_MS"])
@@ -281,30 +339,39 @@ def resolve(lookup: Callable[[str], str | None], cores: int | None = None,
     # against the walk's 44.6 / 49.3 / 55.5, ITL p99 152 / 157 / 392 ms against 226 / 288 / 373, for
     # TTFT p50 1.3 / 1.6 / 1.9 s against 1.0 / 1.1 / 1.4 s (vLLM: 4.6 / 8.4 s at c4 / c8). Without the
     # horizon `auto` moved the wait to the queue (TTFT p50 13.3 s at c16 in the run before).
-    default_target = "off" if present("MIX_CHUNK_TOKENS") or present("ASYNC_PREFILL") or chunk is None \
-        else DEFAULT_ITL_TARGET
+    default_target = (
+        "off" if present("MIX_CHUNK_TOKENS") or present("ASYNC_PREFILL") or chunk is None else DEFAULT_ITL_TARGET
+    )
     target = parse_itl_target_ms(raw["ITL_TARGET_MS"] if present("ITL_TARGET_MS") else default_target)
     # Cross-knob rules, in one place.
     if door is not None and lane is not None:
-        raise KnobError(f"{PREFIX}ADMIT_COALESCE_MS={raw['ADMIT_COALESCE_MS']!r} refuses with "
-                        f"{PREFIX}ASYNC_PREFILL={raw['ASYNC_PREFILL']!r}: the lane flies one prefill at a time, "
-                        "so the door could only delay it")
+        raise KnobError(
+            f"{PREFIX}ADMIT_COALESCE_MS={raw['ADMIT_COALESCE_MS']!r} refuses with "
+            f"{PREFIX}ASYNC_PREFILL={raw['ASYNC_PREFILL']!r}: the lane flies one prefill at a time, "
+            "so the door could only delay it"
+        )
     if lane is not None and lane.split(":")[0] not in lanes:
         # The seed's lanes are CUDA streams (green: capped to ~NN % of the SMs); tailgate's CUDA
         # path has no second stream, so they refuse everywhere rather than run as something else.
-        raise KnobError(f"{PREFIX}ASYNC_PREFILL={raw['ASYNC_PREFILL']!r}: the {lane.split(':')[0]} lane is a CUDA "
-                        "stream, which tailgate does not build (accepted here: off | " + " | ".join(f"{k}:N" for k in lanes) + ")")
+        raise KnobError(
+            f"{PREFIX}ASYNC_PREFILL={raw['ASYNC_PREFILL']!r}: the {lane.split(':')[0]} lane is a CUDA "
+            "stream, which tailgate does not build (accepted here: off | " + " | ".join(f"{k}:N" for k in lanes) + ")"
+        )
     if target is not None:
         # The target prices walk rounds, so it needs the walk: it turns it on, and MIX_CHUNK_TOKENS
         # becomes a cap on every round, kept only when given (unset: uncapped, the target decides).
         if present("MIX_CHUNK_TOKENS") and chunk is None:
-            raise KnobError(f"{PREFIX}ITL_TARGET_MS={raw['ITL_TARGET_MS']!r} refuses with "
-                            f"{PREFIX}MIX_CHUNK_TOKENS={raw['MIX_CHUNK_TOKENS']!r}: the target prices walk rounds, "
-                            "and the walk is off (unset MIX_CHUNK_TOKENS for uncapped rounds, or give a cap)")
+            raise KnobError(
+                f"{PREFIX}ITL_TARGET_MS={raw['ITL_TARGET_MS']!r} refuses with "
+                f"{PREFIX}MIX_CHUNK_TOKENS={raw['MIX_CHUNK_TOKENS']!r}: the target prices walk rounds, "
+                "and the walk is off (unset MIX_CHUNK_TOKENS for uncapped rounds, or give a cap)"
+            )
         if lane is not None:
-            raise KnobError(f"{PREFIX}ITL_TARGET_MS={raw['ITL_TARGET_MS']!r} refuses with "
-                            f"{PREFIX}ASYNC_PREFILL={raw['ASYNC_PREFILL']!r}: the lane prefills every admission "
-                            "into a live batch beside it, so no walk round the target prices would carry live rows")
+            raise KnobError(
+                f"{PREFIX}ITL_TARGET_MS={raw['ITL_TARGET_MS']!r} refuses with "
+                f"{PREFIX}ASYNC_PREFILL={raw['ASYNC_PREFILL']!r}: the lane prefills every admission "
+                "into a live batch beside it, so no walk round the target prices would carry live rows"
+            )
         # Unset, an absolute target's rounds are uncapped (the target decides); `auto`'s are capped
         # at the walk's own width: it narrows the walk where live rows ride, never widens it
         # (engine/step_cost.py AUTO_FACTOR: judged on three CPU classes' measured costs).
@@ -313,9 +380,11 @@ def resolve(lookup: Callable[[str], str | None], cores: int | None = None,
     ttft = parse_ttft_target_ms(raw["TTFT_TARGET_MS"] if present("TTFT_TARGET_MS") else DEFAULT_TTFT_TARGET)
     if target is None:
         if present("TTFT_TARGET_MS") and ttft is not None:
-            raise KnobError(f"{PREFIX}TTFT_TARGET_MS={raw['TTFT_TARGET_MS']!r} refuses without "
-                            f"{PREFIX}ITL_TARGET_MS: it widens the walk rounds the inter-token target prices, "
-                            "and no target is on (set ITL_TARGET_MS=auto or N)")
+            raise KnobError(
+                f"{PREFIX}TTFT_TARGET_MS={raw['TTFT_TARGET_MS']!r} refuses without "
+                f"{PREFIX}ITL_TARGET_MS: it widens the walk rounds the inter-token target prices, "
+                "and no target is on (set ITL_TARGET_MS=auto or N)"
+            )
         ttft = None
     return ServingConfig(max_context, slots, gather, prompts, chunk, lane, cache, door, kv_mb, max_out, target, ttft)
 
@@ -323,8 +392,12 @@ def resolve(lookup: Callable[[str], str | None], cores: int | None = None,
 def add_knob_args(parser) -> None:
     """One --flag per knob (dest `knob_<NAME>`), for every command that runs the scheduler."""
     for k in KNOBS:
-        parser.add_argument("--" + k.name.lower().replace("_", "-"), dest="knob_" + k.name, default=None,
-                            help=f"{k.doc} [{k.grammar}; default {k.default}; env {PREFIX}{k.name}]")
+        parser.add_argument(
+            "--" + k.name.lower().replace("_", "-"),
+            dest="knob_" + k.name,
+            default=None,
+            help=f"{k.doc} [{k.grammar}; default {k.default}; env {PREFIX}{k.name}]",
+        )
 
 
 def cli_lookup(args) -> Callable[[str], str | None]:
@@ -336,6 +409,8 @@ def knob_table_markdown() -> str:
     rows = ["| env var / flag | default | grammar | what it does |", "|---|---|---|---|"]
     for k in KNOBS:
         esc = lambda t: t.replace("|", "\\|")  # noqa: E731
-        rows.append(f"| `{PREFIX}{k.name}` / `--{k.name.lower().replace('_', '-')}` | {esc(k.default)} | "
-                    f"{esc(k.grammar)} | {esc(k.doc)} |")
+        rows.append(
+            f"| `{PREFIX}{k.name}` / `--{k.name.lower().replace('_', '-')}` | {esc(k.default)} | "
+            f"{esc(k.grammar)} | {esc(k.doc)} |"
+        )
     return "\n".join(rows)

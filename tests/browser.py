@@ -1,6 +1,7 @@
 """A real headless Chromium for the web page tests (tests/test_web.py) and the docs' screenshots
 (scripts/web_screenshots.py), driven through selenium and the system's own chromedriver, so
 nothing is downloaded at run time (selenium's driver manager would fetch one)."""
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,15 @@ def chromium(width: int = 1280, height: int = 900):
     opts.binary_location = _binary()
     # --no-sandbox: CI containers run as root, where Chromium's sandbox refuses to start;
     # the pages it opens are our own, on loopback.
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--disable-extensions", "--no-first-run", f"--window-size={width},{height}"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--disable-extensions",
+        "--no-first-run",
+        f"--window-size={width},{height}",
+    ):
         opts.add_argument(arg)
     driver = webdriver.Chrome(options=opts, service=Service(shutil.which("chromedriver")))
     driver.set_window_size(width, height)

@@ -1,4 +1,5 @@
 """Shared fixtures: every model (ours and HF's) is loaded once per test session."""
+
 from __future__ import annotations
 
 import contextlib
@@ -140,5 +141,3 @@ def hf_model():
         return cache[name]
 
     return get
-
-

@@ -6,6 +6,7 @@ CUDA path (its output lands on the host and the next matmul mixes devices). The 
 every factory call (torch's own list of device-taking constructors) that names no device, with
 the caller's file and line, and every tensor a call returns on a device other than the step's.
 """
+
 from __future__ import annotations
 
 import traceback
@@ -39,7 +40,10 @@ class DeviceGuard(TorchFunctionMode):
         if func in FACTORIES and kwargs.get("device") is None:
             self.deviceless.append(f"torch.{func.__name__} at tailgate/{self._caller()}")
         out = func(*args, **kwargs)
-        if isinstance(out, torch.Tensor) and out.device.type not in (self.device.type, "meta") \
-                and func not in FACTORIES:  # host tensors made on purpose name their device
+        if (
+            isinstance(out, torch.Tensor)
+            and out.device.type not in (self.device.type, "meta")
+            and func not in FACTORIES
+        ):  # host tensors made on purpose name their device
             self.elsewhere.append(f"{getattr(func, '__name__', func)} -> {out.device} at tailgate/{self._caller()}")
         return out

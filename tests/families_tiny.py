@@ -7,6 +7,7 @@ The tokenizer is SmolLM2's byte-level BPE cut to its first 2,048 entries (its 17
 its tokenizer in a second rather than SmolLM2's 49k in a minute); each directory carries a small
 chat template of its family's shape. Width 64, three layers.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,44 +19,86 @@ import torch
 
 
 VOCAB = 2048  # SmolLM2's tokenizer, cut (`tiny_tokenizer`)
-_SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5, bos_token_id=0,
-              eos_token_id=2)
+_SHAPE = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-5,
+    bos_token_id=0,
+    eos_token_id=2,
+)
 # name -> (HF config class, model class, config, GGUF architecture or None)
 FAMILIES = {
     # Llama 3.2's RoPE (theta 500k, llama3 remap with factor 32 over 8192 positions: at head dim 16 the
     # frequencies land in all three bands) and its tied head.
-    "llama3": ("LlamaConfig", "LlamaForCausalLM", dict(
-        _SHAPE, tie_word_embeddings=True, max_position_embeddings=131_072,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 500_000.0, "factor": 32.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}), "llama"),
+    "llama3": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            _SHAPE,
+            tie_word_embeddings=True,
+            max_position_embeddings=131_072,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500_000.0,
+                "factor": 32.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+        ),
+        "llama",
+    ),
     # Qwen2.5: biases on q/k/v, tied head (as 0.5B), theta 1M.
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(
-        _SHAPE, tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}),
-        "qwen2"),
+    "qwen2": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(_SHAPE, tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}),
+        "qwen2",
+    ),
     # Qwen3: per-head q/k RMSNorm, head_dim 32 (heads x head_dim = 128, twice the width), untied head.
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
-        _SHAPE, head_dim=32, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}), "qwen3"),
+    "qwen3": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(
+            _SHAPE,
+            head_dim=32,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+        ),
+        "qwen3",
+    ),
     # Mistral 7B v0.1's shape of attention: every layer slides (a 12-token window here, so the tests'
     # long sequence crosses it); untied head. llama.cpp converts Mistral as arch "llama" and drops the
     # window, so no GGUF form is built for it.
-    "mistral": ("MistralConfig", "MistralForCausalLM", dict(
-        _SHAPE, sliding_window=12, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10_000.0}), None),
+    "mistral": (
+        "MistralConfig",
+        "MistralForCausalLM",
+        dict(
+            _SHAPE,
+            sliding_window=12,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+        ),
+        None,
+    ),
 }
 # A small chat template of each family's shape (text markers only: the tokenizer is SmolLM2's).
 TEMPLATES = {
     "llama3": "{{ bos_token }}Tiny Llama 3.{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
-              "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
-              "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}",
+    "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}",
     "qwen2": "<|im_start|>system\nTiny Qwen2.<|im_end|>\n{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-             "{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    "{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
     "qwen3": "<|im_start|>system\nTiny Qwen3.<|im_end|>\n{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-             "{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
-             "<think>\n\n</think>\n\n{% endif %}",
+    "{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "<think>\n\n</think>\n\n{% endif %}",
     "mistral": "{{ bos_token }}Tiny Mistral.{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} "
-               "[/INST]{% else %}{{ m['content'] }}{% endif %}{% endfor %}",
+    "[/INST]{% else %}{{ m['content'] }}{% endif %}{% endfor %}",
 }
 
 
@@ -66,7 +109,7 @@ def tiny_tokenizer(smollm2_json: Path, out: Path, size: int = VOCAB) -> Path:
     m = t["model"]
     m["vocab"] = {k: v for k, v in m["vocab"].items() if v < size}
     first = min(v for k, v in m["vocab"].items() if k not in {a["content"] for a in t["added_tokens"]})
-    m["merges"] = m["merges"][:size - first - 256]
+    m["merges"] = m["merges"][: size - first - 256]
     assert all("".join(mg) in m["vocab"] for mg in m["merges"]) and len(m["vocab"]) == size
     out.write_text(json.dumps(t))
     return out
@@ -98,17 +141,33 @@ def build(directory: Path, name: str, tokenizer_json: Path, seed: int = 0) -> Pa
     model.to(torch.float32).save_pretrained(directory)
     (directory / "tokenizer.json").write_bytes(Path(tokenizer_json).read_bytes())
     bos = name in ("llama3", "mistral")  # Llama and Mistral tokenizers add BOS; Qwen's do not
-    (directory / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<|endoftext|>" if bos else None, "eos_token": "<|im_end|>", "add_bos_token": bos,
-        "chat_template": TEMPLATES[name]}))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<|endoftext|>" if bos else None,
+                "eos_token": "<|im_end|>",
+                "add_bos_token": bos,
+                "chat_template": TEMPLATES[name],
+            }
+        )
+    )
     return directory
 
 
 # convert_hf_to_gguf.py's names (written out here, not taken from tailgate's tables).
-_GGUF_LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-               "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-               "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
-               "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+_GGUF_LAYER = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
 _GGUF_TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 
@@ -122,7 +181,12 @@ def _llama3_rope_factors(cfg: dict) -> np.ndarray:
     p = cfg["rope_parameters"]
     dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     freqs = 1.0 / (p["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-    factor, low, high, old = p["factor"], p["low_freq_factor"], p["high_freq_factor"], p["original_max_position_embeddings"]
+    factor, low, high, old = (
+        p["factor"],
+        p["low_freq_factor"],
+        p["high_freq_factor"],
+        p["original_max_position_embeddings"],
+    )
     out = []
     for freq in freqs.tolist():
         wavelen = 2 * math.pi / freq

@@ -1,4 +1,5 @@
 """A live engine on the real model, with a step collector (shared by the engine-level gates)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -64,8 +65,9 @@ class Harness:
         knobs.setdefault("MAX_CONTEXT", "1024")
         cfg = resolve(lambda name: knobs.get(name))
         with shared_weights():
-            self.engine, self.model, self.cfg = build_engine("", cfg, dtype=dtype, device=device, loaded=loaded,
-                                                             clock=clock)
+            self.engine, self.model, self.cfg = build_engine(
+                "", cfg, dtype=dtype, device=device, loaded=loaded, clock=clock
+            )
         self.sched = self.engine.scheduler
         self.lock = threading.Lock()
         self.steps: list[list] = []
@@ -82,6 +84,7 @@ class Harness:
         def sink(ev):
             with self.lock:
                 self.events.setdefault(rid, []).append(ev)
+
         return sink
 
     def submit(self, prompt, max_tokens=8, **kw) -> Request:

@@ -1,5 +1,6 @@
 """A live `tailgate serve` process for the HTTP gates (one per test session, see conftest.py),
 and the small probes the tests read it with."""
+
 from __future__ import annotations
 
 import json
@@ -53,9 +54,13 @@ def start_server(timeout: float = 300, args=(), **env):
     port = free_port()
     fd, log_path = tempfile.mkstemp(prefix="tailgate-serve-", suffix=".log")
     try:
-        p = subprocess.Popen([sys.executable, "-m", "tailgate.cli", "serve", "--port", str(port), *ARGS, *args],
-                             env={**os.environ, **ENV, **env}, stdin=subprocess.DEVNULL, stdout=fd,
-                             stderr=subprocess.STDOUT)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "tailgate.cli", "serve", "--port", str(port), *ARGS, *args],
+            env={**os.environ, **ENV, **env},
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=subprocess.STDOUT,
+        )
     finally:
         os.close(fd)  # the child has its own copy
     p.log_path = log_path
@@ -71,13 +76,19 @@ def start_server(timeout: float = 300, args=(), **env):
                 return p, base, seen
         except httpx.TransportError:
             pass
-        why = (f"exited with status {p.returncode}" if p.poll() is not None
-               else f"not healthy within {timeout:.0f} s" if time.monotonic() >= deadline else None)
+        why = (
+            f"exited with status {p.returncode}"
+            if p.poll() is not None
+            else f"not healthy within {timeout:.0f} s"
+            if time.monotonic() >= deadline
+            else None
+        )
         if why:
             tail = log_tail(p)
             stop_server(p)
-            raise RuntimeError(f"tailgate serve on {base} {why} (/health codes seen: {seen}); "
-                               f"its last log lines:\n{tail}")
+            raise RuntimeError(
+                f"tailgate serve on {base} {why} (/health codes seen: {seen}); its last log lines:\n{tail}"
+            )
         time.sleep(0.05)
 
 
@@ -86,8 +97,11 @@ def chat_on_directory(d, messages, max_tokens: int) -> tuple[dict, str]:
     body, the directory's own chat template from tokenizer_config.json)."""
     p, base, _ = start_server(args=["--model", str(d)])
     try:
-        r = httpx.post(base + "/v1/chat/completions", json={"model": d.name, "messages": messages,
-                                                            "max_tokens": max_tokens}, timeout=60)
+        r = httpx.post(
+            base + "/v1/chat/completions",
+            json={"model": d.name, "messages": messages, "max_tokens": max_tokens},
+            timeout=60,
+        )
         assert r.status_code == 200, r.text
         return r.json(), json.loads((d / "tokenizer_config.json").read_text())["chat_template"]
     finally:
@@ -128,5 +142,9 @@ def wait_idle(base, timeout=30):
 
 
 def post(base, path, body, raw=False):
-    return httpx.post(base + path, content=body if raw else json.dumps(body),
-                      headers={"content-type": "application/json"}, timeout=120)
+    return httpx.post(
+        base + path,
+        content=body if raw else json.dumps(body),
+        headers={"content-type": "application/json"},
+        timeout=120,
+    )

@@ -1,4 +1,5 @@
 """The serving benchmark against a tiny scripted OpenAI server: timings, schedules, caps, failures."""
+
 from __future__ import annotations
 
 import asyncio
@@ -83,8 +84,13 @@ class FakeServer:
             self.max_inflight = max(self.max_inflight, self.inflight)
 
             def chunk(i, last):
-                return "data: " + json.dumps({"choices": [{"index": 0, "text": f"t{i}",
-                                                           "finish_reason": "length" if last else None}]}) + "\n\n"
+                return (
+                    "data: "
+                    + json.dumps(
+                        {"choices": [{"index": 0, "text": f"t{i}", "finish_reason": "length" if last else None}]}
+                    )
+                    + "\n\n"
+                )
 
             async def gen():
                 try:
@@ -100,10 +106,15 @@ class FakeServer:
                         yield chunk(i, last)
                         if not await until(lambda: self.clock.reads > reads):
                             raise RuntimeError(f"the client never stamped chunk {i}")
-                    yield "data: " + json.dumps({"choices": [], "usage": {"completion_tokens": body["max_tokens"]}}) + "\n\n"
+                    yield (
+                        "data: "
+                        + json.dumps({"choices": [], "usage": {"completion_tokens": body["max_tokens"]}})
+                        + "\n\n"
+                    )
                 finally:
                     self.inflight -= 1
                 yield "data: [DONE]\n\n"
+
             return StreamingResponse(gen(), media_type="text/event-stream")
 
         app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
@@ -151,8 +162,9 @@ def test_a_live_scripted_server_is_timed_as_scripted(monkeypatch):
     clock = ScriptClock()
     monkeypatch.setattr(serve, "time", _ClockedTime(clock))
     with FakeServer(clock=clock) as fs:
-        res, dur = asyncio.run(run_load(fs.base, "/v1/completions", "m", samples(3), float("inf"), 1.0, 1, [],
-                                        0.0, True, progress=False))
+        res, dur = asyncio.run(
+            run_load(fs.base, "/v1/completions", "m", samples(3), float("inf"), 1.0, 1, [], 0.0, True, progress=False)
+        )
     m = compute_metrics(res, dur)
     assert m["completed"] == 3 and m["failed"] == 0 and m["total_output_tokens"] == 3 * TOKENS
     for r in res:  # one stamp per content chunk (not the usage chunk), each at its scripted time
@@ -169,8 +181,11 @@ def test_real_time_stamps_can_only_trail_the_script():
     # The same server on real sleeps: the client's perf_counter stamps cannot come earlier than the
     # script put the chunks out (a lower bound that holds at any speed; nothing bounds them above).
     with FakeServer() as fs:
-        res, dur = asyncio.run(run_load(fs.base, "/v1/completions", "m", samples(3), float("inf"), 1.0, None, [],
-                                        0.0, True, progress=False))
+        res, dur = asyncio.run(
+            run_load(
+                fs.base, "/v1/completions", "m", samples(3), float("inf"), 1.0, None, [], 0.0, True, progress=False
+            )
+        )
     m = compute_metrics(res, dur)
     assert m["completed"] == 3 and m["failed"] == 0 and m["total_output_tokens"] == 3 * TOKENS
     tick = 1e-6  # asyncio may wake a timer up to its clock's resolution early
@@ -188,33 +203,66 @@ def test_gamma_schedules_have_the_right_mean_and_end_at_n_over_r():
         gaps = [b - a for a, b in zip([0.0] + t, t)]
         assert sum(gaps) / len(gaps) == pytest.approx(0.25, rel=1e-6)
         cv = (sum((g - 0.25) ** 2 for g in gaps) / len(gaps)) ** 0.5 / 0.25
-        assert cv == pytest.approx(1 / burst ** 0.5, rel=0.15)  # gamma: CV = 1/sqrt(shape)
+        assert cv == pytest.approx(1 / burst**0.5, rel=0.15)  # gamma: CV = 1/sqrt(shape)
 
 
 def test_a_closed_loop_never_exceeds_its_concurrency():
     # meet=2: the first streams wait until two are in flight, so reaching the cap does not depend
     # on the client sending its second request within the first one's lifetime.
     with FakeServer(meet=2) as fs:
-        res, _ = asyncio.run(run_load(fs.base, "/v1/completions", "m", samples(8, 2), float("inf"), 1.0, 2, [],
-                                      0.0, True, progress=False))
+        res, _ = asyncio.run(
+            run_load(
+                fs.base, "/v1/completions", "m", samples(8, 2), float("inf"), 1.0, 2, [], 0.0, True, progress=False
+            )
+        )
         assert fs.max_inflight == 2 and all(r.success for r in res)
 
 
 def test_result_fields_carry_vllm_names():
     r = Result(3, 3, False, send=0.0, chunk_times=[0.1, 0.2, 0.3], output_tokens=3, success=True)
     m = compute_metrics([r], 1.0)
-    for k in ("completed", "total_input_tokens", "total_output_tokens", "request_throughput", "output_throughput",
-              "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p99_ttft_ms",
-              "mean_tpot_ms", "p90_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "p50_e2el_ms",
-              "max_output_tokens_per_s", "max_concurrent_requests"):
+    for k in (
+        "completed",
+        "total_input_tokens",
+        "total_output_tokens",
+        "request_throughput",
+        "output_throughput",
+        "total_token_throughput",
+        "mean_ttft_ms",
+        "median_ttft_ms",
+        "std_ttft_ms",
+        "p99_ttft_ms",
+        "mean_tpot_ms",
+        "p90_tpot_ms",
+        "mean_itl_ms",
+        "p99_itl_ms",
+        "mean_e2el_ms",
+        "p50_e2el_ms",
+        "max_output_tokens_per_s",
+        "max_concurrent_requests",
+    ):
         assert k in m, k
 
 
 def test_an_extra_body_reaches_every_request_and_overrides_nothing_it_should_not():
     extra = {"structured_outputs": {"regex": "[a-z]+"}, "temperature": 0.5}
     with FakeServer() as fs:
-        res, _ = asyncio.run(run_load(fs.base, "/v1/completions", "m", samples(3), float("inf"), 1.0, 2, [],
-                                      0.0, True, progress=False, extra=extra))
+        res, _ = asyncio.run(
+            run_load(
+                fs.base,
+                "/v1/completions",
+                "m",
+                samples(3),
+                float("inf"),
+                1.0,
+                2,
+                [],
+                0.0,
+                True,
+                progress=False,
+                extra=extra,
+            )
+        )
     assert all(r.success for r in res) and len(fs.bodies) == 3
     for b in fs.bodies:  # merged last: the arm's body wins over the client's defaults it names
         assert b["structured_outputs"] == {"regex": "[a-z]+"} and b["temperature"] == 0.5
@@ -223,8 +271,11 @@ def test_an_extra_body_reaches_every_request_and_overrides_nothing_it_should_not
 
 def test_a_failing_server_shows_up_as_failures_not_fast_requests():
     with FakeServer(fail=True) as fs:
-        res, dur = asyncio.run(run_load(fs.base, "/v1/completions", "m", samples(4), float("inf"), 1.0, None, [],
-                                        0.0, True, progress=False))
+        res, dur = asyncio.run(
+            run_load(
+                fs.base, "/v1/completions", "m", samples(4), float("inf"), 1.0, None, [], 0.0, True, progress=False
+            )
+        )
     m = compute_metrics(res, dur)
     assert m["failed"] == 4 and m["completed"] == 0 and m["mean_ttft_ms"] == 0.0
     assert "HTTP 500" in res[0].error
@@ -238,8 +289,16 @@ def test_ab_rotates_boot_order_and_refuses_rounds_with_short_output(tmp_path, lo
     fake = f"{sys.executable} {__file__.rsplit('/', 1)[0]}/fake_openai.py --port {{port}}"
     lines = []
     w = {"num_prompts": 4, "input_len": 8, "output_len": 4, "rate": float("inf"), "concurrency": 2}
-    res = ab.run([("fast", fake + " --gap-ms 2"), ("short", fake + " --short")], loaded("gemma3-270m").tokenizer,
-                 [w], rounds=2, cool_s=0.0, log_dir=str(tmp_path), health_timeout=60, emit=lines.append)
+    res = ab.run(
+        [("fast", fake + " --gap-ms 2"), ("short", fake + " --short")],
+        loaded("gemma3-270m").tokenizer,
+        [w],
+        rounds=2,
+        cool_s=0.0,
+        log_dir=str(tmp_path),
+        health_timeout=60,
+        emit=lines.append,
+    )
     assert [line.split()[3].rstrip(":") for line in lines] == ["fast", "short", "short", "fast"]  # rotated
     cell = ab.cell_name(w)
     assert len(res["cells"][cell]["fast"]) == 2 and res["cells"][cell]["short"] == []
@@ -256,7 +315,17 @@ def test_dataset_files_load_as_jsonl_or_sharegpt(tmp_path, loaded):
     a = file_dataset(str(jl), tok, 10, 32)
     assert [s.output_len for s in a] == [32, 7] and a[0].prompt_len == len(tok.encode("Hello there"))
     sg = tmp_path / "s.json"
-    sg.write_text(json.dumps([{"conversations": [{"value": "Tell me a joke"}, {"value": "No jokes today"}]},
-                              {"conversations": [{"value": "alone"}]}]))
+    sg.write_text(
+        json.dumps(
+            [
+                {"conversations": [{"value": "Tell me a joke"}, {"value": "No jokes today"}]},
+                {"conversations": [{"value": "alone"}]},
+            ]
+        )
+    )
     b = file_dataset(str(sg), tok, 10, 32)
-    assert len(b) == 1 and b[0].prompt == "Tell me a joke" and b[0].output_len == len(tok.encode("No jokes today", add_bos=False))
+    assert (
+        len(b) == 1
+        and b[0].prompt == "Tell me a joke"
+        and b[0].output_len == len(tok.encode("No jokes today", add_bos=False))
+    )

@@ -1,6 +1,7 @@
 """Chat prompts are rendered as HF transformers renders them (its own renderer, its variables), so
 they are byte-equal to `apply_chat_template` and so to what vLLM sends; `--chat-template`
 overrides the model's template and `chat_template_kwargs` reaches it."""
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,7 @@ CONVERSATION = [
     {"role": "system", "content": "You answer in one short sentence."},
     {"role": "user", "content": "Héllo! What is <b>2 & 2</b>?"},
     {"role": "assistant", "content": "  It is 4.  "},
-    {"role": "user", "content": "And 3 + 3? Say it \"exactly\"."},
+    {"role": "user", "content": 'And 3 + 3? Say it "exactly".'},
 ]
 
 
@@ -63,9 +64,11 @@ def test_a_tokenizer_imports_transformers_only_when_its_template_is_compiled():
     import subprocess
     import sys
 
-    code = ("import sys; from tailgate.model.weights import load_tokenizer; t = load_tokenizer('smollm2-135m'); "
-            "print('transformers' in sys.modules); t.compile_chat_template(); print('transformers' in sys.modules, "
-            "'torch._dynamo' in sys.modules)")
+    code = (
+        "import sys; from tailgate.model.weights import load_tokenizer; t = load_tokenizer('smollm2-135m'); "
+        "print('transformers' in sys.modules); t.compile_chat_template(); print('transformers' in sys.modules, "
+        "'torch._dynamo' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
     assert out.split() == ["False", "True", "False"]
 
@@ -87,8 +90,9 @@ def test_the_shipped_models_chat_prompts_are_byte_equal_to_hf(name, hf_tokenizer
     for agp in (True, False):
         want = hf.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=agp, **theirs)
         assert tok.render_chat(CONVERSATION, add_generation_prompt=agp) == want
-        want_ids = hf.apply_chat_template(CONVERSATION, tokenize=True, return_dict=False, add_generation_prompt=agp,
-                                          **theirs)
+        want_ids = hf.apply_chat_template(
+            CONVERSATION, tokenize=True, return_dict=False, add_generation_prompt=agp, **theirs
+        )
         assert tok.encode_chat(CONVERSATION, add_generation_prompt=agp) == list(want_ids)
     want = hf.apply_chat_template(CONVERSATION[:3], tokenize=False, continue_final_message=True, **theirs)
     assert tok.render_chat(CONVERSATION[:3], add_generation_prompt=False, continue_final_message=True) == want
@@ -118,19 +122,32 @@ def test_an_hf_directorys_template_and_special_tokens_are_the_ones_hf_reads(tmp_
     words = ["<unk>", "<s>", "</s>", "<pad>", "hi"]
     raw = RawTokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     raw.save(str(tmp_path / "tokenizer.json"))
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<s>", "eos_token": {"__type": "AddedToken", "content": "</s>", "special": True},
-        "unk_token": "<unk>", "pad_token": "<pad>", "chat_template": "{{ 'from tokenizer_config' }}"}))
-    jinja = "{{ bos_token }}{% for m in messages %}[{{ m.content }}]{{ eos_token }}{% endfor %}{{ pad_token }}" \
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<s>",
+                "eos_token": {"__type": "AddedToken", "content": "</s>", "special": True},
+                "unk_token": "<unk>",
+                "pad_token": "<pad>",
+                "chat_template": "{{ 'from tokenizer_config' }}",
+            }
+        )
+    )
+    jinja = (
+        "{{ bos_token }}{% for m in messages %}[{{ m.content }}]{{ eos_token }}{% endfor %}{{ pad_token }}"
         "{{ unk_token }}"
+    )
     (tmp_path / "chat_template.jinja").write_text(jinja)  # HF reads this one first
     tok = Tokenizer(str(tmp_path / "tokenizer.json"), read_tokenizer_meta(tmp_path, SimpleNamespace(arch="llama")))
     hf = AutoTokenizer.from_pretrained(str(tmp_path))
     assert tok.chat_template == hf.chat_template == jinja
     assert tok.special_tokens == hf.special_tokens_map
     msgs = [{"role": "user", "content": "hi"}]
-    assert tok.render_chat(msgs) == hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == \
-        "<s>[hi]</s><pad><unk>"
+    assert (
+        tok.render_chat(msgs)
+        == hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        == "<s>[hi]</s><pad><unk>"
+    )
 
 
 def test_a_chat_template_comes_from_a_file_or_inline_as_vllm_reads_it(tmp_path):
@@ -156,8 +173,9 @@ def test_a_chat_template_comes_from_a_file_or_inline_as_vllm_reads_it(tmp_path):
         chat_template("{% for m in messages %}", env)
     with pytest.raises(ValueError, match=r"^TAILGATE_CHAT_TEMPLATE: .*does not compile"):
         chat_template(None, {"TAILGATE_CHAT_TEMPLATE": "{{ }"})
-    assert chat_template("{% for m in messages %}{% break %}{% endfor %}{% generation %}x{% endgeneration %}",
-                         {})  # HF's loop controls and generation tag compile
+    assert chat_template(
+        "{% for m in messages %}{% break %}{% endfor %}{% generation %}x{% endgeneration %}", {}
+    )  # HF's loop controls and generation tag compile
 
 
 @pytest.mark.parametrize("value", ["missing.jinja", "{% if %}"])
@@ -176,10 +194,12 @@ def test_serve_refuses_a_bad_chat_template_before_anything_loads(value, tmp_path
 
 def test_chat_template_overrides_the_models_over_http_and_its_kwargs_reach_it(tmp_path):
     f = tmp_path / "override.jinja"
-    f.write_text("{{ bos_token }}{% for m in messages %}\n{% if m.role == 'user' %}\n"
-                 "<start_of_turn>user\n{{ m.content }}<end_of_turn>\n{% endif %}\n{% endfor %}\n"
-                 "{% if enable_thinking %}\n[think]\n{% endif %}\n"
-                 "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+    f.write_text(
+        "{{ bos_token }}{% for m in messages %}\n{% if m.role == 'user' %}\n"
+        "<start_of_turn>user\n{{ m.content }}<end_of_turn>\n{% endif %}\n{% endfor %}\n"
+        "{% if enable_thinking %}\n[think]\n{% endif %}\n"
+        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    )
     p, base, _ = start_server(args=["--chat-template", str(f)])
     try:
         msgs = [{"role": "system", "content": "ignored by this template"}, {"role": "user", "content": "Hi"}]
@@ -190,8 +210,10 @@ def test_chat_template_overrides_the_models_over_http_and_its_kwargs_reach_it(tm
             return post(base, "/detokenize", {"tokens": r.json()["tokens"]}).json()["prompt"]
 
         assert prompt() == "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
-        assert prompt(chat_template_kwargs={"enable_thinking": True}) == \
-            "<bos><start_of_turn>user\nHi<end_of_turn>\n[think]\n<start_of_turn>model\n"
+        assert (
+            prompt(chat_template_kwargs={"enable_thinking": True})
+            == "<bos><start_of_turn>user\nHi<end_of_turn>\n[think]\n<start_of_turn>model\n"
+        )
         assert prompt(add_generation_prompt=False) == "<bos><start_of_turn>user\nHi<end_of_turn>\n"
         counts = []
         for kw in ({}, {"chat_template_kwargs": {"enable_thinking": True}}):
@@ -200,11 +222,13 @@ def test_chat_template_overrides_the_models_over_http_and_its_kwargs_reach_it(tm
             counts.append(r.json()["usage"]["prompt_tokens"])
         n = len(post(base, "/tokenize", {"messages": msgs}).json()["tokens"])
         assert counts[0] == n and counts[1] > n  # the kwarg reached the template of the request itself
-        for body, param in [({"chat_template_kwargs": "x"}, "chat_template_kwargs"),
-                            ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
-                            ({"continue_final_message": True}, "continue_final_message"),
-                            ({"add_generation_prompt": 1}, "add_generation_prompt"),
-                            ({"chat_template": "{{ 1 }}"}, "chat_template")]:
+        for body, param in [
+            ({"chat_template_kwargs": "x"}, "chat_template_kwargs"),
+            ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+            ({"continue_final_message": True}, "continue_final_message"),
+            ({"add_generation_prompt": 1}, "add_generation_prompt"),
+            ({"chat_template": "{{ 1 }}"}, "chat_template"),
+        ]:
             r = post(base, "/v1/chat/completions", {"messages": msgs, "max_tokens": 2, **body})
             assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
         assert httpx.get(base + "/health").status_code == 200

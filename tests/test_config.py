@@ -1,4 +1,5 @@
 """The knob table: one resolve, an injectable lookup, refusals that name knob, value, grammar."""
+
 from __future__ import annotations
 
 import re
@@ -16,28 +17,53 @@ def test_defaults_resolve_without_any_knob():
     cfg = resolve(table())
     # the walk is on and priced against the auto inter-token target with a 2 s TTFT horizon,
     # its rounds capped at the walk's own 64 rows
-    assert cfg == ServingConfig(None, 16, 512, 4, 64, None, None, None, "auto", itl_target_ms="auto",
-                                ttft_target_ms=2000)
+    assert cfg == ServingConfig(
+        None, 16, 512, 4, 64, None, None, None, "auto", itl_target_ms="auto", ttft_target_ms=2000
+    )
     assert cfg.with_model_limit(32768).max_context == 4096
     assert cfg.with_model_limit(2048).max_context == 2048
 
 
 def test_knobs_parse_into_the_config():
-    cfg = resolve(table(MAX_CONTEXT="2048", DECODE_SLOTS="64", MIX_GATHER_ROWS="256", MIX_MAX_PROMPTS="8",
-                        ADMIT_COALESCE_MS="300"))
-    assert (cfg.max_context, cfg.decode_slots, cfg.mix_gather_rows, cfg.mix_max_prompts, cfg.admit_coalesce_ms) == \
-        (2048, 64, 256, 8, 300)
+    cfg = resolve(
+        table(
+            MAX_CONTEXT="2048", DECODE_SLOTS="64", MIX_GATHER_ROWS="256", MIX_MAX_PROMPTS="8", ADMIT_COALESCE_MS="300"
+        )
+    )
+    assert (cfg.max_context, cfg.decode_slots, cfg.mix_gather_rows, cfg.mix_max_prompts, cfg.admit_coalesce_ms) == (
+        2048,
+        64,
+        256,
+        8,
+        300,
+    )
 
 
-@pytest.mark.parametrize("knob,value", [
-    ("DECODE_SLOTS", "0"), ("DECODE_SLOTS", "257"), ("DECODE_SLOTS", "two"),
-    ("MAX_CONTEXT", "32"), ("MAX_CONTEXT", "4k"),
-    ("MIX_GATHER_ROWS", "0"), ("MIX_GATHER_ROWS", "off"), ("MIX_GATHER_ROWS", "-1"),
-    ("MIX_MAX_PROMPTS", "0"), ("MIX_MAX_PROMPTS", "17"), ("MIX_MAX_PROMPTS", "all"),
-    ("ADMIT_COALESCE_MS", "5000"), ("ASYNC_PREFILL", "green"), ("PREFIX_CACHE", "many"),
-    ("MIX_CHUNK_TOKENS", "63"), ("MIX_CHUNK_TOKENS", "2k"), ("KV_CACHE_MB", "-3"), ("KV_CACHE_MB", "lots"),
-    ("DEFAULT_MAX_TOKENS", "0"), ("DEFAULT_MAX_TOKENS", "unlimited"),
-])
+@pytest.mark.parametrize(
+    "knob,value",
+    [
+        ("DECODE_SLOTS", "0"),
+        ("DECODE_SLOTS", "257"),
+        ("DECODE_SLOTS", "two"),
+        ("MAX_CONTEXT", "32"),
+        ("MAX_CONTEXT", "4k"),
+        ("MIX_GATHER_ROWS", "0"),
+        ("MIX_GATHER_ROWS", "off"),
+        ("MIX_GATHER_ROWS", "-1"),
+        ("MIX_MAX_PROMPTS", "0"),
+        ("MIX_MAX_PROMPTS", "17"),
+        ("MIX_MAX_PROMPTS", "all"),
+        ("ADMIT_COALESCE_MS", "5000"),
+        ("ASYNC_PREFILL", "green"),
+        ("PREFIX_CACHE", "many"),
+        ("MIX_CHUNK_TOKENS", "63"),
+        ("MIX_CHUNK_TOKENS", "2k"),
+        ("KV_CACHE_MB", "-3"),
+        ("KV_CACHE_MB", "lots"),
+        ("DEFAULT_MAX_TOKENS", "0"),
+        ("DEFAULT_MAX_TOKENS", "unlimited"),
+    ],
+)
 def test_a_bad_value_refuses_naming_the_knob_and_the_value(knob, value):
     with pytest.raises(KnobError) as e:
         resolve(table(**{knob: value}))
@@ -97,17 +123,35 @@ def test_a_cli_flag_wins_over_the_environment():
 
 
 # Every integer knob, with a value it accepts: each refuses the same number spelled any other way.
-INTEGER_KNOBS = [("MAX_CONTEXT", "1024"), ("DECODE_SLOTS", "8"), ("MIX_GATHER_ROWS", "256"),
-                 ("MIX_MAX_PROMPTS", "2"), ("MIX_CHUNK_TOKENS", "128"), ("PREFIX_CACHE", "8"),
-                 ("ADMIT_COALESCE_MS", "100"), ("DEFAULT_MAX_TOKENS", "100"), ("KV_CACHE_MB", "100")]
+INTEGER_KNOBS = [
+    ("MAX_CONTEXT", "1024"),
+    ("DECODE_SLOTS", "8"),
+    ("MIX_GATHER_ROWS", "256"),
+    ("MIX_MAX_PROMPTS", "2"),
+    ("MIX_CHUNK_TOKENS", "128"),
+    ("PREFIX_CACHE", "8"),
+    ("ADMIT_COALESCE_MS", "100"),
+    ("DEFAULT_MAX_TOKENS", "100"),
+    ("KV_CACHE_MB", "100"),
+]
 ARABIC_INDIC = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")
 FULL_WIDTH = str.maketrans("0123456789", "０１２３４５６７８９")
 
 
 def misspellings(n: str) -> list[str]:
     """`n` as int() or str.isdigit() would still read it (Python's int() takes all but the last)."""
-    return [n.translate(ARABIC_INDIC), n.translate(FULL_WIDTH), " " + n, n + " ", "\t" + n, n + "\n", " ",
-            "+" + n, n[0] + "_" + n[1:] if len(n) > 1 else n + "_0", "9" * 5000]
+    return [
+        n.translate(ARABIC_INDIC),
+        n.translate(FULL_WIDTH),
+        " " + n,
+        n + " ",
+        "\t" + n,
+        n + "\n",
+        " ",
+        "+" + n,
+        n[0] + "_" + n[1:] if len(n) > 1 else n + "_0",
+        "9" * 5000,
+    ]
 
 
 @pytest.mark.parametrize("knob,bad", [(k, b) for k, good in INTEGER_KNOBS for b in misspellings(good)])
@@ -127,30 +171,56 @@ def test_the_lane_width_is_ascii_digits_too(bad):
     assert f"TAILGATE_ASYNC_PREFILL={bad!r}" in str(e.value) and "accepted:" in str(e.value)
 
 
-@pytest.mark.parametrize("knob,word,want", [("KV_CACHE_MB", "OFF", None), ("KV_CACHE_MB", "Auto", "auto"),
-                                            ("DEFAULT_MAX_TOKENS", "CONTEXT", None), ("PREFIX_CACHE", "Off", None),
-                                            ("ASYNC_PREFILL", "FALSE", None), ("ITL_TARGET_MS", "OFF", None),
-                                            ("ITL_TARGET_MS", "", "auto"),  # "" is unset: the default
-                                            ("MIX_CHUNK_TOKENS", "", 64)])  # unset: auto's cap, the walk's width
+@pytest.mark.parametrize(
+    "knob,word,want",
+    [
+        ("KV_CACHE_MB", "OFF", None),
+        ("KV_CACHE_MB", "Auto", "auto"),
+        ("DEFAULT_MAX_TOKENS", "CONTEXT", None),
+        ("PREFIX_CACHE", "Off", None),
+        ("ASYNC_PREFILL", "FALSE", None),
+        ("ITL_TARGET_MS", "OFF", None),
+        ("ITL_TARGET_MS", "", "auto"),  # "" is unset: the default
+        ("MIX_CHUNK_TOKENS", "", 64),
+    ],
+)  # unset: auto's cap, the walk's width
 def test_words_are_read_in_any_case(knob, word, want):
     assert getattr(resolve(table(**{knob: word})), knob.lower()) == want
 
 
-@pytest.mark.parametrize("knob,bad", [("KV_CACHE_MB", " off"), ("KV_CACHE_MB", "auto "), ("PREFIX_CACHE", "off\n"),
-                                      ("DEFAULT_MAX_TOKENS", " context"), ("ASYNC_PREFILL", "off "),
-                                      ("MIX_CHUNK_TOKENS", " 0")])
+@pytest.mark.parametrize(
+    "knob,bad",
+    [
+        ("KV_CACHE_MB", " off"),
+        ("KV_CACHE_MB", "auto "),
+        ("PREFIX_CACHE", "off\n"),
+        ("DEFAULT_MAX_TOKENS", " context"),
+        ("ASYNC_PREFILL", "off "),
+        ("MIX_CHUNK_TOKENS", " 0"),
+    ],
+)
 def test_words_refuse_surrounding_whitespace_as_numbers_do(knob, bad):
     # One rule for every value: ' 0' must not be off where ' 5' refuses.
     with pytest.raises(KnobError, match=re.escape(f"TAILGATE_{knob}={bad!r}")):
         resolve(table(**{knob: bad}))
 
 
-@pytest.mark.parametrize("argv", [
-    ["serve", "--port", "+8000"], ["serve", "--port", " 8000"], ["serve", "--port", "٨٠٠٠"],
-    ["serve", "--port", "65536"], ["serve", "--max-body-mb", "0"], ["serve", "--max-queued-requests", "1_000"],
-    ["serve", "--drain-timeout", "30 "], ["serve", "--threads", "２"], ["generate", "hi", "--max-tokens", "+8"],
-    ["generate", "hi", "--seed", "-1"], ["bench", "engine", "--concurrency", "4, 8"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--port", "+8000"],
+        ["serve", "--port", " 8000"],
+        ["serve", "--port", "٨٠٠٠"],
+        ["serve", "--port", "65536"],
+        ["serve", "--max-body-mb", "0"],
+        ["serve", "--max-queued-requests", "1_000"],
+        ["serve", "--drain-timeout", "30 "],
+        ["serve", "--threads", "２"],
+        ["generate", "hi", "--max-tokens", "+8"],
+        ["generate", "hi", "--seed", "-1"],
+        ["bench", "engine", "--concurrency", "4, 8"],
+    ],
+)
 def test_integer_flags_refuse_what_int_would_forgive(argv, capsys):
     from tailgate.cli import build_parser
 

@@ -1,6 +1,7 @@
 """The grammar mask and logit_bias at the sampler, on SmolLM2's real tokenizer (llguidance's
 vocabulary of it built once per session): random logits stand in for the model, so a bug in the
 mask (a wrong bit order, a missed row, a grammar that moves too early) shows as an invalid answer."""
+
 from __future__ import annotations
 
 import json
@@ -20,14 +21,20 @@ from tailgate.server.protocol import ApiError
 from tailgate.server.structured import JSON_OPTIONS, _vocab_bytes, check_writable, unwritable
 
 SCHEMA = {
-    "type": "object", "additionalProperties": False, "required": ["name", "age", "color", "tags", "home"],
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "age", "color", "tags", "home"],
     "properties": {
         "name": {"type": "string", "maxLength": 12},
         "age": {"type": "integer", "minimum": 0, "maximum": 120},
         "color": {"enum": ["red", "green", "blue"]},
         "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
-        "home": {"type": "object", "additionalProperties": False, "required": ["city"],
-                 "properties": {"city": {"type": "string", "maxLength": 10}, "floor": {"type": "integer"}}},
+        "home": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["city"],
+            "properties": {"city": {"type": "string", "maxLength": 10}, "floor": {"type": "integer"}},
+        },
     },
 }
 
@@ -85,8 +92,12 @@ def test_an_unconstrained_row_beside_a_constrained_one_draws_what_it_draws_alone
     alone, beside = ModelExecutor(runner=None), ModelExecutor(runner=None)
     g = schema_grammar(smol, {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]})
     a = [alone._sample_isolated(x[1:], [RowSample("free", free)])[0].token for x in steps]
-    b = [beside._sample_isolated(x, [RowSample("c", SamplingParams(temperature=1.0, seed=3, grammar=g)),
-                                     RowSample("free", free)])[1].token for x in steps[:5]]
+    b = [
+        beside._sample_isolated(
+            x, [RowSample("c", SamplingParams(temperature=1.0, seed=3, grammar=g)), RowSample("free", free)]
+        )[1].token
+        for x in steps[:5]
+    ]
     assert a[:5] == b
 
 
@@ -95,16 +106,22 @@ def test_a_choice_grammar_ends_its_row_on_the_last_token_of_a_choice(smol):
 
     g = book_for(smol).compile(LLMatcher.grammar_from_lark('start: "positive" | "negative"'), "choice")
     ex = ModelExecutor(runner=None)
-    toks = draw(ex, [RowSample("c", SamplingParams(temperature=1.0, seed=5, grammar=g))],
-                lambda n: torch.randn(n, smol.vocab_size))
+    toks = draw(
+        ex,
+        [RowSample("c", SamplingParams(temperature=1.0, seed=5, grammar=g))],
+        lambda n: torch.randn(n, smol.vocab_size),
+    )
     assert smol.decode(toks["c"]) in ("positive", "negative")
 
 
 def test_greedy_rows_follow_the_mask_too(smol):
     g = schema_grammar(smol, {"enum": ["yes", "no"]})
     ex = ModelExecutor(runner=None)
-    toks = draw(ex, [RowSample("g", SamplingParams(temperature=0.0, grammar=g))],
-                lambda n: torch.randn(n, smol.vocab_size, generator=torch.Generator().manual_seed(1)))
+    toks = draw(
+        ex,
+        [RowSample("g", SamplingParams(temperature=0.0, grammar=g))],
+        lambda n: torch.randn(n, smol.vocab_size, generator=torch.Generator().manual_seed(1)),
+    )
     assert smol.decode(toks["g"]) in ('"yes"', '"no"')
 
 
@@ -112,7 +129,9 @@ def test_logit_bias_of_100_forces_a_token_and_minus_100_bans_the_argmax(smol):
     x = torch.randn(1, smol.vocab_size, generator=torch.Generator().manual_seed(2))
     top = int(x.argmax())
     ex = ModelExecutor(runner=None)
-    forced = ex._sample_isolated(x, [RowSample("f", SamplingParams(temperature=1.0, seed=1, logit_bias=((42, 100.0),)))])
+    forced = ex._sample_isolated(
+        x, [RowSample("f", SamplingParams(temperature=1.0, seed=1, logit_bias=((42, 100.0),)))]
+    )
     assert forced[0].token == 42
     banned = ex._sample_isolated(x, [RowSample("b", SamplingParams(logit_bias=((top, -100.0),)))])
     assert banned[0].token != top
@@ -121,17 +140,31 @@ def test_logit_bias_of_100_forces_a_token_and_minus_100_bans_the_argmax(smol):
     assert lp.token == 42 and lp.logprob == pytest.approx(float(torch.log_softmax(x[0], -1)[42]), abs=1e-5)
 
 
-@pytest.mark.parametrize("keyword,schema", [("not", {"not": {"type": "integer"}}),
-                                            ("uniqueItems", {"type": "array", "uniqueItems": True}),
-                                            ("if", {"if": {"type": "integer"}, "then": {"minimum": 1}})])
+@pytest.mark.parametrize(
+    "keyword,schema",
+    [
+        ("not", {"not": {"type": "integer"}}),
+        ("uniqueItems", {"type": "array", "uniqueItems": True}),
+        ("if", {"if": {"type": "integer"}, "then": {"minimum": 1}}),
+    ],
+)
 def test_a_schema_keyword_the_engine_cannot_enforce_is_refused_by_name(smol, keyword, schema):
     with pytest.raises(GrammarError, match=keyword):
         schema_grammar(smol, schema)
 
 
-TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "additionalProperties": False, "required": ["city"],
-    "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["city"],
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        },
+    },
+}
 
 
 @pytest.mark.parametrize("family", ["hermes", "llama3", "gemma", "smollm2"])
@@ -139,8 +172,10 @@ def test_each_family_reads_back_its_own_call_text_and_its_forced_grammar_accepts
     from tailgate.server.tool_formats import FORMATS
 
     fmt = next(f for f in FORMATS if f.name == family)
-    calls = [{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}},
-             {"name": "get_weather", "arguments": {"city": "Oslo"}}]
+    calls = [
+        {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}},
+        {"name": "get_weather", "arguments": {"city": "Oslo"}},
+    ]
     text = fmt.render(calls)
     assert fmt.parse(text) == ("", calls)
     assert fmt.parse("Sure: " + text) in (("Sure:", calls), None)  # Llama 3 calls are the whole answer
@@ -161,17 +196,27 @@ def test_on_the_real_model_a_constrained_stream_ends_stop_on_its_last_token_besi
     from tailgate.engine.request import Finished
 
     m = loaded("smollm2-135m")
-    schema = {"type": "object", "additionalProperties": False, "required": ["city", "days"],
-              "properties": {"city": {"type": "string", "maxLength": 8},
-                             "days": {"type": "integer", "minimum": 1, "maximum": 9}}}
+    schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["city", "days"],
+        "properties": {
+            "city": {"type": "string", "maxLength": 8},
+            "days": {"type": "integer", "minimum": 1, "maximum": 9},
+        },
+    }
     g = schema_grammar(m.tokenizer, schema)
     prompt = m.tokenizer.encode("The forecast for the next days in Paris:")
     with Harness(m, dtype="fp32", DECODE_SLOTS="2") as h:
         alone = h.submit(prompt, max_tokens=16)
         assert h.wait(lambda: h.done(alone))
         free = h.submit(prompt, max_tokens=16)
-        shaped = h.submit(prompt, max_tokens=40, params=SamplingParams(temperature=1.0, seed=3, grammar=g),
-                          eos_ids=frozenset(m.tokenizer.eos_ids))
+        shaped = h.submit(
+            prompt,
+            max_tokens=40,
+            params=SamplingParams(temperature=1.0, seed=3, grammar=g),
+            eos_ids=frozenset(m.tokenizer.eos_ids),
+        )
         assert h.wait(lambda: h.done(free) and h.done(shaped))
         assert h.tokens(free) == h.tokens(alone)
         assert [e.reason for e in h.of(shaped, Finished)] == ["stop"]
@@ -199,9 +244,19 @@ def walk_choice(tok, choice: str) -> bool:
     return False
 
 
-@pytest.mark.parametrize("choice,writable", [
-    ("\U0005a8dc", False), ("CI\U000fdbb9\U0005a8dc", False), ("a\x04b", False), ("\U000b0000", False),
-    ("\U0001F600\U000fdbb9", True), ("\u00f1\u009a", True), ("x", True), ("\U0003ffff\U000c0000", True)])
+@pytest.mark.parametrize(
+    "choice,writable",
+    [
+        ("\U0005a8dc", False),
+        ("CI\U000fdbb9\U0005a8dc", False),
+        ("a\x04b", False),
+        ("\U000b0000", False),
+        ("\U0001f600\U000fdbb9", True),
+        ("\u00f1\u009a", True),
+        ("x", True),
+        ("\U0003ffff\U000c0000", True),
+    ],
+)
 def test_a_choice_is_declared_and_served_exactly_when_the_model_can_write_it(smol, choice, writable):
     """SmolLM2's vocabulary holds no 0x04 or 0xF1 byte, so no answer of it holds U+0004 or U+5A8DC;
     llguidance's mask then let a token through that broke the grammar (a 500). The schema's pattern

@@ -1,5 +1,6 @@
 """Every tensor a step creates names its device: the guard that keeps the CUDA path working on a
 host with no GPU (tests/device_guard.py says why a CPU run cannot see the bug otherwise)."""
+
 from __future__ import annotations
 
 import pytest
@@ -40,8 +41,15 @@ def test_a_step_creates_every_tensor_on_its_own_device(name, dtype, kernels, rig
 
 def test_the_sampler_creates_its_tensors_on_the_logits_device():
     logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(0))
-    p = SamplingParams(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05, repetition_penalty=1.2,
-                       presence_penalty=0.5, frequency_penalty=0.3)
+    p = SamplingParams(
+        temperature=0.8,
+        top_k=5,
+        top_p=0.9,
+        min_p=0.05,
+        repetition_penalty=1.2,
+        presence_penalty=0.5,
+        frequency_penalty=0.3,
+    )
     guard = DeviceGuard("cpu")
     with guard:
         x = apply_penalties(logits[0], p, [1, 2, 3], [3, 4, 4])

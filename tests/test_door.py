@@ -1,4 +1,5 @@
 """The admission coalesce door, decided with a fake clock."""
+
 from __future__ import annotations
 
 import pytest
@@ -67,6 +68,7 @@ def test_the_cohort_follows_max_prompts():
 
 
 # ---- auto: the priced door -------------------------------------------------------------
+
 
 def taught(decode_s=0.03, row_s=0.0002) -> StepCostModel:
     """A step-cost model that has measured GPU-like steps: 30 ms a decode step whatever its rows,
@@ -153,14 +155,49 @@ def test_auto_opens_for_an_idle_roster_and_an_empty_queue():
     assert d.decide(V(0, 8, 16, (2,), 0), T) == (True, None)
 
 
-@pytest.mark.parametrize("raw,ms", [(None, None), ("", None), ("0", None), ("off", None), ("OFF", None),
-                                    ("auto", "auto"), ("AUTO", "auto"), ("300", 300), ("1", 1), ("2000", 2000), ("020", 20)])
+@pytest.mark.parametrize(
+    "raw,ms",
+    [
+        (None, None),
+        ("", None),
+        ("0", None),
+        ("off", None),
+        ("OFF", None),
+        ("auto", "auto"),
+        ("AUTO", "auto"),
+        ("300", 300),
+        ("1", 1),
+        ("2000", 2000),
+        ("020", 20),
+    ],
+)
 def test_the_door_grammar_parses(raw, ms):
     assert parse_admit_coalesce_ms(raw) == ms
 
 
-@pytest.mark.parametrize("raw", ["5000", "abc", "0x", "2001", "-1", "1.5", "on", "auto:300", "automatic",
-                                 "١٠٠", " 100", "100 ", "+100", "1_000", " 20 ", " OFF ", " AUTO ", "0 "])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "5000",
+        "abc",
+        "0x",
+        "2001",
+        "-1",
+        "1.5",
+        "on",
+        "auto:300",
+        "automatic",
+        "١٠٠",
+        " 100",
+        "100 ",
+        "+100",
+        "1_000",
+        " 20 ",
+        " OFF ",
+        " AUTO ",
+        "0 ",
+    ],
+)
 def test_the_door_grammar_refuses_naming_knob_value_and_grammar(raw):
     with pytest.raises(KnobError) as e:
         parse_admit_coalesce_ms(raw)

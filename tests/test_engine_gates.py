@@ -1,4 +1,5 @@
 """Engine-level gates: a live engine thread on the real Gemma 3 270M."""
+
 from __future__ import annotations
 
 import os
@@ -116,7 +117,7 @@ def test_the_gathered_lifecycle_completes(gemma):
             dead = h.submit(ids(20, 1), max_tokens=4)
             h.engine.abort(dead)
             empty = h.submit([], max_tokens=4)
-            bad = h.submit(ids(20, 2) + [10 ** 7], max_tokens=4)
+            bad = h.submit(ids(20, 2) + [10**7], max_tokens=4)
             ok = h.submit(ids(20, 3), max_tokens=4)
         assert h.wait(lambda: h.done(ok))
         assert h.of(dead, Finished)[0].reason == "abort"
@@ -138,20 +139,28 @@ def test_gathered_output_is_token_exact_vs_serial(gemma, rig):
         assert [h.tokens(x) for x in rs] == want
 
 
-@pytest.mark.parametrize("env,knob", [({"TAILGATE_ADMIT_COALESCE_MS": "5000"}, "TAILGATE_ADMIT_COALESCE_MS"),
-                                      ({"TAILGATE_DECODE_SLOTS": "0"}, "TAILGATE_DECODE_SLOTS"),
-                                      ({"TAILGATE_ADMIT_COALESCE_MS": "300", "TAILGATE_ASYNC_PREFILL": "shared"},
-                                       "TAILGATE_ADMIT_COALESCE_MS"),
-                                      ({"TAILGATE_KERNELS": "int9"}, "TAILGATE_KERNELS"),
-                                      ({"TAILGATE_MIX_CHUNK_TOKENS": "63"}, "TAILGATE_MIX_CHUNK_TOKENS")])
+@pytest.mark.parametrize(
+    "env,knob",
+    [
+        ({"TAILGATE_ADMIT_COALESCE_MS": "5000"}, "TAILGATE_ADMIT_COALESCE_MS"),
+        ({"TAILGATE_DECODE_SLOTS": "0"}, "TAILGATE_DECODE_SLOTS"),
+        ({"TAILGATE_ADMIT_COALESCE_MS": "300", "TAILGATE_ASYNC_PREFILL": "shared"}, "TAILGATE_ADMIT_COALESCE_MS"),
+        ({"TAILGATE_KERNELS": "int9"}, "TAILGATE_KERNELS"),
+        ({"TAILGATE_MIX_CHUNK_TOKENS": "63"}, "TAILGATE_MIX_CHUNK_TOKENS"),
+    ],
+)
 def test_bad_knobs_refuse_before_any_weights_load(env, knob, tmp_path):
     # A model path that does not exist: if knobs were checked after loading, the error would be about it.
     # The caller's own TAILGATE_* settings stay out (one of them could be refused first, or be the
     # name the assertion finds): the refusal must name the knob under test and its value.
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TAILGATE_")}
-    p = subprocess.run([sys.executable, "-m", "tailgate.cli", "serve", "--model", str(tmp_path / "missing.gguf")],
-                       env={**clean, **env, "TAILGATE_CACHE_DIR": str(tmp_path)}, capture_output=True, text=True,
-                       timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "tailgate.cli", "serve", "--model", str(tmp_path / "missing.gguf")],
+        env={**clean, **env, "TAILGATE_CACHE_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 2
     assert knob in p.stderr and repr(env[knob]) in p.stderr and "missing.gguf" not in p.stderr, p.stderr
     assert not any(tmp_path.iterdir())
@@ -169,8 +178,10 @@ def test_a_walked_prompt_is_token_exact_vs_serial_while_a_stream_is_live(gemma, 
         assert h.tokens(walker) == want[1] and h.tokens(live)[:6] == want[0]
         # three rounds (256 + 256 + 88 rows), each one step with the live row in it
         start = h.scheduled_step(walker)
-        got = [sum(1 for e in evs if getattr(e, "request_id", None) == live.id and type(e).__name__ == "Token")
-               for evs in h.steps[start:start + 3]]
+        got = [
+            sum(1 for e in evs if getattr(e, "request_id", None) == live.id and type(e).__name__ == "Token")
+            for evs in h.steps[start : start + 3]
+        ]
         assert got == [1, 1, 1]
 
 
@@ -213,8 +224,9 @@ def test_the_auto_kv_budget_is_half_the_free_ram_when_slots_times_context_do_not
     lines: list[str] = []
     ram = (sliding_mb + 200) << 21  # half of it: the sliding pool plus 200 MiB of global pages
     with shared_weights():  # the pools are under test, not the weights: the session's fp32 ones
-        roomy, _, c1 = build_engine("", cfg, dtype="fp32", device="cpu", loaded=gemma, ram_bytes=1 << 40,
-                                    log=lines.append)
+        roomy, _, c1 = build_engine(
+            "", cfg, dtype="fp32", device="cpu", loaded=gemma, ram_bytes=1 << 40, log=lines.append
+        )
         tight, _, c2 = build_engine("", cfg, dtype="fp32", device="cpu", loaded=gemma, ram_bytes=ram, log=lines.append)
     assert c1.kv_cache_mb is None and c2.kv_cache_mb == sliding_mb + 200
     assert roomy.scheduler.book.glob.capacity == full["global"] - 1  # a full context per slot (+1: padding)

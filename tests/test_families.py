@@ -1,6 +1,7 @@
 """The Llama-shaped families (Llama 3.x, Qwen2/2.5, Qwen3, Mistral) against HF transformers' own
 implementation, on tiny random checkpoints (fp32), as HF directories and GGUF files; each serves over
 HTTP with its own chat template; the family registry answers the loaders and the runner."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -98,8 +99,9 @@ def test_a_family_directory_serves_chat_over_http_with_its_template(tiny, name):
     body, template = chat_on_directory(d, messages, 4)
     assert body["usage"]["completion_tokens"] == 4 and body["choices"][0]["message"]["content"]
     tc = json.loads((d / "tokenizer_config.json").read_text())
-    text = jinja2.Template(template).render(messages=messages, add_generation_prompt=True,
-                                            bos_token=tc["bos_token"] or "")
+    text = jinja2.Template(template).render(
+        messages=messages, add_generation_prompt=True, bos_token=tc["bos_token"] or ""
+    )
     tok = load_model(str(d), log=lambda _: None).tokenizer
     assert body["usage"]["prompt_tokens"] == len(tok.encode(text, add_bos=False))  # its template, not ChatML
 
@@ -121,15 +123,25 @@ def test_a_bias_rides_every_kernel_a_plan_can_choose():
                 assert torch.allclose(lin(x), F.linear(x, w, b), atol=1e-5, rtol=0), plan.line()
 
 
-@pytest.mark.parametrize("change,named", [
-    ({"model_type": "mamba"}, "unsupported model_type 'mamba'"),
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}}, "yarn"),
-    ({"rope_scaling": {"type": "llama3", "factor": 8.0}, "rope_theta": 5e5}, "low_freq_factor"),
-    ({"hidden_act": "gelu"}, "hidden_act"),
-])
+@pytest.mark.parametrize(
+    "change,named",
+    [
+        ({"model_type": "mamba"}, "unsupported model_type 'mamba'"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}}, "yarn"),
+        ({"rope_scaling": {"type": "llama3", "factor": 8.0}, "rope_theta": 5e5}, "low_freq_factor"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+    ],
+)
 def test_a_config_we_cannot_run_refuses_by_name_before_any_weights_load(tmp_path, change, named):
-    cfg = {"model_type": "llama", "vocab_size": 64, "hidden_size": 64, "num_hidden_layers": 2,
-           "num_attention_heads": 4, "intermediate_size": 128, **change}
+    cfg = {
+        "model_type": "llama",
+        "vocab_size": 64,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        **change,
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match=named):
         read_spec(tmp_path)
@@ -140,12 +152,26 @@ def test_the_registry_reads_older_config_forms_as_hf_does(tmp_path):
     use_sliding_window / max_window_layers, and a Mistral config without a window."""
     from transformers import AutoConfig
 
-    base = {"vocab_size": 64, "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
-            "intermediate_size": 128}
+    base = {
+        "vocab_size": 64,
+        "hidden_size": 64,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+    }
     cases = [
-        {"model_type": "llama", "rope_theta": 5e5, "rope_scaling": {
-            "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192}, "tie_word_embeddings": True},
+        {
+            "model_type": "llama",
+            "rope_theta": 5e5,
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 32.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+            "tie_word_embeddings": True,
+        },
         {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 2},
         {"model_type": "qwen3", "use_sliding_window": False, "sliding_window": 16},
         {"model_type": "mistral", "sliding_window": None},

@@ -1,5 +1,6 @@
 """The fleet's routing policy (tailgate/fleet/policy.py), the one `serve --replicas` and `sim
 --replicas` share: longest cached prefix within a load threshold, else least loaded."""
+
 from __future__ import annotations
 
 import pytest
@@ -71,7 +72,9 @@ def test_text_prompts_match_by_characters_and_only_whole_blocks_count():
 
 
 def test_an_unknown_router_is_refused_naming_the_value_and_the_grammar():
-    with pytest.raises(ValueError, match=r"router 'nearest' not recognized \(accepted: prefix \| least-loaded \| random\)"):
+    with pytest.raises(
+        ValueError, match=r"router 'nearest' not recognized \(accepted: prefix \| least-loaded \| random\)"
+    ):
         RouterPolicy("nearest")
     with pytest.raises(ValueError, match="no replica"):
         RouterPolicy().choose([1], {})

@@ -2,6 +2,7 @@
 prefix land on the replica that cached it, different prefixes spread, and a killed replica's
 streams end with an error event while the rest of the fleet serves and Serve replaces it.
 Skipped, saying why, where Ray is not installed."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -12,9 +13,11 @@ import signal
 import httpx
 import pytest
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                                reason="Ray Serve is not installed (the fleet's extra: pip install .[ray], or "
-                                       "bash scripts/setup --ray); the 2-replica fleet is not exercised")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None,
+    reason="Ray Serve is not installed (the fleet's extra: pip install .[ray], or "
+    "bash scripts/setup --ray); the 2-replica fleet is not exercised",
+)
 
 HEADER = "x-tailgate-replica"
 PREFIX_A = "The history of the old harbour town begins with fishermen and salt traders. " * 16
@@ -27,15 +30,19 @@ def fleet():
 
     # The prefix cache on, so a repeat's cached_tokens show where its prefix was kept.
     # --allowed-origins and --log-format json: settings that once stopped at the front (issue 37).
-    p, base, _ = start_server(timeout=600, args=["--replicas", "2", "--allowed-origins", "http://app.example",
-                                                 "--log-format", "json"], TAILGATE_PREFIX_CACHE="16")
+    p, base, _ = start_server(
+        timeout=600,
+        args=["--replicas", "2", "--allowed-origins", "http://app.example", "--log-format", "json"],
+        TAILGATE_PREFIX_CACHE="16",
+    )
     yield base
     stop_server(p, timeout=60)
 
 
 def complete(base, prompt: str, **extra) -> httpx.Response:
-    return httpx.post(base + "/v1/completions", json={"prompt": prompt, "max_tokens": 2, "temperature": 0, **extra},
-                      timeout=300)
+    return httpx.post(
+        base + "/v1/completions", json={"prompt": prompt, "max_tokens": 2, "temperature": 0, **extra}, timeout=300
+    )
 
 
 def metric(base, name: str, **labels) -> float:

@@ -2,6 +2,7 @@
 --allowed-origins, --sse-keep-alive and --log-format stopped at fleet/launch.py; a CORS preflight
 on --replicas 2 got a 405). Built without Ray: the spec the fleet ships and the state a replica
 builds from it."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,9 +16,27 @@ from tailgate.server.main import state_settings
 from tailgate.server.settings import apply
 from tailgate.server.state import ServerState
 
-FLAGS = ["serve", "--replicas", "2", "--allowed-origins", "https://a.example, https://b.example",
-         "--sse-keep-alive", "7", "--log-format", "json", "--api-key", "sk-test", "--max-queued-requests", "9",
-         "--max-queued-tokens", "4096", "--max-body-mb", "3", "--served-model-name", "mine"]
+FLAGS = [
+    "serve",
+    "--replicas",
+    "2",
+    "--allowed-origins",
+    "https://a.example, https://b.example",
+    "--sse-keep-alive",
+    "7",
+    "--log-format",
+    "json",
+    "--api-key",
+    "sk-test",
+    "--max-queued-requests",
+    "9",
+    "--max-queued-tokens",
+    "4096",
+    "--max-body-mb",
+    "3",
+    "--served-model-name",
+    "mine",
+]
 
 
 def test_every_app_setting_of_the_serve_flags_reaches_a_replica_and_the_log_format_its_logger():

@@ -3,6 +3,7 @@ invalid, and sends them to the live server (a fixed seed, a bounded number of ca
 every error an OpenAI body, and the schema tells the truth both ways (a valid body is served
 unless it exceeds a capacity no schema can state, an invalid one is refused). The fields that
 shape an answer (structured outputs, tools, logit_bias) are drawn like the rest."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -18,14 +19,26 @@ from live import wait_idle
 
 VALID, INVALID = GenerationMode.POSITIVE, GenerationMode.NEGATIVE
 CASES = [  # (path, method, mode): ~300 requests in all
-    ("/v1/completions", "POST", VALID), ("/v1/completions", "POST", INVALID),
-    ("/v1/chat/completions", "POST", VALID), ("/v1/chat/completions", "POST", INVALID),
-    ("/tokenize", "POST", VALID), ("/tokenize", "POST", INVALID),
+    ("/v1/completions", "POST", VALID),
+    ("/v1/completions", "POST", INVALID),
+    ("/v1/chat/completions", "POST", VALID),
+    ("/v1/chat/completions", "POST", INVALID),
+    ("/tokenize", "POST", VALID),
+    ("/tokenize", "POST", INVALID),
     ("/v1/models", "GET", VALID),  # no parameters: nothing to make invalid
 ]
 EXAMPLES = 45
-SHAPING = ("logit_bias", "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
-           "tools", "tool_choice", "parallel_tool_calls")
+SHAPING = (
+    "logit_bias",
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+)
 # 400s for what a schema cannot count: the prompt's tokens against the context, a request's
 # entries (prompts x n) and tokens against the queue's bounds (the test server queues 3).
 CAPACITY = ("maximum context length", "queue entries")
@@ -55,8 +68,13 @@ def test_fuzzed_requests_get_an_answer_never_a_5xx_and_errors_are_openai_bodies(
     codes, shaped = Counter(), Counter()
 
     @seed(20261201)
-    @settings(max_examples=EXAMPLES, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXAMPLES,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=schema[path][method].as_strategy(generation_mode=mode))
     def probe(case):
         bounded(case.body)
@@ -69,8 +87,10 @@ def test_fuzzed_requests_get_an_answer_never_a_5xx_and_errors_are_openai_bodies(
             err = r.json()["error"]
             assert isinstance(err["message"], str) and err["message"] and err["type"], r.text[:500]
         if mode == VALID:
-            assert r.status_code < 300 or r.status_code == 429 or any(
-                c in err["message"] for c in CAPACITY), (case.body, r.text[:500])
+            assert r.status_code < 300 or r.status_code == 429 or any(c in err["message"] for c in CAPACITY), (
+                case.body,
+                r.text[:500],
+            )
         else:
             case.validate_response(r, checks=[negative_data_rejection])
 

@@ -1,4 +1,5 @@
 """Gemma 4 text models against HF transformers' reference, on tiny random checkpoints (fp32)."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,6 @@ import jinja2
 import pytest
 import torch
 
-from tailgate.engine.request import Finished
 from tailgate.model import serial
 from tailgate.model.check import check_against_hf, report
 from tailgate.model.hf_loader import read_spec
@@ -31,8 +31,13 @@ def tiny(loaded, tmp_path_factory):
     def get(name):
         if name not in built:
             cfg = gemma4_tiny.DENSE if name == "dense" else gemma4_tiny.EVERYTHING
-            built[name] = gemma4_tiny.build(root / name, tok, multimodal=name == "multimodal",
-                                            dtype=torch.bfloat16 if name == "bf16" else torch.float32, **cfg)
+            built[name] = gemma4_tiny.build(
+                root / name,
+                tok,
+                multimodal=name == "multimodal",
+                dtype=torch.bfloat16 if name == "bf16" else torch.float32,
+                **cfg,
+            )
         return built[name]
 
     return get
@@ -43,8 +48,10 @@ def everything(tiny):
     return load_model(str(tiny("everything")), log=lambda m: None)
 
 
-@pytest.mark.parametrize("name,kernels", [("everything", "auto"), ("everything", "torch"), ("dense", "auto"),
-                                          ("multimodal", "auto"), ("bf16", "auto")])
+@pytest.mark.parametrize(
+    "name,kernels",
+    [("everything", "auto"), ("everything", "torch"), ("dense", "auto"), ("multimodal", "auto"), ("bf16", "auto")],
+)
 def test_gemma4_logits_and_greedy_tokens_match_hf_past_the_sliding_window(tiny, name, kernels):
     res = check_against_hf(tiny(name), kernels=kernels, log=lambda m: None)
     print(report(res))
@@ -86,8 +93,11 @@ def test_a_composite_config_ties_the_head_from_its_top_level_and_a_null_layer_ta
     from transformers import Gemma4TextConfig
 
     text = {"num_hidden_layers": 6, "hidden_size": 64, "head_dim": 32, "tie_word_embeddings": True}
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma4", "tie_word_embeddings": False,
-                                                      "text_config": {**text, "per_layer_config": None}}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {"model_type": "gemma4", "tie_word_embeddings": False, "text_config": {**text, "per_layer_config": None}}
+        )
+    )
     spec = read_spec(tmp_path)
     assert spec.tie_embeddings is False
     hf = Gemma4TextConfig(**text, per_layer_config=None)
@@ -104,8 +114,9 @@ def test_the_spec_reads_per_layer_shapes_and_kv_sharing_as_hf_does(tiny):
     assert spec.layer_kv_heads == tuple(hf.per_layer_config[i].num_key_value_heads for i in range(n))
     modes = hf.kv_sharing_modes
     assert [i for i in range(n) if spec.kv_source[i] != i] == [i for i in range(n) if modes[i] == "reuse"]
-    assert {spec.kv_source[i] for i in range(n) if spec.kv_source[i] != i} == \
-        {i for i in range(n) if modes[i] == "store"}
+    assert {spec.kv_source[i] for i in range(n) if spec.kv_source[i] != i} == {
+        i for i in range(n) if modes[i] == "store"
+    }
     # only the four layers that own KV take pool memory: 3 sliding (2 heads x 32), 1 global (1 x 64)
     assert token_bytes(spec, torch.float32) == {"global": 2 * 64 * 4, "local": 3 * 2 * 2 * 32 * 4}
 
@@ -114,8 +125,16 @@ def test_a_config_in_the_older_form_means_what_it_means_to_hf(tmp_path):
     """global_head_dim / num_global_key_value_heads at the top level, no per_layer_config."""
     from transformers import Gemma4TextConfig
 
-    cfg = {"model_type": "gemma4_text", "num_hidden_layers": 6, "hidden_size": 64, "num_attention_heads": 2,
-           "num_key_value_heads": 2, "head_dim": 32, "num_global_key_value_heads": 1, "attention_k_eq_v": True}
+    cfg = {
+        "model_type": "gemma4_text",
+        "num_hidden_layers": 6,
+        "hidden_size": 64,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "num_global_key_value_heads": 1,
+        "attention_k_eq_v": True,
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     spec = read_spec(tmp_path)
     hf = Gemma4TextConfig(**{k: v for k, v in cfg.items() if k != "model_type"})
@@ -125,18 +144,28 @@ def test_a_config_in_the_older_form_means_what_it_means_to_hf(tmp_path):
     assert spec.rope_fraction == 0.25 and spec.rope_theta == 1e6 and spec.rope_local_theta == 1e4
 
 
-@pytest.mark.parametrize("change,named", [
-    ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention"),
-    ({"attention_bias": True}, "attention_bias"),
-    ({"hidden_activation": "silu"}, "hidden_activation"),
-    ({"rope_parameters": {"full_attention": {"rope_type": "yarn", "rope_theta": 1e6},
-                          "sliding_attention": {"rope_type": "default"}}}, "yarn"),
-    ({"per_layer_config": {"5": {"intermediate_size": 256}}}, "intermediate_size"),
-    ({"enable_moe_block": True, "num_experts": 4}, "enable_moe_block"),
-    ({"num_kv_shared_layers": 6}, "num_kv_shared_layers"),
-    ({"vocab_size_per_layer_input": 1000}, "vocab_size_per_layer_input"),
-    ({"rope_parameters": {"full_attention": {"rope_type": "default"}}}, "rope_parameters"),
-])
+@pytest.mark.parametrize(
+    "change,named",
+    [
+        ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"hidden_activation": "silu"}, "hidden_activation"),
+        (
+            {
+                "rope_parameters": {
+                    "full_attention": {"rope_type": "yarn", "rope_theta": 1e6},
+                    "sliding_attention": {"rope_type": "default"},
+                }
+            },
+            "yarn",
+        ),
+        ({"per_layer_config": {"5": {"intermediate_size": 256}}}, "intermediate_size"),
+        ({"enable_moe_block": True, "num_experts": 4}, "enable_moe_block"),
+        ({"num_kv_shared_layers": 6}, "num_kv_shared_layers"),
+        ({"vocab_size_per_layer_input": 1000}, "vocab_size_per_layer_input"),
+        ({"rope_parameters": {"full_attention": {"rope_type": "default"}}}, "rope_parameters"),
+    ],
+)
 def test_an_unsupported_switch_refuses_by_name_before_any_weights_load(tmp_path, change, named):
     cfg = {"model_type": "gemma4_text", "num_hidden_layers": 6, "hidden_size": 64, **change}
     (tmp_path / "config.json").write_text(json.dumps(cfg))  # no weights at all: the refusal comes first
@@ -147,8 +176,9 @@ def test_an_unsupported_switch_refuses_by_name_before_any_weights_load(tmp_path,
 def test_check_and_serve_refuse_an_unsupported_config_by_name(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma4_text", "attention_bias": True}))
     for cmd in (["check", "--against-hf"], ["serve", "--model"]):
-        p = subprocess.run([sys.executable, "-m", "tailgate.cli", *cmd, str(tmp_path)],
-                           capture_output=True, text=True, timeout=120)
+        p = subprocess.run(
+            [sys.executable, "-m", "tailgate.cli", *cmd, str(tmp_path)], capture_output=True, text=True, timeout=120
+        )
         assert p.returncode != 0 and "attention_bias" in p.stderr, p.stderr[-2000:]
 
 

@@ -1,6 +1,7 @@
 """GGUF matrices kept as stored (model/blocks.py, csrc/blocks.c): every block format dequantizes to
 gguf's own values, the block matmul is the exact product of the blocks and the rounded activations,
 the panels made from blocks are the q8 plan's, and the gguf plan holds no fp32 matrix."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,8 +9,16 @@ import pytest
 import torch
 
 from tailgate.model import native
-from tailgate.model.blocks import (BLOCK, BlockMatmul, Blocks, PanelRows, Panels, SegmentPanels, dequantize_all,
-                                   q8_panels)
+from tailgate.model.blocks import (
+    BLOCK,
+    BlockMatmul,
+    Blocks,
+    PanelRows,
+    Panels,
+    SegmentPanels,
+    dequantize_all,
+    q8_panels,
+)
 from tailgate.model.kernels import Linear
 from tailgate.model.runner import resident_bytes
 
@@ -27,11 +36,12 @@ def random_blocks(qtype: str, n: int, k: int, seed: int = 0) -> Blocks:
 
     def f16(lo, hi):
         return np.frombuffer(rng.uniform(lo, hi, (n, k // per)).astype(np.float16).tobytes(), np.uint8).reshape(
-            n, k // per, 2)
+            n, k // per, 2
+        )
 
     at = {"Q6_K": [208]}.get(qtype, [0, 2] if qtype in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else [0])
     for i, off in enumerate(at):
-        v[..., off:off + 2] = f16(-0.02, 0.02) if i and qtype in ("Q4_1", "Q5_1") else f16(1e-4, 5e-3)
+        v[..., off : off + 2] = f16(-0.02, 0.02) if i and qtype in ("Q4_1", "Q5_1") else f16(1e-4, 5e-3)
     return Blocks(data, qtype, (n, k))
 
 
@@ -80,7 +90,7 @@ def test_a_block_matmul_row_gets_the_same_bits_alone_or_in_any_batch(qtype):
     x = torch.randn(9, 512)
     whole = mm(x)
     for i in (0, 4, 8):
-        assert torch.equal(mm(x[i:i + 1])[0], whole[i])
+        assert torch.equal(mm(x[i : i + 1])[0], whole[i])
     assert torch.equal(mm(x[3:7]), whole[3:7])
 
 
@@ -136,12 +146,17 @@ def test_the_bit_panel_matmul_is_the_exact_product_of_the_blocks_and_the_rounded
     y = p.linear(x)
     assert p[2] == BIT_PANELS[qtype][0] and np.abs(y.double().numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
     for i in {0, m // 2, m - 1}:  # a row's result does not depend on its batch
-        assert torch.equal(p.linear(x[i:i + 1])[0], y[i])
+        assert torch.equal(p.linear(x[i : i + 1])[0], y[i])
 
 
 def test_a_fused_matrix_in_panels_of_different_forms_is_their_products_side_by_side_in_one_call():
-    parts = [random_blocks("Q5_0", 32, 256, 1), random_blocks("Q5_0", 8, 256, 2), q8_0_blocks(16, 256, 3),
-             random_blocks("Q4_K", 8, 256, 4), random_blocks("Q6_K", 16, 256, 5)]
+    parts = [
+        random_blocks("Q5_0", 32, 256, 1),
+        random_blocks("Q5_0", 8, 256, 2),
+        q8_0_blocks(16, 256, 3),
+        random_blocks("Q4_K", 8, 256, 4),
+        random_blocks("Q6_K", 16, 256, 5),
+    ]
     segs = q8_panels(parts, "avx2", 8)
     assert [s[2] for s in segs] == [native.Q5_PANELS, native.Q5_PANELS, native.Q8_F16_SCALES, native.Q4K_PANELS, 0]
     for m in (1, 6, 67):
@@ -263,17 +278,25 @@ def test_the_gguf_plan_holds_no_fp32_matrix_and_its_panels_are_the_q8_plans(load
     head = w["head"].wide
     assert isinstance(w["embed"], PanelRows) and w["head"].w is None and head.as_stored
     assert w["embed"].q is head[0]
-    assert head[2] == (native.Q8_F16_SCALES if stored.runner.plan.q8_variant == "avx2" else
-                       native.Q8_VARIANTS[stored.runner.plan.q8_variant])
+    assert head[2] == (
+        native.Q8_F16_SCALES
+        if stored.runner.plan.q8_variant == "avx2"
+        else native.Q8_VARIANTS[stored.runner.plan.q8_variant]
+    )
     ids = torch.tensor([[0, 1, m.spec.vocab_size - 1], [5, 8, 13]])
     assert torch.equal(w["embed"][ids], m.weights["embed"][ids])
     assert all(t.dim() <= 1 for t in w.values() if isinstance(t, torch.Tensor))  # norms only
     assert all(v.w is None for v in w.values() if isinstance(v, Linear))  # no dense copy of any matrix
     forms = lambda v: [v.wide] if isinstance(v.wide, Panels) else list(v.wide)  # noqa: E731
-    expect = sum(p[0].numel() * (1 + p[1].element_size() / 32) for v in w.values() if isinstance(v, Linear)
-                 for p in forms(v))
-    assert all(p[0].element_size() == 1 and p[0].numel() == p[1].numel() * 32
-               for v in w.values() if isinstance(v, Linear) for p in forms(v))  # an int8 per weight
+    expect = sum(
+        p[0].numel() * (1 + p[1].element_size() / 32) for v in w.values() if isinstance(v, Linear) for p in forms(v)
+    )
+    assert all(
+        p[0].element_size() == 1 and p[0].numel() == p[1].numel() * 32
+        for v in w.values()
+        if isinstance(v, Linear)
+        for p in forms(v)
+    )  # an int8 per weight
     assert resident_bytes(w)["kernels"] == expect
     # The q8 plan quantizes the same values into the same panels: the same bits on every call it runs q8.
     q8 = choose("fp32", "q8", "cpu")
@@ -296,13 +319,16 @@ def test_gemma3s_q5_0_and_q4_k_matrices_run_from_bit_panels_of_their_own_values_
     w, raw = r.runner.w, r.model.weights
     gate_up = w["layers.0.gate_up"].wide
     assert isinstance(gate_up, SegmentPanels) and [s[2] for s in gate_up] == [native.Q5_PANELS] * 2
-    assert torch.equal(panel_rows(gate_up[1], torch.arange(0, 2048, 97)),
-                       raw["layers.0.up"].dequantize(torch.arange(0, 2048, 97)))
+    assert torch.equal(
+        panel_rows(gate_up[1], torch.arange(0, 2048, 97)), raw["layers.0.up"].dequantize(torch.arange(0, 2048, 97))
+    )
     # o and half the downs: Q4_K in 4-bit panels; the other downs Q6_K, quantized to int8
     assert {w[f"layers.{i}.o"].wide[2] for i in range(r.model.spec.n_layers)} == {native.Q4K_PANELS}
     assert {w[f"layers.{i}.down"].wide[2] for i in range(r.model.spec.n_layers)} == {native.Q4K_PANELS, 0}
-    assert torch.equal(panel_rows(w["layers.0.o"].wide, torch.arange(0, 640, 31)),
-                       raw["layers.0.o"].dequantize(torch.arange(0, 640, 31)))
+    assert torch.equal(
+        panel_rows(w["layers.0.o"].wide, torch.arange(0, 640, 31)),
+        raw["layers.0.o"].dequantize(torch.arange(0, 640, 31)),
+    )
     # q/k/v: 5-bit q and k; v is Q5_0 in half the layers, Q8_0 (moved, fp16 scales) in the others
     forms = {tuple(s[2] for s in w[f"layers.{i}.qkv"].wide) for i in range(r.model.spec.n_layers)}
     assert forms == {(5, 5, 5), (5, 5, 4)}

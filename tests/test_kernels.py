@@ -1,4 +1,5 @@
 """The per-CPU kernel choice (from a faked cpuinfo) and every kernel's arithmetic on this CPU."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,8 +14,10 @@ from tailgate.model.kernels import KernelError, Linear, choose, quantize_int4
 from tailgate.model.runner import ModelRunner
 
 EPYC = parse_cpuinfo("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse sse2 avx f16c fma avx2 bmi2\n")
-XEON = parse_cpuinfo("model name\t: Intel(R) Xeon(R) Platinum 8481C\nflags\t\t: avx avx2 fma f16c avx512f avx512bw "
-                     "avx512vl avx512dq avx512_bf16 amx_bf16 amx_tile amx_int8\n")
+XEON = parse_cpuinfo(
+    "model name\t: Intel(R) Xeon(R) Platinum 8481C\nflags\t\t: avx avx2 fma f16c avx512f avx512bw "
+    "avx512vl avx512dq avx512_bf16 amx_bf16 amx_tile amx_int8\n"
+)
 OLD = parse_cpuinfo("model name\t: Some CPU\nflags\t\t: sse sse2\n")
 
 
@@ -56,13 +59,25 @@ def test_without_a_compiler_auto_falls_back_to_int8_and_says_why_but_a_forced_q8
 def test_an_amx_cpu_serves_the_gguf_blocks_as_stored_and_q8_by_name_keeps_bf16_weights_for_large_steps():
     # auto: one form per matrix (q8 panels made from the blocks, every call), fp32 activations
     p = choose(cpu=XEON, mkldnn=True, cuda=False, native_build=BUILT)
-    assert (p.dtype, p.dense, p.quant, p.quant_rows, p.attention, p.kv) == \
-        (torch.float32, "onednn", "gguf", (0, 0), "native", torch.float16)
+    assert (p.dtype, p.dense, p.quant, p.quant_rows, p.attention, p.kv) == (
+        torch.float32,
+        "onednn",
+        "gguf",
+        (0, 0),
+        "native",
+        torch.float16,
+    )
     assert "bfloat16 weights" not in p.line() and p.as_dict()["dense_dtype"] == "float32"
     # --kernels q8 (dtype auto): fp32 activations over bf16 dense weights, q8 for the small calls
     q = choose("auto", "q8", cpu=XEON, mkldnn=True, cuda=False, native_build=BUILT)
-    assert (q.dtype, q.dense_dtype, q.dense, q.quant, q.attention, q.kv) == \
-        (torch.float32, torch.bfloat16, "onednn", "q8", "native", torch.float16)
+    assert (q.dtype, q.dense_dtype, q.dense, q.quant, q.attention, q.kv) == (
+        torch.float32,
+        torch.bfloat16,
+        "onednn",
+        "q8",
+        "native",
+        torch.float16,
+    )
     assert 1 <= min(q.quant_rows) and max(q.quant_rows) <= 64 and "bfloat16 weights" in q.line()
     assert q.as_dict()["dense_dtype"] == "bfloat16"
     # prompt rows attend in bf16 there (decode rows keep the fp32 kernel); an explicit fp32 plan does not
@@ -81,8 +96,10 @@ def test_an_amx_cpu_without_our_kernels_keeps_the_all_bf16_plan_and_says_why():
     assert (p.dtype, p.dense_dtype, p.quant) == (torch.bfloat16, None, None)
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
-                    reason="oneDNN has no bf16 path on this CPU")
+@pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+    reason="oneDNN has no bf16 path on this CPU",
+)
 def test_bf16_weights_under_fp32_activations_compute_the_product_within_bf16_precision():
     g = torch.Generator().manual_seed(4)
     w = torch.randn(256, 320, generator=g) * 0.05
@@ -112,11 +129,18 @@ def test_without_onednn_everything_is_f_linear():
         choose("fp32", "onednn", cpu=EPYC, mkldnn=False, cuda=False)
 
 
-@pytest.mark.parametrize("dtype,kernels,match", [
-    ("bf17", "auto", r"--dtype 'bf17' not recognized \(accepted: auto \| bf16 \| fp32 \| fp16\)"),
-    ("auto", "int9", r"--kernels \(TAILGATE_KERNELS\) 'int9' not recognized \(accepted: auto \| torch \| onednn \| q8 \| gguf \| int8 \| int4\)"),
-    ("fp16", "int8", "fp32 or bf16 activations"),
-])
+@pytest.mark.parametrize(
+    "dtype,kernels,match",
+    [
+        ("bf17", "auto", r"--dtype 'bf17' not recognized \(accepted: auto \| bf16 \| fp32 \| fp16\)"),
+        (
+            "auto",
+            "int9",
+            r"--kernels \(TAILGATE_KERNELS\) 'int9' not recognized \(accepted: auto \| torch \| onednn \| q8 \| gguf \| int8 \| int4\)",
+        ),
+        ("fp16", "int8", "fp32 or bf16 activations"),
+    ],
+)
 def test_unknown_or_impossible_choices_refuse_naming_the_grammar(dtype, kernels, match):
     with pytest.raises(KernelError, match=match):
         choose(dtype, kernels, cpu=EPYC, mkldnn=True, cuda=False)
@@ -132,14 +156,15 @@ def test_a_forced_quantized_kernel_applies_on_any_cpu():
     assert p.quant == "int4" and p.dtype == torch.bfloat16
 
 
-def _plan(kind, rows=10 ** 9):
+def _plan(kind, rows=10**9):
     dense = "onednn" if torch.backends.mkldnn.is_available() else "torch"
     base = choose("fp32", "torch" if dense == "torch" else "auto", device="cpu")
     return dataclasses.replace(base, quant=kind, quant_rows=(rows, rows) if kind else (0, 0))
 
 
-@pytest.mark.parametrize("kind,tol", [(None, 1e-5), pytest.param("q8", 2e-2, marks=needs_native), ("int8", 2e-2),
-                                      ("int4", 0.15)])
+@pytest.mark.parametrize(
+    "kind,tol", [(None, 1e-5), pytest.param("q8", 2e-2, marks=needs_native), ("int8", 2e-2), ("int4", 0.15)]
+)
 def test_every_kernel_computes_the_same_product_within_its_precision(kind, tol):
     g = torch.Generator().manual_seed(0)
     w = torch.randn(256, 320, generator=g) * 0.05
@@ -152,7 +177,9 @@ def test_every_kernel_computes_the_same_product_within_its_precision(kind, tol):
 
 
 def test_the_q8_panels_follow_the_cpus_int8_instructions():
-    assert EPYC.q8_variant == "avx2" and choose(cpu=EPYC, mkldnn=True, cuda=False, native_build=BUILT).q8_variant == "avx2"
+    assert (
+        EPYC.q8_variant == "avx2" and choose(cpu=EPYC, mkldnn=True, cuda=False, native_build=BUILT).q8_variant == "avx2"
+    )
     p = choose("auto", "q8", cpu=XEON, mkldnn=True, cuda=False, native_build=BUILT)
     assert (p.q8_variant, p.as_dict()["q8_variant"], p.quant_rows) == ("amx", "amx", (64, 32))
     assert "q8 int8 x int8 (amx)" in p.line()
@@ -165,19 +192,25 @@ def test_the_q8_panels_follow_the_cpus_int8_instructions():
     assert p.q8_variant == "avx512_vnni" and p.quant_rows == (32, 16)  # the wide panels' own crossover on AMX
     alder = parse_cpuinfo("model name\t: Intel(R) Core(TM) i7-12700\nflags\t\t: avx avx2 fma f16c avx_vnni\n")
     assert choose(cpu=alder, mkldnn=True, cuda=False, native_build=BUILT).q8_variant == "avx_vnni"
-    assert choose("fp32", "onednn", cpu=vnni, mkldnn=True, cuda=False, native_build=BUILT).as_dict()["q8_variant"] is None
+    assert (
+        choose("fp32", "onednn", cpu=vnni, mkldnn=True, cuda=False, native_build=BUILT).as_dict()["q8_variant"] is None
+    )
 
 
 # The CPU classes tailgate has met, with their real /proc/cpuinfo flags (the Zen 3 line is the
 # AVX2 EPYC's; Zen 5's from an EPYC of family 26), and the plan `auto` must give each.
 ZEN3 = parse_cpuinfo(
     "model name\t: AMD EPYC 7B13\nflags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 fma f16c avx avx2 bmi1 bmi2 vaes "
-    "vpclmulqdq sha_ni popcnt\n")
+    "vpclmulqdq sha_ni popcnt\n"
+)
 ZEN5 = parse_cpuinfo(
     "model name\t: AMD EPYC 9B45\nflags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 fma f16c avx avx2 bmi1 bmi2 "
     "avx_vnni avx512f avx512dq avx512ifma avx512cd avx512bw avx512vl avx512_bf16 avx512vbmi avx512_vbmi2 "
-    "gfni vaes vpclmulqdq avx512_vnni avx512_bitalg avx512_vpopcntdq avx512_vp2intersect\n")
-XEON_VNNI = parse_cpuinfo(f"model name\t: {XEON.model}\nflags\t\t: {' '.join(sorted(XEON.flags))} avx512_vnni avx_vnni\n")
+    "gfni vaes vpclmulqdq avx512_vnni avx512_bitalg avx512_vpopcntdq avx512_vp2intersect\n"
+)
+XEON_VNNI = parse_cpuinfo(
+    f"model name\t: {XEON.model}\nflags\t\t: {' '.join(sorted(XEON.flags))} avx512_vnni avx_vnni\n"
+)
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 EVERY = 1 << 31
 PLANS = {  # (cpu, q8 builds, OS grants AMX) -> (dtype, dense, dense_dtype, quant, cuts, variant, attention, kv, prompt)
@@ -185,12 +218,19 @@ PLANS = {  # (cpu, q8 builds, OS grants AMX) -> (dtype, dense, dense_dtype, quan
     # every class serves the GGUF's blocks as stored, through the widest q8 panels it has (issue 35:
     # one form per matrix, and no row cut to tune per class); bf16 is only the prompt rows' attention
     "AMX Xeon": ((XEON_VNNI, True, True), (F32, "onednn", BF16, "gguf", (0, 0), "amx", "native", F16, BF16)),
-    "AMX refused by the OS": ((XEON_VNNI, True, False),
-                              (F32, "onednn", BF16, "gguf", (0, 0), "avx512_vnni", "native", F16, BF16)),
-    "AVX-512 BF16 without AMX (Zen 5)": ((ZEN5, True, False),
-                                         (F32, "onednn", BF16, "gguf", (0, 0), "avx512_vnni", "native", F16, BF16)),
+    "AMX refused by the OS": (
+        (XEON_VNNI, True, False),
+        (F32, "onednn", BF16, "gguf", (0, 0), "avx512_vnni", "native", F16, BF16),
+    ),
+    "AVX-512 BF16 without AMX (Zen 5)": (
+        (ZEN5, True, False),
+        (F32, "onednn", BF16, "gguf", (0, 0), "avx512_vnni", "native", F16, BF16),
+    ),
     "no compiler, AVX2": ((ZEN3, False, False), (F32, "onednn", None, "int8", (16, 6), "avx2", "torch", F32, None)),
-    "no compiler, AVX-512 BF16": ((ZEN5, False, False), (BF16, "onednn", None, None, (0, 0), "avx2", "torch", BF16, None)),
+    "no compiler, AVX-512 BF16": (
+        (ZEN5, False, False),
+        (BF16, "onednn", None, None, (0, 0), "avx2", "torch", BF16, None),
+    ),
 }
 
 
@@ -206,8 +246,11 @@ def test_every_known_cpu_class_gets_its_plan(cls):
 @needs_native
 @pytest.mark.parametrize("variant", [v for v in native.Q8_VARIANTS if v != "avx2"])
 def test_every_other_q8_panel_gives_the_avx2_panels_bits(variant):
-    have = {"avx_vnni": {"avx_vnni"}, "avx512_vnni": {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"},
-            "amx": {"avx512f", "avx512bw", "avx512dq", "avx512vl", "amx_tile", "amx_int8"}}
+    have = {
+        "avx_vnni": {"avx_vnni"},
+        "avx512_vnni": {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"},
+        "amx": {"avx512f", "avx512bw", "avx512dq", "avx512vl", "amx_tile", "amx_int8"},
+    }
     if not have[variant] <= this_cpu().flags or (variant == "amx" and not native.amx_ready()):
         pytest.skip(f"this CPU ({this_cpu().model}) or its OS offers no {variant}")
     g = torch.Generator().manual_seed(5)
@@ -262,7 +305,9 @@ def test_bench_kernels_times_every_kernel_this_cpu_can_run(capsys):
 
     rows = bench_kernels.run("smollm2-135m", rows=(2,), reps=1)
     names = [r["kernel"] for r in rows]
-    assert {"fp32 F.linear", "int8", "int4"} | ({"q8"} if _LIB else set()) <= set(names) and all(r["layers_ms"] > 0 for r in rows)
+    assert {"fp32 F.linear", "int8", "int4"} | ({"q8"} if _LIB else set()) <= set(names) and all(
+        r["layers_ms"] > 0 for r in rows
+    )
     assert "CPU: " in capsys.readouterr().out
 
 
@@ -287,19 +332,35 @@ def test_native_decode_attention_matches_sdpa_over_the_same_pages(hq, hkv, d, po
     for b, n in enumerate(lens):  # scattered pages, padding reads slot 0 (as build_context pads)
         slots[b, :n] = torch.randperm(slots_n - 8, generator=g)[:n] + 8
         mask[b, 0, 0, :n] = True
-    view = FamilyView(write_slots=torch.arange(len(lens)), decode_slots=slots, decode_mask=mask,
-                      decode_lens=torch.tensor(lens))
+    view = FamilyView(
+        write_slots=torch.arange(len(lens)), decode_slots=slots, decode_mask=mask, decode_lens=torch.tensor(lens)
+    )
     q = torch.randn(len(lens), hq, d, generator=g)
     new_k, new_v = torch.randn(len(lens), hkv, d, generator=g), torch.randn(len(lens), hkv, d, generator=g)
-    outs = [paged_attention(q, new_k, new_v, k_pool.clone(), v_pool.clone(), view, (0, len(lens)), d ** -0.5, native=n)
-            for n in (False, True)]
+    outs = [
+        paged_attention(q, new_k, new_v, k_pool.clone(), v_pool.clone(), view, (0, len(lens)), d**-0.5, native=n)
+        for n in (False, True)
+    ]
     assert torch.allclose(outs[0], outs[1], atol=2e-5, rtol=1e-4), (outs[0] - outs[1]).abs().max()
-    one = paged_attention(q[2:3], new_k[2:3], new_v[2:3], k_pool.clone(), v_pool.clone(),
-                          FamilyView(write_slots=torch.arange(2, 3), decode_slots=slots[2:3], decode_mask=mask[2:3],
-                                     decode_lens=torch.tensor(lens[2:3])), (0, 1), d ** -0.5, native=True)
+    one = paged_attention(
+        q[2:3],
+        new_k[2:3],
+        new_v[2:3],
+        k_pool.clone(),
+        v_pool.clone(),
+        FamilyView(
+            write_slots=torch.arange(2, 3),
+            decode_slots=slots[2:3],
+            decode_mask=mask[2:3],
+            decode_lens=torch.tensor(lens[2:3]),
+        ),
+        (0, 1),
+        d**-0.5,
+        native=True,
+    )
     assert torch.equal(one[0], outs[1][2])  # a row's result does not depend on its batch
     q[1, 0, 0] = float("nan")  # a NaN score stays NaN in its row (the sampler reports it), as SDPA's does
-    bad = paged_attention(q, new_k, new_v, k_pool.clone(), v_pool.clone(), view, (0, len(lens)), d ** -0.5, native=True)
+    bad = paged_attention(q, new_k, new_v, k_pool.clone(), v_pool.clone(), view, (0, len(lens)), d**-0.5, native=True)
     assert torch.isnan(bad[1, 0]).all() and torch.isfinite(bad[0]).all()
 
 
@@ -321,9 +382,14 @@ def test_the_fused_elementwise_ops_match_torch_and_do_not_depend_on_the_batch(ro
     def run(op, lo, hi):
         hh = h[lo:hi].clone()
         x = op.add_rms_norm_(hh, a[lo:hi], w1, w2, 1e-6)
-        return [hh, x, op.rms_norm(a[lo:hi], w1, 1e-6), op.geglu(gu[lo:hi]),
-                op.norm_rope(src[lo:hi], 0, heads, d, wn, 1e-6, cos[lo:hi], sin[lo:hi]),
-                op.norm_rope(src[lo:hi], heads * d, 1, d, None, 1e-6, cos[lo:hi], sin[lo:hi])]
+        return [
+            hh,
+            x,
+            op.rms_norm(a[lo:hi], w1, 1e-6),
+            op.geglu(gu[lo:hi]),
+            op.norm_rope(src[lo:hi], 0, heads, d, wn, 1e-6, cos[lo:hi], sin[lo:hi]),
+            op.norm_rope(src[lo:hi], heads * d, 1, d, None, 1e-6, cos[lo:hi], sin[lo:hi]),
+        ]
 
     for got, want in zip(run(NATIVE, 0, rows), run(TORCH, 0, rows)):
         assert got.shape == want.shape
@@ -350,7 +416,10 @@ def test_the_mlp_keeps_the_gate_up_product_in_its_kernels_dtype_only_for_an_acti
         pytest.skip("no bf16 dense path on this CPU")
     plan = dataclasses.replace(plan, dtype=torch.float32, dense_dtype=torch.bfloat16)
     g = torch.Generator().manual_seed(0)
-    gate_up, down = Linear(torch.randn(64, 32, generator=g), plan, "layers"), Linear(torch.randn(32, 32, generator=g), plan, "layers")
+    gate_up, down = (
+        Linear(torch.randn(64, 32, generator=g), plan, "layers"),
+        Linear(torch.randn(32, 32, generator=g), plan, "layers"),
+    )
     x, seen = torch.randn(5, 32, generator=g), []
 
     def act(gu):
@@ -373,7 +442,9 @@ def test_the_fused_norms_read_and_write_bf16_with_the_bits_of_fp32_and_a_cast(ro
     x[0, 0] = 3e38  # rounds up past the largest bf16: inf, as the cast makes it
     xb = x.bfloat16()
     assert torch.equal(bits(native.rms_norm(xb, w1, 1e-6)), bits(native.rms_norm(xb.float(), w1, 1e-6).bfloat16()))
-    assert torch.equal(bits(native.rms_norm(x, w1, 1e-6, torch.bfloat16)), bits(native.rms_norm(x, w1, 1e-6).bfloat16()))
+    assert torch.equal(
+        bits(native.rms_norm(x, w1, 1e-6, torch.bfloat16)), bits(native.rms_norm(x, w1, 1e-6).bfloat16())
+    )
     h = torch.randn(rows, n, generator=g)
     h1, h2 = h.clone(), h.clone()
     got = native.add_rms_norm_(h1, xb, w1, w2, 1e-6, torch.bfloat16)
@@ -383,8 +454,10 @@ def test_the_fused_norms_read_and_write_bf16_with_the_bits_of_fp32_and_a_cast(ro
     cos, sin = rope_tables(torch.arange(rows), d, 10000.0, torch.float32)
     wn = torch.randn(d, generator=g)
     for col, w in ((0, wn), (2 * d, None)):
-        assert torch.equal(native.norm_rope(src, col, 1, d, w, 1e-6, cos, sin),
-                           native.norm_rope(src.float(), col, 1, d, w, 1e-6, cos, sin))
+        assert torch.equal(
+            native.norm_rope(src, col, 1, d, w, 1e-6, cos, sin),
+            native.norm_rope(src.float(), col, 1, d, w, 1e-6, cos, sin),
+        )
 
 
 @needs_native
@@ -407,7 +480,7 @@ def test_the_fused_page_write_gives_the_bits_of_a_cast_then_index_copy():
     qkv[0, 2 * 264] = 7e4  # past fp16's largest: inf, as the cast makes it
     slots = torch.randperm(40, generator=g)[:9]
     for src in (qkv, qkv.bfloat16()):
-        v = src[:, 2 * 264:].view(9, 1, 264)  # a column slice of the fused qkv output, as the model passes it
+        v = src[:, 2 * 264 :].view(9, 1, 264)  # a column slice of the fused qkv output, as the model passes it
         got, want = torch.zeros(40, 1, 264, dtype=torch.float16), torch.zeros(40, 1, 264, dtype=torch.float16)
         native.kv_write_f16(got, slots, v)
         want.index_copy_(0, slots, v.to(torch.float16))
@@ -439,9 +512,14 @@ def test_steps_on_bf16_dense_weights_give_the_logits_of_casting_around_every_mat
             out = [r.runner.step([Segment(prompts[i], 0, seqs[i])]) for i in (0, 1)]  # dense rows
             for c in range(3):  # a walk in 64-row chunks beside two decode rows: 66-row steps
                 dec = [Segment([7 + c], len(prompts[i]) + c, seqs[i]) for i in (0, 1)]
-                out.append(r.runner.step([Segment(prompts[2][64 * c:64 * c + 64], 64 * c, seqs[2], sample=c == 2)] + dec))
-            out.append(r.runner.step([Segment([9], 192, seqs[2])] + [Segment([9], len(prompts[i]) + 3, seqs[i])
-                                                                   for i in (0, 1)]))  # q8 rows
+                out.append(
+                    r.runner.step([Segment(prompts[2][64 * c : 64 * c + 64], 64 * c, seqs[2], sample=c == 2)] + dec)
+                )
+            out.append(
+                r.runner.step(
+                    [Segment([9], 192, seqs[2])] + [Segment([9], len(prompts[i]) + 3, seqs[i]) for i in (0, 1)]
+                )
+            )  # q8 rows
             return out
         finally:
             for s in seqs:
@@ -451,8 +529,13 @@ def test_steps_on_bf16_dense_weights_give_the_logits_of_casting_around_every_mat
     monkeypatch.setattr(Linear, "takes", lambda self, rows: None)
     for mod in (gemma3, llama):
         monkeypatch.setattr(mod, "raw", layers.linear)
-    monkeypatch.setattr(layers, "gather_f16_bf16", lambda pool, idx: F.embedding(idx, pool.view(pool.shape[0], -1))
-                        .view(idx.shape[0], *pool.shape[1:]).to(torch.bfloat16))
+    monkeypatch.setattr(
+        layers,
+        "gather_f16_bf16",
+        lambda pool, idx: (
+            F.embedding(idx, pool.view(pool.shape[0], -1)).view(idx.shape[0], *pool.shape[1:]).to(torch.bfloat16)
+        ),
+    )
     monkeypatch.setattr(layers, "kv_write_f16", lambda pool, slots, src: pool.index_copy_(0, slots, src.to(pool.dtype)))
     monkeypatch.setattr(context, "_additive", lambda mask, dtype, device: torch.from_numpy(np.ascontiguousarray(mask)))
     old = steps()

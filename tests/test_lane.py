@@ -1,4 +1,5 @@
 """The side lane (ASYNC_PREFILL=cpu:N) on the real Gemma 3 270M: one prefill beside the live batch."""
+
 from __future__ import annotations
 
 import threading
@@ -108,7 +109,9 @@ def test_a_failed_lane_prefill_fails_only_its_request(gemma):
         opened, live, doomed = a_live_stream_and_a_held_flight(h, 19, fail=True, live_tokens=30)
         opened.set()
         assert h.wait(lambda: h.done(doomed) and h.done(live))
-        assert h.of(doomed, Finished)[0].reason == "error" and "injected lane failure" in h.of(doomed, Finished)[0].message
+        assert (
+            h.of(doomed, Finished)[0].reason == "error" and "injected lane failure" in h.of(doomed, Finished)[0].message
+        )
         assert h.of(live, Finished)[0].reason == "length" and len(h.tokens(live)) == 30
 
 
@@ -124,8 +127,10 @@ def test_an_out_of_vocabulary_id_fails_only_that_request_and_the_lane_keeps_serv
         engine_cancel_and_wait(h, live)
 
 
-@pytest.mark.parametrize("value", ["1", "true", "on", "green", "green:0", "green:100", "green:x", "cpu", "cpu:0",
-                                   "cpu:2", "cpu:-1", "shared:1"])
+@pytest.mark.parametrize(
+    "value",
+    ["1", "true", "on", "green", "green:0", "green:100", "green:x", "cpu", "cpu:0", "cpu:2", "cpu:-1", "shared:1"],
+)
 def test_every_lane_value_outside_the_grammar_refuses(value):
     with pytest.raises(KnobError, match=f"TAILGATE_ASYNC_PREFILL={value!r}.*accepted:"):
         resolve(lambda n: value if n == "ASYNC_PREFILL" else None, cores=2)

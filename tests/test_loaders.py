@@ -1,4 +1,5 @@
 """Loaders: an HF directory of the same weights serves the same logits; bad input is refused."""
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,9 @@ def test_an_hf_directory_of_the_same_weights_gives_the_same_logits(name, rig, hf
     ours = rig(name, "fp32")
     ours.model.tokenizer._tok.save(str(tmp_path / "tokenizer.json"))
     bos = ours.model.tokenizer.bos_token
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": bos, "add_bos_token": ours.model.tokenizer.add_bos}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": bos, "add_bos_token": ours.model.tokenizer.add_bos})
+    )
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg.pop("quantization_config", None)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
@@ -127,7 +130,7 @@ def test_the_cache_key_reads_the_size_mtime_and_header_not_the_tensor_data(tmp_p
     def rewrite(old: bytes, new: bytes, at_end: bool):
         data = path.read_bytes()
         i = data.rindex(old) if at_end else data.index(old)
-        path.write_bytes(data[:i] + new + data[i + len(old):])
+        path.write_bytes(data[:i] + new + data[i + len(old) :])
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
     rewrite(np.float32(127).tobytes(), np.float32(-1).tobytes(), at_end=True)  # tensor data: same key
@@ -136,5 +139,5 @@ def test_the_cache_key_reads_the_size_mtime_and_header_not_the_tensor_data(tmp_p
     assert _cache_dir(path) != key
     rewrite(b"tiny-b", b"tiny-a", at_end=False)
     assert _cache_dir(path) == key
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10 ** 9))  # touched: a new key
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched: a new key
     assert _cache_dir(path) != key

@@ -1,4 +1,5 @@
 """/openapi.json says what the server enforces (schemathesis' --checks all reads it that way)."""
+
 from __future__ import annotations
 
 import httpx
@@ -15,15 +16,25 @@ from tailgate.server.app import ServerState, below, create_app
 from live import MODEL
 
 CONTEXT, VOCAB = 512, 262144  # the live test server's (tests/live.py) and Gemma 3's
-NEW_FIELDS = ("logit_bias", "response_format", "structured_outputs", "guided_json", "guided_regex",
-              "guided_choice", "guided_grammar")
+NEW_FIELDS = (
+    "logit_bias",
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+)
 CHAT_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
 
 
 def test_a_405_names_every_method_the_path_takes():
     c = TestClient(create_app(ServerState(served_name="m")))
-    for method, path, allow in (("DELETE", "/v1/models", "GET, HEAD"), ("GET", "/v1/completions", "POST"),
-                                ("PUT", "/metrics", "GET, HEAD")):
+    for method, path, allow in (
+        ("DELETE", "/v1/models", "GET, HEAD"),
+        ("GET", "/v1/completions", "POST"),
+        ("PUT", "/metrics", "GET, HEAD"),
+    ):
         r = c.request(method, path)
         assert r.status_code == 405 and r.headers["allow"] == allow and r.json()["error"]["code"] == 405
 
@@ -37,8 +48,14 @@ def test_the_schema_documents_metrics_as_prometheus_text_and_each_path_once():
 
 
 def test_the_schema_declares_the_fields_that_shape_an_answer():
-    props = {n: s["properties"] for n, s in TestClient(create_app(ServerState(served_name="m")))
-             .get("/openapi.json").json()["components"]["schemas"].items() if "properties" in s}
+    props = {
+        n: s["properties"]
+        for n, s in TestClient(create_app(ServerState(served_name="m")))
+        .get("/openapi.json")
+        .json()["components"]["schemas"]
+        .items()
+        if "properties" in s
+    }
     for f in NEW_FIELDS:
         assert f in props["CompletionRequest"] and f in props["ChatCompletionRequest"], f
     for f in CHAT_FIELDS:
@@ -50,11 +67,13 @@ def test_schemathesis_can_draw_each_request_body(path):
     """With one cross-field rule too many, schemathesis' generator gives up on a body ("does not
     support this part of it") and the fuzz and `--checks all` would test nothing there."""
     schema = schemathesis.openapi.from_dict(
-        TestClient(create_app(ServerState(served_name="m"))).get("/openapi.json").json())
+        TestClient(create_app(ServerState(served_name="m"))).get("/openapi.json").json()
+    )
     drawn = []
 
-    @settings(max_examples=5, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=5, database=None, deadline=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck)
+    )
     @given(case=schema[path]["POST"].as_strategy(generation_mode=GenerationMode.POSITIVE))
     def draw(case):
         drawn.append(case.body)
@@ -69,8 +88,11 @@ def test_the_logit_bias_key_pattern_takes_exactly_the_token_ids_below_n(n):
     takes what structured.logit_bias does: ASCII digits (leading zeros too) naming an id below n."""
     ok = jsonschema_rs.validator_for({"type": "string", "pattern": below(n)}).is_valid
     assert [i for i in range(min(n + 1200, 300000)) if ok(str(i))] == list(range(n))
-    assert ok("00" + str(n - 1)) and not ok(str(n) + "0") and not any(
-        ok(s) for s in ("", "-1", "1.0", "+1", " 1", f"{n - 1}\n", "\u0661"))
+    assert (
+        ok("00" + str(n - 1))
+        and not ok(str(n) + "0")
+        and not any(ok(s) for s in ("", "-1", "1.0", "+1", " 1", f"{n - 1}\n", "\u0661"))
+    )
 
 
 def test_the_live_schema_bounds_model_names_and_token_ids_as_the_server_does(server):
@@ -90,8 +112,11 @@ def test_the_live_schema_bounds_model_names_and_token_ids_as_the_server_does(ser
         assert key == below(VOCAB)
 
 
-CALL = {"role": "assistant", "content": None,
-        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}}]}
+CALL = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}}],
+}
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 HI = [{"role": "user", "content": "Hi"}]
 # (path, body, served): what the published schema admits is served, what it refuses is a 400.
@@ -108,8 +133,11 @@ CASES = [
     ("/v1/chat/completions", {"messages": HI, "tools": [TOOL], "tool_choice": "none"}, True),
     ("/v1/chat/completions", {"messages": HI, "tool_choice": "auto"}, False),  # needs tools
     ("/v1/chat/completions", {"messages": HI, "parallel_tool_calls": 5}, False),  # checked without tools too
-    ("/v1/chat/completions", {"messages": HI, "tools": [TOOL], "tool_choice": "required",
-                              "guided_choice": ["a"]}, False),  # a forced call and a constraint
+    (
+        "/v1/chat/completions",
+        {"messages": HI, "tools": [TOOL], "tool_choice": "required", "guided_choice": ["a"]},
+        False,
+    ),  # a forced call and a constraint
     ("/v1/completions", {"prompt": "Hi", "structured_outputs": {"json": 0}}, False),  # 0 is not false
     ("/v1/completions", {"prompt": "Hi", "structured_outputs": {"json": None, "backend": ""}}, True),
     ("/v1/completions", {"prompt": "Hi", "structured_outputs": {"disable_any_whitespace": True}}, False),
@@ -134,8 +162,11 @@ CASES = [
 @pytest.fixture(scope="module")
 def validators(server):
     doc = httpx.get(server[0] + "/openapi.json").json()
-    ref = {p: op["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
-           for p, op in doc["paths"].items() if "post" in op}
+    ref = {
+        p: op["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        for p, op in doc["paths"].items()
+        if "post" in op
+    }
     return {p: jsonschema.Draft202012Validator({"$ref": r, "components": doc["components"]}) for p, r in ref.items()}
 
 
@@ -143,8 +174,11 @@ def validators(server):
 def test_the_schema_admits_what_the_server_serves_and_nothing_it_refuses(server, validators, path, body, served):
     errors = [e.message for e in validators[path].iter_errors(body)]
     assert (not errors) == served, errors
-    r = httpx.post(server[0] + path, json={**body, "max_tokens": body.get("max_tokens", 1)}
-                   if path != "/tokenize" else body, timeout=120)
+    r = httpx.post(
+        server[0] + path,
+        json={**body, "max_tokens": body.get("max_tokens", 1)} if path != "/tokenize" else body,
+        timeout=120,
+    )
     assert r.status_code == (200 if served else 400), r.text
     if not served:
         assert r.json()["error"]["message"]
@@ -153,8 +187,10 @@ def test_the_schema_admits_what_the_server_serves_and_nothing_it_refuses(server,
 STREAMS = [
     ("/v1/completions", {"prompt": "Hi", "logprobs": 2, "echo": True, "n": 2}),
     ("/v1/completions", {"prompt": [[1000, 1001]], "prompt_logprobs": 1, "stream_options": {"include_usage": True}}),
-    ("/v1/chat/completions", {"messages": HI, "logprobs": True, "top_logprobs": 2,
-                              "stream_options": {"include_usage": True}}),
+    (
+        "/v1/chat/completions",
+        {"messages": HI, "logprobs": True, "top_logprobs": 2, "stream_options": {"include_usage": True}},
+    ),
 ]
 
 
@@ -176,8 +212,11 @@ def test_max_tokens_past_what_the_prompt_leaves_ends_at_the_context(server):
     """The schema cannot count a prompt's tokens, so a max_tokens it admits is served: the answer
     stops where the context does (finish "length"), not refused for this prompt."""
     prompt = list(range(1000, 1000 + CONTEXT - 6))
-    r = httpx.post(server[0] + "/v1/completions", json={"prompt": prompt, "max_tokens": CONTEXT - 1,
-                                                         "ignore_eos": True}, timeout=300)
+    r = httpx.post(
+        server[0] + "/v1/completions",
+        json={"prompt": prompt, "max_tokens": CONTEXT - 1, "ignore_eos": True},
+        timeout=300,
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["usage"]["completion_tokens"] == 6 and body["choices"][0]["finish_reason"] == "length"

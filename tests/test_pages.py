@@ -1,4 +1,5 @@
 """Paged KV bookkeeping: atomic two-pool reservation, sliding release, pages return."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,7 @@
 """The prefix cache as hashed blocks, as plain data: chained block keys, page sharing, lazy LRU
 eviction, entries (K), the sliding window, recompute after preemption. (Token-exactness on the
 real model: tests/test_engine_gates.py; under random schedules: tests/test_scheduler_random.py.)"""
+
 from __future__ import annotations
 
 import pytest
@@ -157,20 +158,22 @@ def test_a_sliding_page_the_window_passed_is_not_pinned_but_stays_idle_for_a_res
     assert s.book.glob.idle == 0 and s.book.local.idle == 0
 
 
-@pytest.mark.parametrize("resume_pages,held", [
-    (12, True),   # a resume at 192 reads sliding pages (192 - 63) // 16 = 8 on: 8..11 are kept
-    (10, False),  # at 160 it reads pages 6..9; 6 and 7 were evicted, and every shorter hit lacks some
-    (8, False),   # at 128 it reads pages 4..7: gone
-])
+@pytest.mark.parametrize(
+    "resume_pages,held",
+    [
+        (12, True),  # a resume at 192 reads sliding pages (192 - 63) // 16 = 8 on: 8..11 are kept
+        (10, False),  # at 160 it reads pages 6..9; 6 and 7 were evicted, and every shorter hit lacks some
+        (8, False),  # at 128 it reads pages 4..7: gone
+    ],
+)
 def test_a_prefix_resumes_only_as_far_as_the_sliding_pages_of_its_last_window_are_kept(resume_pages, held):
     book = KVBook(40, 40, 64)
     cache = PrefixCache(4, book)
     toks = prompt(200)  # 12 full pages; the window passes pages 0..7, which go idle first
     prefill(book, cache, toks)
-    assert hit(cache, toks[:resume_pages * 16] + [1]) == resume_pages * 16  # every sliding page still idle
-    seq = SeqPages()
+    assert hit(cache, toks[: resume_pages * 16] + [1]) == resume_pages * 16  # every sliding page still idle
     assert book.local.take(book.local.available - 4) is not None  # evicts the 8 passed pages
-    assert hit(cache, toks[:resume_pages * 16] + [1]) == (resume_pages * 16 if held else 0)
+    assert hit(cache, toks[: resume_pages * 16] + [1]) == (resume_pages * 16 if held else 0)
 
 
 def test_more_long_prompts_keep_a_usable_last_window_than_their_sliding_pages_would_fill():
@@ -203,8 +206,15 @@ def test_a_recompute_after_preemption_rehits_its_own_prompt_and_output_pages():
 
     snap = snapshot(s)
     assert snap.recompute_hits == s.prefix.recompute_hits > 0 and snap.kv_pages_idle == s.book.glob.idle
-    state = SimpleNamespace(served_name="m", ready=True, engine=SimpleNamespace(snapshot=snap),
-                            ttft=Histogram(), itl=Histogram(), e2e=Histogram(), queue_time=Histogram())
+    state = SimpleNamespace(
+        served_name="m",
+        ready=True,
+        engine=SimpleNamespace(snapshot=snap),
+        ttft=Histogram(),
+        itl=Histogram(),
+        e2e=Histogram(),
+        queue_time=Histogram(),
+    )
     text = render(registry_for(state)).decode()
     assert f'tailgate:recompute_prefix_hits_total{{model_name="m"}} {float(snap.recompute_hits)}' in text
     assert f'tailgate:kv_pages_idle{{model_name="m"}} {float(snap.kv_pages_idle)}' in text

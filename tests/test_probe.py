@@ -1,5 +1,6 @@
 """The start-up probe (model/probe.py): this CPU's step costs, measured once per machine, plan
 and model file, and the inter-token target's first prices."""
+
 from __future__ import annotations
 
 from tailgate.engine.step_cost import StepCostModel, step_features
@@ -55,8 +56,11 @@ def test_a_plan_with_a_row_cut_races_its_layer_kernels_and_takes_the_cut_it_meas
 
     plan = choose("auto", "q8")
     g = torch.Generator().manual_seed(2)
-    w = {f"layers.{i}.{n}": Linear(torch.randn(o, k, generator=g) / 8, plan, "layers")
-         for i in (0, 1) for n, o, k in (("qkv", 128, 64), ("o", 64, 64), ("gate_up", 256, 64), ("down", 64, 128))}
+    w = {
+        f"layers.{i}.{n}": Linear(torch.randn(o, k, generator=g) / 8, plan, "layers")
+        for i in (0, 1)
+        for n, o, k in (("qkv", 128, 64), ("o", 64, 64), ("gate_up", 256, 64), ("down", 64, 128))
+    }
     if plan.quant_rows[0] in (0, EVERY):
         assert probe.measure_layer_cut(w) is None
         return

@@ -1,5 +1,6 @@
 """Prompt logprobs out of the engine (engine/prompt_logprobs.py, model/prompt_scores.py): each
 prompt token's logprob given the tokens before it, as the model computes it on that prompt alone."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Self-differentials in fp32: batching, chunking and row order must not change the tokens."""
+
 from __future__ import annotations
 
 import torch
@@ -75,9 +76,12 @@ def test_a_ragged_batch_does_not_depend_on_row_order(rig):
         lives = [Live(r, x) for x in ids]
         run_step(r, [(lives[0], lives[0].prefill_segment()), (lives[1], lives[1].prefill_segment())])
         for _ in range(4):
-            batch = [(lives[0], lives[0].decode_segment()), (lives[1], lives[1].decode_segment()),
-                     (lives[2], lives[2].prefill_segment() if not lives[2].out else lives[2].decode_segment()),
-                     (lives[3], lives[3].prefill_segment() if not lives[3].out else lives[3].decode_segment())]
+            batch = [
+                (lives[0], lives[0].decode_segment()),
+                (lives[1], lives[1].decode_segment()),
+                (lives[2], lives[2].prefill_segment() if not lives[2].out else lives[2].decode_segment()),
+                (lives[3], lives[3].prefill_segment() if not lives[3].out else lives[3].decode_segment()),
+            ]
             run_step(r, order(batch))
         results.append([x.out for x in lives])
         for x in lives:

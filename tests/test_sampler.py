@@ -1,4 +1,5 @@
 """Sampling: filters are exact, seeds reproduce, greedy is argmax."""
+
 from __future__ import annotations
 
 import pytest
@@ -32,8 +33,11 @@ def test_top_k_top_p_and_min_p_keep_exactly_the_expected_tokens():
 
 def test_a_top_p_that_rounds_to_zero_keeps_the_top_token():
     logits = torch.log(torch.tensor([[0.1, 0.6, 0.3]]))  # 5e-324 is a valid top_p and 0.0 in fp32
-    assert torch.isfinite(filter_logits(logits, [SamplingParams(temperature=1.0, top_p=5e-324)]))[0].tolist() == \
-        [False, True, False]
+    assert torch.isfinite(filter_logits(logits, [SamplingParams(temperature=1.0, top_p=5e-324)]))[0].tolist() == [
+        False,
+        True,
+        False,
+    ]
     assert sample(logits, [SamplingParams(temperature=1.0, top_p=5e-324)], [make_generator(0)]) == [1]
 
 
@@ -58,21 +62,27 @@ LOGITS = [2.0, -1.0, 0.5, -0.5, 3.0, 1.0]
 PROMPT, OUTPUT = [0, 1], [2, 2, 3]  # ids 0, 1 in the prompt only; 2 twice and 3 once in the output; 4, 5 unseen
 
 
-@pytest.mark.parametrize("knobs,want", [
-    # repetition 2 over prompt + output: 2/2, -1*2, 0.5/2, -0.5*2; unseen ids untouched
-    (dict(repetition_penalty=2.0), [1.0, -2.0, 0.25, -1.0, 3.0, 1.0]),
-    # frequency 0.5 over the output only: id 2 (twice) -1.0, id 3 (once) -0.5; the prompt's ids untouched
-    (dict(frequency_penalty=0.5), [2.0, -1.0, -0.5, -1.0, 3.0, 1.0]),
-    # presence 0.25 over the output only: ids 2 and 3 once each, whatever their count
-    (dict(presence_penalty=0.25), [2.0, -1.0, 0.25, -0.75, 3.0, 1.0]),
-    # negative frequency / presence reward instead (OpenAI's range is -2..2)
-    (dict(frequency_penalty=-1.0, presence_penalty=-0.5), [2.0, -1.0, 3.0, 1.0, 3.0, 1.0]),
-    # all three, repetition first: id 2: 0.5/2 - 0.5*2 - 0.25 = -1.0 (frequency and presence first
-    # would give (0.5 - 1.25) * 2 = -1.5); id 3: -0.5*2 - 0.5 - 0.25 = -1.75
-    (dict(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25), [1.0, -2.0, -1.0, -1.75, 3.0, 1.0]),
-    # a repetition penalty below 1 rewards instead: 2/0.5, -1*0.5, 0.5/0.5, -0.5*0.5
-    (dict(repetition_penalty=0.5), [4.0, -0.5, 1.0, -0.25, 3.0, 1.0]),
-])
+@pytest.mark.parametrize(
+    "knobs,want",
+    [
+        # repetition 2 over prompt + output: 2/2, -1*2, 0.5/2, -0.5*2; unseen ids untouched
+        (dict(repetition_penalty=2.0), [1.0, -2.0, 0.25, -1.0, 3.0, 1.0]),
+        # frequency 0.5 over the output only: id 2 (twice) -1.0, id 3 (once) -0.5; the prompt's ids untouched
+        (dict(frequency_penalty=0.5), [2.0, -1.0, -0.5, -1.0, 3.0, 1.0]),
+        # presence 0.25 over the output only: ids 2 and 3 once each, whatever their count
+        (dict(presence_penalty=0.25), [2.0, -1.0, 0.25, -0.75, 3.0, 1.0]),
+        # negative frequency / presence reward instead (OpenAI's range is -2..2)
+        (dict(frequency_penalty=-1.0, presence_penalty=-0.5), [2.0, -1.0, 3.0, 1.0, 3.0, 1.0]),
+        # all three, repetition first: id 2: 0.5/2 - 0.5*2 - 0.25 = -1.0 (frequency and presence first
+        # would give (0.5 - 1.25) * 2 = -1.5); id 3: -0.5*2 - 0.5 - 0.25 = -1.75
+        (
+            dict(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25),
+            [1.0, -2.0, -1.0, -1.75, 3.0, 1.0],
+        ),
+        # a repetition penalty below 1 rewards instead: 2/0.5, -1*0.5, 0.5/0.5, -0.5*0.5
+        (dict(repetition_penalty=0.5), [4.0, -0.5, 1.0, -0.25, 3.0, 1.0]),
+    ],
+)
 def test_penalties_follow_vllms_formulas_on_hand_built_logits(knobs, want):
     got = apply_penalties(torch.tensor(LOGITS), SamplingParams(**knobs), PROMPT, OUTPUT)
     assert got.tolist() == want  # every operand and result is exact in binary

@@ -1,4 +1,5 @@
 """Scheduling decisions as plain data: a fake executor records every step plan."""
+
 from __future__ import annotations
 
 from tailgate.config import ServingConfig
@@ -18,8 +19,12 @@ class FakeExecutor:
         self.segments = []  # per step: (rows, start, sampled) of every segment
 
     def run(self, segments, rows):
-        self.plans.append(([len(s.tokens) for s in segments if len(s.tokens) > 1 or s.start == 0],
-                           sum(1 for s in segments if len(s.tokens) == 1 and s.start > 0)))
+        self.plans.append(
+            (
+                [len(s.tokens) for s in segments if len(s.tokens) > 1 or s.start == 0],
+                sum(1 for s in segments if len(s.tokens) == 1 and s.start > 0),
+            )
+        )
         self.segments.append([(len(s.tokens), s.start, s.sample) for s in segments])
         return [Sampled(7) for s in segments if s.sample]
 
@@ -28,8 +33,14 @@ class FakeExecutor:
 
 
 def make(slots=4, door_ms=None, max_prompts=4, gather_rows=512, global_pages=None, local_pages=None, chunk=None):
-    cfg = ServingConfig(max_context=256, decode_slots=slots, mix_gather_rows=gather_rows,
-                        mix_max_prompts=max_prompts, admit_coalesce_ms=door_ms, mix_chunk_tokens=chunk)
+    cfg = ServingConfig(
+        max_context=256,
+        decode_slots=slots,
+        mix_gather_rows=gather_rows,
+        mix_max_prompts=max_prompts,
+        admit_coalesce_ms=door_ms,
+        mix_chunk_tokens=chunk,
+    )
     book = KVBook(global_pages or slots * 16 + 1, local_pages, None)
     ex = FakeExecutor()
     return Scheduler(ex, book, cfg, VOCAB, clock=lambda: 0.0), ex
@@ -127,8 +138,12 @@ def test_pages_short_with_a_live_roster_wait_at_the_head_and_never_fit_alone_is_
 
 def test_invalid_requests_are_rejected_with_a_reason():
     s, _ = make()
-    bad = [Request(prompt=[], max_tokens=5), Request(prompt=[1], max_tokens=0),
-           Request(prompt=[1] * 250, max_tokens=10), Request(prompt=[5, VOCAB], max_tokens=5)]
+    bad = [
+        Request(prompt=[], max_tokens=5),
+        Request(prompt=[1], max_tokens=0),
+        Request(prompt=[1] * 250, max_tokens=10),
+        Request(prompt=[5, VOCAB], max_tokens=5),
+    ]
     for r in bad:
         s.submit(r)
     ev = s.step(0.0)
@@ -282,11 +297,17 @@ def test_every_gap_is_attributed_to_the_step_that_ended_it():
     s.submit(b)
     second = [e for e in s.step() if isinstance(e, Token)]  # b rides a's row
     third = [e for e in s.step() if isinstance(e, Token)]  # a decode round
-    got = [(e.request_id == a.id, e.cause, e.prompt_rows, e.prompts, None if e.gap is None else round(e.gap, 6))
-           for e in first + second + third]
-    assert got == [(True, "prefill", 10, 1, None),
-                   (False, "mixed", 30, 1, None), (True, "mixed", 30, 1, 0.040),
-                   (True, "decode", 0, 0, 0.010), (False, "decode", 0, 0, 0.010)]
+    got = [
+        (e.request_id == a.id, e.cause, e.prompt_rows, e.prompts, None if e.gap is None else round(e.gap, 6))
+        for e in first + second + third
+    ]
+    assert got == [
+        (True, "prefill", 10, 1, None),
+        (False, "mixed", 30, 1, None),
+        (True, "mixed", 30, 1, 0.040),
+        (True, "decode", 0, 0, 0.010),
+        (False, "decode", 0, 0, 0.010),
+    ]
     h = s.metrics.itl_by_cause
     assert (h["decode"].n, h["mixed"].n) == (2, 1) and abs(h["mixed"].total - 0.040) < 1e-9
 
@@ -438,7 +459,9 @@ def test_a_preempted_stream_does_not_wait_at_the_door():
     while s.has_work():  # the clock never moves: the door would hold c until the roster is empty
         events += s.step(0.0)
     assert c.preemptions == 1
-    back = next(i for i, e in enumerate(events) if isinstance(e, Token) and e.request_id == c.id and e.cause == "recompute")
+    back = next(
+        i for i, e in enumerate(events) if isinstance(e, Token) and e.request_id == c.id and e.cause == "recompute"
+    )
     done_b = next(i for i, e in enumerate(events) if isinstance(e, Finished) and e.request_id == b.id)
     assert back < done_b  # readmitted beside b as soon as a's pages came back
 
@@ -517,7 +540,10 @@ def test_every_model_step_leaves_one_record_of_its_kind_and_rows_in_the_step_log
     log = list(s.step_log)
     assert [r.seq for r in log] == list(range(len(ex.plans))) == [0, 1, 2]
     assert [(r.kind, r.prompt_rows, r.prompts, r.decode_rows) for r in log] == [
-        ("prefill", 10, 1, 0), ("mixed", 20, 2, 1), ("decode", 0, 0, 3)]
+        ("prefill", 10, 1, 0),
+        ("mixed", 20, 2, 1),
+        ("decode", 0, 0, 3),
+    ]
     assert log[0].as_dict()["kind"] == "prefill"
 
 
@@ -551,8 +577,11 @@ def test_a_walk_round_records_its_row_budget_and_every_prompt_row_it_took():
     while s.has_work():
         s.step(0.0)
     walk = [r for r in s.step_log if r.prompt_rows]
-    assert [(r.kind, r.prompt_rows, r.budget) for r in walk] == [("prefill", 16, 16), ("prefill", 16, 16),
-                                                                  ("prefill", 8, 16)]
+    assert [(r.kind, r.prompt_rows, r.budget) for r in walk] == [
+        ("prefill", 16, 16),
+        ("prefill", 16, 16),
+        ("prefill", 8, 16),
+    ]
     assert walk[0].predicted_s is None  # no ITL target: no cost model
 
 
@@ -575,5 +604,4 @@ def test_a_request_cancelled_in_the_queue_leaves_it_at_the_next_step_not_at_the_
     ev = s.step(0.0)
     assert list(s.queue) == [behind] and engine.waiting == 1
     assert finished(ev, q.id).reason == "abort" and s.metrics.finished["abort"] == 1
-    assert [x.id for x in s.roster] == [long.id] and any(isinstance(e, Token) and e.request_id == long.id
-                                                           for e in ev)
+    assert [x.id for x in s.roster] == [long.id] and any(isinstance(e, Token) and e.request_id == long.id for e in ev)

@@ -34,6 +34,7 @@ to plenty. A fake clock advances per step and per row. `pytest --hypothesis-show
 how often a run preempted, hit the prefix cache, used the lane. Examples are derandomized (the same
 ones every run); a failure prints its scenario (`note`) and the shrunk request's events.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,8 +56,13 @@ MAX_CONTEXT = 256
 STEP_CAP = 4000  # iterations; a scenario that has not drained by then has livelocked
 BASE = [(i * 37 + 11) % (VOCAB - 1) for i in range(MAX_CONTEXT)]  # the prefix prompts may share
 
-SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 # The five single-invariant tests below draw the same 150 scenarios (one fixed seed, not a seed per
 # test) and simulate each once between them (`holds`): each invariant is still checked on 150
 # scenarios, and now every scenario is checked for all five. Simulating each test's own 150 was
@@ -79,7 +85,7 @@ def alone(prompt: list[int], max_tokens: int, window: int | None, eos: frozenset
     hs: list[int] = []
 
     def row(t, q):
-        local = tuple(hs[max(0, q - window + 1):q]) if window else ()
+        local = tuple(hs[max(0, q - window + 1) : q]) if window else ()
         hs.append(row_hash(t, q, tuple(hs[:q]), local))
         return hs[-1]
 
@@ -122,12 +128,16 @@ class PagedKV:
         page = table[k]
         refs = pool._refs[page]
         if page == 0:
-            self.violations.append(f"{what} write at position {q} onto the padding page"
-                                   + (" (a released sliding page)" if what == "local" else ""))
+            self.violations.append(
+                f"{what} write at position {q} onto the padding page"
+                + (" (a released sliding page)" if what == "local" else "")
+            )
             return
         if refs != 1:
-            self.violations.append(f"{what} write at position {q} onto page {page} with {refs} holders "
-                                   + ("(free)" if refs == 0 else "(shared)"))
+            self.violations.append(
+                f"{what} write at position {q} onto page {page} with {refs} holders "
+                + ("(free)" if refs == 0 else "(shared)")
+            )
         store[page * PAGE_SIZE + q % PAGE_SIZE] = h
 
     def _read(self, store, table, lo: int, hi: int, what: str) -> list:
@@ -139,12 +149,14 @@ class PagedKV:
             end = min(hi, (k + 1) * PAGE_SIZE)
             page = table[k] if k < len(table) else None
             if not page:  # past the table, or a released sliding page (0)
-                self.violations.append(f"{what} read of positions {p}..{end - 1} through "
-                                       + ("no page" if page is None else "a released page"))
+                self.violations.append(
+                    f"{what} read of positions {p}..{end - 1} through "
+                    + ("no page" if page is None else "a released page")
+                )
                 out.extend([None] * (end - p))
             else:
                 base = page * PAGE_SIZE - k * PAGE_SIZE
-                out.extend(store[base + p:base + end])
+                out.extend(store[base + p : base + end])
             p = end
         return out
 
@@ -225,7 +237,7 @@ class Spec:
 
     def prompt(self) -> list[int]:
         own = [(self.salt * 31 + i * 7 + 3) % (VOCAB - 1) for i in range(self.prompt_len - self.shared)]
-        p = BASE[:self.shared] + own
+        p = BASE[: self.shared] + own
         if self.poison:
             p[len(p) // 2] = POISON
         return p
@@ -297,29 +309,58 @@ def scenarios(draw, never_fits: bool = False, cached_pressure: bool = False):
             p = draw(st.integers(cap + 1, total - 1))
         else:  # its prompt fits; its output runs out of pages
             p = draw(st.integers(1, cap))
-        reqs.append(Spec(prompt_len=p, shared=draw(st.integers(0, p)), salt=draw(st.integers(0, 999)),
-                         max_tokens=total - p, arrive=draw(st.integers(0, 40))))
+        reqs.append(
+            Spec(
+                prompt_len=p,
+                shared=draw(st.integers(0, p)),
+                salt=draw(st.integers(0, 999)),
+                max_tokens=total - p,
+                arrive=draw(st.integers(0, 40)),
+            )
+        )
     return Scenario(
-        specs=tuple(reqs), slots=slots, max_prompts=draw(st.integers(1, slots)),
-        gather_rows=draw(st.sampled_from([512, 32])), chunk=draw(st.sampled_from([None, None, 64, 16, 24])),
+        specs=tuple(reqs),
+        slots=slots,
+        max_prompts=draw(st.integers(1, slots)),
+        gather_rows=draw(st.sampled_from([512, 32])),
+        chunk=draw(st.sampled_from([None, None, 64, 16, 24])),
         itl_ms=draw(st.sampled_from([None, None, None, 1.5, 3, "auto"])),
-        prefix=draw(st.sampled_from([1, 4] if never_fits else [None, 1, 4])), door=door, lane_polls=lane_polls,
-        global_pages=gpages, window=window, local_pages=lpages)
+        prefix=draw(st.sampled_from([1, 4] if never_fits else [None, 1, 4])),
+        door=door,
+        lane_polls=lane_polls,
+        global_pages=gpages,
+        window=window,
+        local_pages=lpages,
+    )
 
 
 @st.composite
 def pressured(draw):
-    reqs = [dataclasses.replace(s, max_tokens=min(MAX_CONTEXT - s.prompt_len, max(s.max_tokens, 40)),
-                                shared=max(s.shared, s.prompt_len // 2))
-            for s in draw(st.lists(specs(), min_size=3, max_size=7))]
+    reqs = [
+        dataclasses.replace(
+            s,
+            max_tokens=min(MAX_CONTEXT - s.prompt_len, max(s.max_tokens, 40)),
+            shared=max(s.shared, s.prompt_len // 2),
+        )
+        for s in draw(st.lists(specs(), min_size=3, max_size=7))
+    ]
     biggest = max(pages_for(s.prompt_len + s.max_tokens) for s in reqs)
     window = draw(st.none() | st.sampled_from([16, 24, 40]))
     slots = draw(st.integers(2, 6))
     return Scenario(
-        specs=tuple(reqs), slots=slots, max_prompts=draw(st.integers(1, slots)), gather_rows=512,
-        chunk=draw(st.sampled_from([None, 64, 16, 24])), itl_ms=None, prefix=draw(st.sampled_from([1, 4, 16])),
-        door=None, lane_polls=draw(st.sampled_from([None, 1, 2])), global_pages=biggest + draw(st.integers(0, 4)),
-        window=window, local_pages=None if window is None else biggest + draw(st.integers(0, 4)))
+        specs=tuple(reqs),
+        slots=slots,
+        max_prompts=draw(st.integers(1, slots)),
+        gather_rows=512,
+        chunk=draw(st.sampled_from([None, 64, 16, 24])),
+        itl_ms=None,
+        prefix=draw(st.sampled_from([1, 4, 16])),
+        door=None,
+        lane_polls=draw(st.sampled_from([None, 1, 2])),
+        global_pages=biggest + draw(st.integers(0, 4)),
+        window=window,
+        local_pages=None if window is None else biggest + draw(st.integers(0, 4)),
+    )
 
 
 @dataclass
@@ -347,13 +388,22 @@ class Outcome:
 def simulate(sc: Scenario) -> Outcome:
     note(f"scenario: {sc!r}")  # hypothesis prints it for the minimal failing example
     clock = [0.0]
-    cfg = ServingConfig(max_context=MAX_CONTEXT, decode_slots=sc.slots, mix_gather_rows=sc.gather_rows,
-                        mix_max_prompts=sc.max_prompts, mix_chunk_tokens=sc.chunk,
-                        async_prefill="cpu:1" if sc.lane_polls else None, prefix_cache=sc.prefix,
-                        admit_coalesce_ms=sc.door, itl_target_ms=sc.itl_ms)
+    cfg = ServingConfig(
+        max_context=MAX_CONTEXT,
+        decode_slots=sc.slots,
+        mix_gather_rows=sc.gather_rows,
+        mix_max_prompts=sc.max_prompts,
+        mix_chunk_tokens=sc.chunk,
+        async_prefill="cpu:1" if sc.lane_polls else None,
+        prefix_cache=sc.prefix,
+        admit_coalesce_ms=sc.door,
+        itl_target_ms=sc.itl_ms,
+    )
     book = KVBook(sc.global_pages + 1, sc.local_pages + 1 if sc.local_pages else None, sc.window)
-    reqs = [Request(prompt=s.prompt(), max_tokens=s.max_tokens, eos_ids=frozenset({EOS}) if s.eos else frozenset())
-            for s in sc.specs]
+    reqs = [
+        Request(prompt=s.prompt(), max_tokens=s.max_tokens, eos_ids=frozenset({EOS}) if s.eos else frozenset())
+        for s in sc.specs
+    ]
     fail_at = {r.id: len(r.prompt) - 1 + s.fail_k for r, s in zip(reqs, sc.specs) if s.fail_k is not None}
     ex = PagedKV(book, clock, fail_at, sc.lane_polls or 1)
     sched = Scheduler(ex, book, cfg, VOCAB, clock=lambda: clock[0])
@@ -376,8 +426,11 @@ def simulate(sc: Scenario) -> Outcome:
             out.events[e.request_id].append(e)
         if ex.passes - passes > 1 and ex.poisoned == poisoned:  # only a failed pass is retried row by row
             ex.violations.append(f"step {i}: one iteration ran {ex.passes - passes} forward passes")
-        out.misplaced += [f"step {i}: {r.id} is {r.status.value} but {got}" for r in reqs
-                          if s_submitted(sc, r, reqs, i) and (got := where(sched, r)) != r.status]
+        out.misplaced += [
+            f"step {i}: {r.id} is {r.status.value} but {got}"
+            for r in reqs
+            if s_submitted(sc, r, reqs, i) and (got := where(sched, r)) != r.status
+        ]
     m = sched.metrics  # what the scenario exercised (pytest --hypothesis-show-statistics)
     event(f"walk {sc.chunk}, itl target {sc.itl_ms}, lane {sc.lane_polls is not None}, sliding {sc.window is not None}")
     event(f"preempted: {m.preemptions > 0}")
@@ -412,10 +465,15 @@ def where(sched: Scheduler, r: Request):
 
 
 def describe(o: Outcome, r: Request) -> str:
-    kinds = [type(e).__name__ + (f"({e.reason})" if isinstance(e, (Finished, Rejected)) else "")
-             for e in o.events[r.id] if not isinstance(e, Token)]
-    return (f"{o.spec(r)} (fits alone: {o.sc.fits_alone(o.spec(r))}): events {kinds}, "
-            f"{len(o.tokens(r))} tokens; alone: {len(o.refs[r.id][0])} then {o.refs[r.id][1]}")
+    kinds = [
+        type(e).__name__ + (f"({e.reason})" if isinstance(e, (Finished, Rejected)) else "")
+        for e in o.events[r.id]
+        if not isinstance(e, Token)
+    ]
+    return (
+        f"{o.spec(r)} (fits alone: {o.sc.fits_alone(o.spec(r))}): events {kinds}, "
+        f"{len(o.tokens(r))} tokens; alone: {len(o.refs[r.id][0])} then {o.refs[r.id][1]}"
+    )
 
 
 def doomed(o: Outcome, r: Request) -> bool:
@@ -426,8 +484,10 @@ def doomed(o: Outcome, r: Request) -> bool:
 
 # ---- the invariants -------------------------------------------------------------------------
 def check_one_terminal_event_and_no_leak(o: Outcome) -> None:
-    assert o.drained, f"not drained after {STEP_CAP} iterations: queue {len(o.sched.queue)}, " \
-                      f"roster {len(o.sched.roster)}, walk {len(o.sched.walk)}, flight {o.sched.flight is not None}"
+    assert o.drained, (
+        f"not drained after {STEP_CAP} iterations: queue {len(o.sched.queue)}, "
+        f"roster {len(o.sched.roster)}, walk {len(o.sched.walk)}, flight {o.sched.flight is not None}"
+    )
     for r in o.reqs:
         evs = o.events[r.id]
         assert len(o.terminal(r)) == 1, describe(o, r)
@@ -448,7 +508,7 @@ def check_one_terminal_event_and_no_leak(o: Outcome) -> None:
 def check_tokens_as_alone(o: Outcome) -> None:
     for r in o.reqs:
         got, (ref, how) = o.tokens(r), o.refs[r.id]
-        if got != ref[:len(got)]:
+        if got != ref[: len(got)]:
             first = next(i for i, (a, b) in enumerate(zip(got, ref + [None] * len(got))) if a != b)
             raise AssertionError(f"first wrong token at {first}: {describe(o, r)}")
         end = o.terminal(r)
@@ -478,8 +538,14 @@ def check_preemption_bound(o: Outcome) -> None:
     assert not over, f"preempted more than MAX_PREEMPTIONS={MAX_PREEMPTIONS} times: {over[:5]}"
 
 
-INVARIANTS = (check_one_terminal_event_and_no_leak, check_status_names_its_holder, check_tokens_as_alone,
-              check_page_safety, check_fits_alone_never_killed, check_preemption_bound)
+INVARIANTS = (
+    check_one_terminal_event_and_no_leak,
+    check_status_names_its_holder,
+    check_tokens_as_alone,
+    check_page_safety,
+    check_fits_alone_never_killed,
+    check_preemption_bound,
+)
 _HELD: dict[Scenario, set] = {}  # scenario -> the invariants its simulation was seen to hold (shared)
 
 

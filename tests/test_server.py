@@ -1,4 +1,5 @@
 """Gates against a live `tailgate serve` process on a free port, through the official openai SDK."""
+
 from __future__ import annotations
 
 import contextlib
@@ -25,17 +26,32 @@ def test_completions_chat_and_streaming_with_usage(client):
     assert r.choices[0].text.strip() and r.usage.completion_tokens == 8 and r.choices[0].finish_reason == "length"
     c = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi."}], max_tokens=6)
     assert c.choices[0].message.role == "assistant" and c.usage.prompt_tokens > 5
-    chunks = list(client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=10, temperature=0,
-                                            stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt="Once upon a time",
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
     assert chunks[-1].usage.completion_tokens == 10 and not chunks[-1].choices
     content = [ch for ch in chunks if ch.choices]
     assert len(content) == 10  # one chunk per token; the finish rides the last one
     assert content[-1].choices[0].finish_reason == "length" and content[-1].choices[0].text
-    assert text == client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=10,
-                                             temperature=0).choices[0].text
-    stream = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
-                                                 max_tokens=5, stream=True))
+    assert (
+        text
+        == client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=10, temperature=0)
+        .choices[0]
+        .text
+    )
+    stream = list(
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=5, stream=True
+        )
+    )
     assert stream[0].choices[0].delta.role == "assistant" and stream[-1].choices[0].finish_reason == "length"
 
 
@@ -46,21 +62,33 @@ def test_n_logprobs_stop_and_seed(client):
     block = lp.choices[0].logprobs
     assert len(block.token_logprobs) == 5 and all(v <= 0 for v in block.token_logprobs)
     assert all(len(t) == 2 for t in block.top_logprobs)
-    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
-                                          logprobs=True, top_logprobs=2)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, logprobs=True, top_logprobs=2
+    )
     content = chat.choices[0].logprobs.content  # one entry per emitted token (the base model may end its turn early)
     assert 1 <= len(content) == chat.usage.completion_tokens <= 3 and all(len(c.top_logprobs) == 2 for c in content)
     assert chat.choices[0].finish_reason == ("length" if len(content) == 3 else "stop")
-    full = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=16,
-                                     temperature=0).choices[0].text
+    full = (
+        client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=16, temperature=0)
+        .choices[0]
+        .text
+    )
     stop = full[8:12]
-    cut = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=16, temperature=0,
-                                    stop=[stop])
-    assert cut.choices[0].text == full[:full.index(stop)] and cut.choices[0].finish_reason == "stop"
-    same = [client.completions.create(model=MODEL, prompt="My name is", max_tokens=12, temperature=1.0,
-                                      seed=1234).choices[0].text for _ in range(2)]
-    other = client.completions.create(model=MODEL, prompt="My name is", max_tokens=12, temperature=1.0,
-                                      seed=99).choices[0].text
+    cut = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=16, temperature=0, stop=[stop]
+    )
+    assert cut.choices[0].text == full[: full.index(stop)] and cut.choices[0].finish_reason == "stop"
+    same = [
+        client.completions.create(model=MODEL, prompt="My name is", max_tokens=12, temperature=1.0, seed=1234)
+        .choices[0]
+        .text
+        for _ in range(2)
+    ]
+    other = (
+        client.completions.create(model=MODEL, prompt="My name is", max_tokens=12, temperature=1.0, seed=99)
+        .choices[0]
+        .text
+    )
     assert same[0] == same[1] and other != same[0]
 
 
@@ -68,8 +96,9 @@ def test_greedy_http_output_equals_the_engine(client, rig):
     r = rig(MODEL, "auto")
     tok = r.model.tokenizer
     want = serial.generate(r.runner, r.book, tok.encode("The capital of France is"), 12)
-    got = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=12, temperature=0,
-                                    logprobs=0)
+    got = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=12, temperature=0, logprobs=0
+    )
     assert got.choices[0].text == tok.decode(want)
 
 
@@ -83,8 +112,14 @@ def _logprob_errors(ids, lsm, rows, k, piece):
         errs.append(abs(lp - lsm[j, ids[j]].item()))
         assert len(top) == k
         # the top k values, as order statistics (robust to near ties swapping places) ...
-        errs += (torch.tensor(sorted((v for _, v in top), reverse=True), dtype=torch.float64)
-                 - lsm[j].topk(k).values.double()).abs().tolist()
+        errs += (
+            (
+                torch.tensor(sorted((v for _, v in top), reverse=True), dtype=torch.float64)
+                - lsm[j].topk(k).values.double()
+            )
+            .abs()
+            .tolist()
+        )
         # ... and each is the logprob of a token that decodes to the piece it names
         cand = lsm[j].topk(k + 8).indices.tolist()
         for name, v in top:
@@ -127,18 +162,27 @@ def test_logprobs_are_the_log_softmax_of_the_steps_logits(server, client, rig):
     got = client.completions.create(model=MODEL, prompt=text, max_tokens=8, temperature=0, logprobs=k)
     block = got.choices[0].logprobs
     assert block.tokens == [piece(t) for t in ids]
-    errs = _logprob_errors(ids, lsm, [(lp, list(top.items())) for lp, top in zip(block.token_logprobs,
-                                                                                  block.top_logprobs)], k, piece)
+    errs = _logprob_errors(
+        ids, lsm, [(lp, list(top.items())) for lp, top in zip(block.token_logprobs, block.top_logprobs)], k, piece
+    )
 
     msgs = [{"role": "user", "content": "Name three colours."}]
     prompt = post(server[0], "/tokenize", {"messages": msgs}).json()["tokens"]
     ids, lsm = reference(prompt, 6)
-    chat = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=6, temperature=0, logprobs=True,
-                                          top_logprobs=k, extra_body={"ignore_eos": True})
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=msgs,
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=k,
+        extra_body={"ignore_eos": True},
+    )
     content = chat.choices[0].logprobs.content
     assert [c.token for c in content] == [piece(t) for t in ids]
-    errs += _logprob_errors(ids, lsm, [(c.logprob, [(t.token, t.logprob) for t in c.top_logprobs])
-                                       for c in content], k, piece)
+    errs += _logprob_errors(
+        ids, lsm, [(c.logprob, [(t.token, t.logprob) for t in c.top_logprobs]) for c in content], k, piece
+    )
     # The reference runs the very steps the engine ran, on the same plan: measured on an AMD EPYC
     # (AVX2, the q8 plan) every one of the 154 values equal to the bit. The bound leaves room only
     # for fp32 summation order (threads, oneDNN's choices on another CPU). A teacher-forced prefill
@@ -170,28 +214,31 @@ def healthy_request(client, max_tokens: int, stream: bool = True, prompt: str = 
         t.join(120)
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"prompt": "hi " * 600, "max_tokens": 4}, "prompt"),
-    ({"prompt": "hi", "max_tokens": -1}, "max_tokens"),
-    ({"prompt": "hi", "top_p": 0}, "top_p"),
-    ({"prompt": "hi", "top_p": 1.5}, "top_p"),
-    ({"prompt": "hi", "model": "gpt-4"}, "model"),
-    ({"prompt": "hi", "temperature": "hot"}, "temperature"),
-    ({"prompt": [5, 10 ** 9]}, "prompt"),
-    ({"prompt": "hi", "logit_bias": {"5": 300}}, "logit_bias"),  # a bias past [-100, 100]
-    ({"prompt": 7}, "prompt"),
-    ({"prompt": "hi", "seed": 1 << 64}, "seed"),
-    ({"prompt": "hi", "top_k": 1 << 70}, "top_k"),
-    ({"prompt": ["a", "b"], "n": 2, "max_tokens": 2}, "n"),  # 4 entries; the test server queues at most 3
-    ({"prompt": "hi", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),  # 0 is a value, not unset
-    ({"prompt": "hi", "allowed_token_ids": [1, 2]}, "allowed_token_ids"),
-    ({"prompt": "hi", "bad_words": ["x"]}, "bad_words"),
-    ({"prompt": "hi", "add_special_tokens": False}, "add_special_tokens"),
-    ({"prompt": "hi", "chat_template_kwargs": {"x": 1}}, "chat_template_kwargs"),
-    ({"prompt": "hi", "continue_final_message": True}, "continue_final_message"),
-    ({"prompt": "hi", "use_beam_search": 0}, "use_beam_search"),
-    ({"prompt": "hi", "stop": ["s" * 257]}, "stop"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"prompt": "hi " * 600, "max_tokens": 4}, "prompt"),
+        ({"prompt": "hi", "max_tokens": -1}, "max_tokens"),
+        ({"prompt": "hi", "top_p": 0}, "top_p"),
+        ({"prompt": "hi", "top_p": 1.5}, "top_p"),
+        ({"prompt": "hi", "model": "gpt-4"}, "model"),
+        ({"prompt": "hi", "temperature": "hot"}, "temperature"),
+        ({"prompt": [5, 10**9]}, "prompt"),
+        ({"prompt": "hi", "logit_bias": {"5": 300}}, "logit_bias"),  # a bias past [-100, 100]
+        ({"prompt": 7}, "prompt"),
+        ({"prompt": "hi", "seed": 1 << 64}, "seed"),
+        ({"prompt": "hi", "top_k": 1 << 70}, "top_k"),
+        ({"prompt": ["a", "b"], "n": 2, "max_tokens": 2}, "n"),  # 4 entries; the test server queues at most 3
+        ({"prompt": "hi", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),  # 0 is a value, not unset
+        ({"prompt": "hi", "allowed_token_ids": [1, 2]}, "allowed_token_ids"),
+        ({"prompt": "hi", "bad_words": ["x"]}, "bad_words"),
+        ({"prompt": "hi", "add_special_tokens": False}, "add_special_tokens"),
+        ({"prompt": "hi", "chat_template_kwargs": {"x": 1}}, "chat_template_kwargs"),
+        ({"prompt": "hi", "continue_final_message": True}, "continue_final_message"),
+        ({"prompt": "hi", "use_beam_search": 0}, "use_beam_search"),
+        ({"prompt": "hi", "stop": ["s" * 257]}, "stop"),
+    ],
+)
 def test_bad_requests_get_400_and_lose_nothing_else(server, client, body, param):
     with healthy_request(client, 20) as good:
         r = post(server[0], "/v1/completions", body)
@@ -203,11 +250,17 @@ def test_bad_requests_get_400_and_lose_nothing_else(server, client, body, param)
         assert "maximum context length is 512 tokens" in err["message"]
 
 
-@pytest.mark.parametrize("raw", [
-    b"{not json", b'{"prompt": "hi", "temperature": NaN}', b'{"prompt": "hi", "top_p": Infinity}',
-    b'{"prompt": "hi", "seed": ' + b"9" * 5000 + b"}", b'{"prompt": ' + b"[" * 100000 + b"]" * 100000 + b"}",
-    b'{"prompt": "hi \\ud800 there"}',
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"{not json",
+        b'{"prompt": "hi", "temperature": NaN}',
+        b'{"prompt": "hi", "top_p": Infinity}',
+        b'{"prompt": "hi", "seed": ' + b"9" * 5000 + b"}",
+        b'{"prompt": ' + b"[" * 100000 + b"]" * 100000 + b"}",
+        b'{"prompt": "hi \\ud800 there"}',
+    ],
+)
 def test_malformed_json_is_a_400_with_an_openai_error_body(server, client, raw):
     with healthy_request(client, 12) as good:
         r = post(server[0], "/v1/completions", raw, raw=True)
@@ -228,9 +281,12 @@ def test_a_body_past_the_limit_is_a_413_whether_declared_or_streamed(server, cli
     big = json.dumps({"prompt": "x", "user": "y" * (9 << 20)}).encode()  # default limit: 8 MiB
     with healthy_request(client, 12) as good:
         declared = post(server[0], "/v1/completions", big, raw=True)
-        streamed = httpx.post(server[0] + "/v1/completions", content=iter([big[i:i + 65536] for i in
-                                                                          range(0, len(big), 65536)]),
-                              headers={"content-type": "application/json"}, timeout=120)
+        streamed = httpx.post(
+            server[0] + "/v1/completions",
+            content=iter([big[i : i + 65536] for i in range(0, len(big), 65536)]),
+            headers={"content-type": "application/json"},
+            timeout=120,
+        )
     for r in (declared, streamed):
         assert r.status_code == 413 and "--max-body-mb" in r.json()["error"]["message"], r.text
     assert good["completion_tokens"] == 12
@@ -238,16 +294,24 @@ def test_a_body_past_the_limit_is_a_413_whether_declared_or_streamed(server, cli
 
 def test_a_vanishing_temperature_is_greedy(client):
     def run(t):
-        return client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8,
-                                         temperature=t).choices[0].text
+        return (
+            client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=t)
+            .choices[0]
+            .text
+        )
+
     assert run(1e-9) == run(0)
 
 
 def test_a_disconnect_mid_stream_returns_pages_and_spares_the_others(server, client):
     base = server[0]
     with healthy_request(client, 40, stream=False, prompt="Other stream") as good:
-        with httpx.stream("POST", base + "/v1/completions", json={"prompt": "Tell me a story", "max_tokens": 400,
-                                                                 "stream": True}, timeout=30) as s:
+        with httpx.stream(
+            "POST",
+            base + "/v1/completions",
+            json={"prompt": "Tell me a story", "max_tokens": 400, "stream": True},
+            timeout=30,
+        ) as s:
             for i, _ in enumerate(s.iter_lines()):
                 if i > 6:
                     break  # hang up mid-stream
@@ -266,10 +330,16 @@ def test_a_non_streaming_client_that_leaves_is_aborted_and_spares_the_others(ser
     host, port = base.removeprefix("http://").rsplit(":", 1)
     leaver = socket.create_connection((host, int(port)))
     try:
-        leaver.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: %s:%s\r\ncontent-type: application/json\r\n"
-                       b"content-length: %d\r\n\r\n%s" % (host.encode(), port.encode(), len(body), body))
-        assert until(lambda: metric(base, "vllm:num_requests_running") == 1
-                     and metric(base, "vllm:generation_tokens_total") > tokens0), "the request never ran"
+        leaver.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nhost: %s:%s\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (host.encode(), port.encode(), len(body), body)
+        )
+        assert until(
+            lambda: (
+                metric(base, "vllm:num_requests_running") == 1
+                and metric(base, "vllm:generation_tokens_total") > tokens0
+            )
+        ), "the request never ran"
         with healthy_request(client, 40, stream=False, prompt="Other stream") as good:
             # both live (or the good one already done), then the non-streaming client leaves
             assert until(lambda: "completion_tokens" in good or metric(base, "vllm:num_requests_running") == 2)
@@ -311,9 +381,18 @@ def test_a_full_queue_answers_429_with_retry_after(server):
 
 
 def test_a_vllm_bench_serve_body_is_accepted(server):
-    body = {"model": MODEL, "prompt": "hello hello hello", "temperature": 0.0, "repetition_penalty": 1.0,
-            "max_tokens": 16, "max_completion_tokens": 16, "logprobs": None, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "prompt": "hello hello hello",
+        "temperature": 0.0,
+        "repetition_penalty": 1.0,
+        "max_tokens": 16,
+        "max_completion_tokens": 16,
+        "logprobs": None,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     r = post(server[0], "/v1/completions", body)
     events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
     assert r.status_code == 200 and events[-1]["usage"]["completion_tokens"] == 16
@@ -360,8 +439,11 @@ def _scrape(base) -> dict:
     """Every sample of /metrics: {(name, frozenset(labels)): value}."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for fam in text_string_to_metric_families(httpx.get(base + "/metrics").text) for s in fam.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for fam in text_string_to_metric_families(httpx.get(base + "/metrics").text)
+        for s in fam.samples
+    }
 
 
 def test_metrics_count_the_traffic_sent(server):
@@ -371,8 +453,11 @@ def test_metrics_count_the_traffic_sent(server):
     sent = [(5, 3), (9, 4), (13, 6)]  # (prompt tokens, completion tokens) of each request
     for n, m in sent:
         prompt = [2] + [1000 + 37 * i for i in range(n - 1)]  # token ids: exactly n prompt tokens
-        r = post(base, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": m, "ignore_eos": True,
-                                           "temperature": 0})
+        r = post(
+            base,
+            "/v1/completions",
+            {"model": MODEL, "prompt": prompt, "max_tokens": m, "ignore_eos": True, "temperature": 0},
+        )
         assert r.status_code == 200, r.text
         assert (r.json()["usage"]["prompt_tokens"], r.json()["usage"]["completion_tokens"]) == (n, m)
     reqs, prompt_toks, gen_toks = len(sent), sum(n for n, _ in sent), sum(m for _, m in sent)
@@ -382,19 +467,21 @@ def test_metrics_count_the_traffic_sent(server):
     def key(name, **labels):
         return name, frozenset({**lab, **labels}.items())
 
-    want = {key("vllm:request_success_total", finished_reason="length"): reqs,
-            key("vllm:request_success_total", finished_reason="stop"): 0,
-            key("vllm:prompt_tokens_total"): prompt_toks,
-            key("vllm:generation_tokens_total"): gen_toks,
-            key("vllm:time_to_first_token_seconds_count"): reqs,
-            key("vllm:e2e_request_latency_seconds_count"): reqs,
-            key("vllm:request_queue_time_seconds_count"): reqs,
-            key("vllm:inter_token_latency_seconds_count"): gaps,
-            # one request at a time: every gap ends in a decode step of one row, every prompt row
-            # runs in a step of prompt rows
-            key("tailgate:inter_token_latency_by_cause_seconds_count", cause="decode"): gaps,
-            key("tailgate:step_decode_rows_sum"): gaps,
-            key("tailgate:step_prefill_rows_sum"): prompt_toks}
+    want = {
+        key("vllm:request_success_total", finished_reason="length"): reqs,
+        key("vllm:request_success_total", finished_reason="stop"): 0,
+        key("vllm:prompt_tokens_total"): prompt_toks,
+        key("vllm:generation_tokens_total"): gen_toks,
+        key("vllm:time_to_first_token_seconds_count"): reqs,
+        key("vllm:e2e_request_latency_seconds_count"): reqs,
+        key("vllm:request_queue_time_seconds_count"): reqs,
+        key("vllm:inter_token_latency_seconds_count"): gaps,
+        # one request at a time: every gap ends in a decode step of one row, every prompt row
+        # runs in a step of prompt rows
+        key("tailgate:inter_token_latency_by_cause_seconds_count", cause="decode"): gaps,
+        key("tailgate:step_decode_rows_sum"): gaps,
+        key("tailgate:step_prefill_rows_sum"): prompt_toks,
+    }
     # The engine publishes its counters after the step that finished the last request, which can be
     # after that request's response: wait for that snapshot, then every figure must have moved by
     # exactly what was sent.
@@ -427,12 +514,16 @@ def _counter(base, name, labels):
 
 def test_a_stop_string_finish_counts_as_a_success_not_an_abort(server, client):
     base = server[0]
-    full = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=16,
-                                     temperature=0).choices[0].text
+    full = (
+        client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=16, temperature=0)
+        .choices[0]
+        .text
+    )
     assert wait_idle(base) == 0
     ok = _counter(base, "vllm:request_success_total", {"finished_reason": "stop"})
-    cut = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=16, temperature=0,
-                                    stop=[full[8:12]])
+    cut = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=16, temperature=0, stop=[full[8:12]]
+    )
     assert cut.choices[0].finish_reason == "stop"
     end = time.monotonic() + 30  # the engine retires the cancelled row on its next turn
     while _counter(base, "vllm:request_success_total", {"finished_reason": "stop"}) < ok + 1 and time.monotonic() < end:
@@ -472,15 +563,24 @@ def test_a_text_plain_post_runs_no_work():
     assert r.status_code == 415 and r.json()["error"]["type"] == "BadRequestError"
 
 
-@pytest.mark.parametrize("extra", [{"repetition_penalty": 1.3}, {"repetition_penalty": 5e-324, "temperature": 1.0},
-                                   {"repetition_penalty": 1e-40, "temperature": 0.5},
-                                   {"frequency_penalty": 2, "presence_penalty": -2, "min_tokens": 3}])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"repetition_penalty": 1.3},
+        {"repetition_penalty": 5e-324, "temperature": 1.0},
+        {"repetition_penalty": 1e-40, "temperature": 0.5},
+        {"frequency_penalty": 2, "presence_penalty": -2, "min_tokens": 3},
+    ],
+)
 def test_penalties_and_suppression_work_on_every_runtime_dtype(server, client, extra):
     # Found by the schema fuzz: on an fp32 runtime the step's logits were edited in place outside
     # inference mode (a 500 for every penalised request), and a tiny penalty made NaN probabilities.
     with healthy_request(client, 12) as good:
-        r = post(server[0], "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 6, "seed": 1,
-                                                "temperature": 0, **extra})
+        r = post(
+            server[0],
+            "/v1/completions",
+            {"prompt": "The capital of France is", "max_tokens": 6, "seed": 1, "temperature": 0, **extra},
+        )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6, r.text
     assert good["completion_tokens"] == 12
 
@@ -498,10 +598,15 @@ def test_a_cached_prefix_shows_in_usage_and_in_the_prefix_cache_metrics():
         got = second.json()["usage"]
         cached = got["prompt_tokens_details"]["cached_tokens"]
         assert cached > 0 and cached % 16 == 0 and cached < got["prompt_tokens"]
-        metrics = {ln.split("{")[0]: float(ln.rsplit(" ", 1)[1]) for ln in httpx.get(base + "/metrics").text.splitlines()
-                   if ln.startswith("vllm:prefix_cache_")}
+        metrics = {
+            ln.split("{")[0]: float(ln.rsplit(" ", 1)[1])
+            for ln in httpx.get(base + "/metrics").text.splitlines()
+            if ln.startswith("vllm:prefix_cache_")
+        }
         assert metrics["vllm:prefix_cache_hits_total"] == cached
-        assert metrics["vllm:prefix_cache_queries_total"] == first.json()["usage"]["prompt_tokens"] + got["prompt_tokens"]
+        assert (
+            metrics["vllm:prefix_cache_queries_total"] == first.json()["usage"]["prompt_tokens"] + got["prompt_tokens"]
+        )
     finally:
         stop_server(p)
 
@@ -510,8 +615,10 @@ def test_tokenize_checks_the_template_fields_of_a_prompt_body_as_the_schema_does
     """A fuzzed /tokenize body with `prompt` and a non-boolean chat_template_kwargs
     .continue_final_message got a 200 (schemathesis ST201): the template's fields are checked
     whichever form came."""
-    for extra in ({"chat_template_kwargs": {"continue_final_message": 2.2e-308}},
-                  {"chat_template_kwargs": {"add_generation_prompt": "yes"}}):
+    for extra in (
+        {"chat_template_kwargs": {"continue_final_message": 2.2e-308}},
+        {"chat_template_kwargs": {"add_generation_prompt": "yes"}},
+    ):
         r = httpx.post(server[0] + "/tokenize", json={"prompt": "hi", **extra})
         assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
     ok = httpx.post(server[0] + "/tokenize", json={"prompt": "hi", "chat_template_kwargs": {"enable_thinking": True}})

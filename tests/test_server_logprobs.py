@@ -1,5 +1,6 @@
 """Prompt logprobs over HTTP: lm-eval-harness' loglikelihood request (echo + logprobs, max_tokens
 0 or 1), vLLM's prompt_logprobs, text_offset, and the raw bytes of a byte-fallback token."""
+
 from __future__ import annotations
 
 import pytest
@@ -49,8 +50,15 @@ def test_lm_eval_loglikelihood_request_gets_the_prompts_log_softmax(server, scor
     prompt, lsm, tok = scored
     piece = lambda t: tok.decode([t], skip_special=False)  # noqa: E731
     # lm-eval-harness' local-completions loglikelihood body: token ids, echo, logprobs 1, greedy
-    body = {"model": MODEL, "prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": max_tokens,
-            "temperature": 0, "seed": 1234}
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "echo": True,
+        "logprobs": 1,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "seed": 1234,
+    }
     got = post(server[0], "/v1/completions", body)
     assert got.status_code == 200, got.text
     ch = got.json()["choices"][0]
@@ -75,8 +83,9 @@ def test_lm_eval_loglikelihood_request_gets_the_prompts_log_softmax(server, scor
 
 def test_vllm_prompt_logprobs_name_each_prompt_token_with_its_rank_and_the_top_k(server, client, scored):
     prompt, lsm, tok = scored
-    got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0,
-                                    extra_body={"prompt_logprobs": 2})
+    got = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=1, temperature=0, extra_body={"prompt_logprobs": 2}
+    )
     check_prompt_logprobs(got.choices[0].model_extra["prompt_logprobs"], prompt, lsm, 2)
 
 
@@ -84,12 +93,16 @@ def test_chat_prompt_logprobs_sit_beside_the_choices_and_score_the_templated_pro
     messages = [{"role": "user", "content": TEXT}]
     prompt = post(server[0], "/tokenize", {"messages": messages}).json()["tokens"]
     lsm = log_softmax(rig(MODEL, "auto"), prompt)
-    got = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0, n=2,
-                                         extra_body={"prompt_logprobs": 3})
+    got = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=2, temperature=0, n=2, extra_body={"prompt_logprobs": 3}
+    )
     check_prompt_logprobs(got.model_extra["prompt_logprobs"], prompt, lsm, 3)
     assert got.usage.prompt_tokens == len(prompt)
-    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0,
-                                                 stream=True, extra_body={"prompt_logprobs": 1}))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=2, temperature=0, stream=True, extra_body={"prompt_logprobs": 1}
+        )
+    )
     carried = [c.model_extra["prompt_logprobs"] for c in chunks if c.model_extra.get("prompt_logprobs")]
     assert len(carried) == 1  # once, on the first chunk after they arrived
     check_prompt_logprobs(carried[0], prompt, lsm, 1)
@@ -99,8 +112,11 @@ def test_chat_prompt_logprobs_sit_beside_the_choices_and_score_the_templated_pro
 
 def test_a_streamed_echo_with_logprobs_opens_with_the_prompt_and_its_logprobs(server, client, scored):
     prompt, lsm, tok = scored
-    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0, echo=True,
-                                            logprobs=0, stream=True))
+    chunks = list(
+        client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=2, temperature=0, echo=True, logprobs=0, stream=True
+        )
+    )
     first = chunks[0].choices[0]
     assert first.text == tok.decode(prompt, skip_special=False)
     assert len(first.logprobs.tokens) == len(prompt) and first.logprobs.token_logprobs[0] is None

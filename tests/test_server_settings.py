@@ -1,5 +1,6 @@
 """The server's settings (flags, TAILGATE_<NAME>, a TOML config file: server/settings.py), and what
 three of them turn on: SSE keep-alive comments, CORS, JSON access logs."""
+
 from __future__ import annotations
 
 import json
@@ -25,12 +26,21 @@ def test_a_flag_beats_its_env_var_which_beats_the_config_file(tmp_path, monkeypa
     assert load({}).port == 7002
 
 
-@pytest.mark.parametrize("env, says", [
-    ({"TAILGATE_PORT": " 80"}, "TAILGATE_PORT=' 80' not recognized (accepted: N, 0 <= N <= 65535, ASCII digits only)"),
-    ({"TAILGATE_MAX_BODY_MB": "0"}, "TAILGATE_MAX_BODY_MB='0' not recognized (accepted: N, 1 <= N"),
-    ({"TAILGATE_SSE_KEEP_ALIVE": "1_0"}, "TAILGATE_SSE_KEEP_ALIVE='1_0' not recognized (accepted: off | N, 1 <= N <= 3600"),
-    ({"TAILGATE_LOG_FORMAT": "xml"}, "TAILGATE_LOG_FORMAT='xml' not recognized (accepted: text | json)"),
-])
+@pytest.mark.parametrize(
+    "env, says",
+    [
+        (
+            {"TAILGATE_PORT": " 80"},
+            "TAILGATE_PORT=' 80' not recognized (accepted: N, 0 <= N <= 65535, ASCII digits only)",
+        ),
+        ({"TAILGATE_MAX_BODY_MB": "0"}, "TAILGATE_MAX_BODY_MB='0' not recognized (accepted: N, 1 <= N"),
+        (
+            {"TAILGATE_SSE_KEEP_ALIVE": "1_0"},
+            "TAILGATE_SSE_KEEP_ALIVE='1_0' not recognized (accepted: off | N, 1 <= N <= 3600",
+        ),
+        ({"TAILGATE_LOG_FORMAT": "xml"}, "TAILGATE_LOG_FORMAT='xml' not recognized (accepted: text | json)"),
+    ],
+)
 def test_a_bad_env_value_refuses_naming_the_variable_the_value_and_the_grammar(monkeypatch, env, says):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -56,8 +66,13 @@ def test_every_serve_flag_is_a_setting():
 
 
 def test_serve_refuses_a_bad_setting_before_any_weights_load(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "tailgate.cli", "serve", "--model", str(tmp_path / "missing.gguf")],
-                       env={"TAILGATE_SSE_KEEP_ALIVE": "0", "PATH": ""}, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "tailgate.cli", "serve", "--model", str(tmp_path / "missing.gguf")],
+        env={"TAILGATE_SSE_KEEP_ALIVE": "0", "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2
     assert "TAILGATE_SSE_KEEP_ALIVE='0' not recognized" in p.stderr and "missing.gguf" not in p.stderr, p.stderr
 
@@ -68,8 +83,11 @@ def configured(tmp_path_factory):
     environment, JSON logs from a flag; one decode slot, so a second stream waits in the queue."""
     cfg = tmp_path_factory.mktemp("cfg") / "serve.toml"
     cfg.write_text("sse_keep_alive = 1\n")
-    p, base, _ = start_server(args=["--config", str(cfg), "--log-format", "json", "--log-level", "info"],
-                              TAILGATE_ALLOWED_ORIGINS="http://app.example", TAILGATE_DECODE_SLOTS="1")
+    p, base, _ = start_server(
+        args=["--config", str(cfg), "--log-format", "json", "--log-level", "info"],
+        TAILGATE_ALLOWED_ORIGINS="http://app.example",
+        TAILGATE_DECODE_SLOTS="1",
+    )
     yield p, base
     stop_server(p)
 

@@ -1,4 +1,5 @@
 """The simulator: the real scheduler on a virtual clock with a scripted or preset cost model."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,9 @@ def test_virtual_time_gives_the_hand_computed_event_times():
     # forward pass an iteration. t=0: A's solo prefill, 10 + 10 = 20 ms -> A1 at 20. t=20: B (due
     # at 15) is taken: a mixed step of B's 5 rows + A's row, 10 + 5 + 2 -> B1 and A2 at 37. t=37:
     # the decode round of A and B, 10 + 2 + 2 -> A3 (A done) and B2 at 51.
-    res, s = sim.simulate(cfg(DECODE_SLOTS="4", MIX_CHUNK_TOKENS="off"), SCRIPTED, [(10, 3), (5, 2)],
-                          offsets=[0.0, 0.015])
+    res, s = sim.simulate(
+        cfg(DECODE_SLOTS="4", MIX_CHUNK_TOKENS="off"), SCRIPTED, [(10, 3), (5, 2)], offsets=[0.0, 0.015]
+    )
     assert [round(t, 9) for t in res[0].chunk_times] == [0.020, 0.037, 0.051]
     assert [round(t, 9) for t in res[1].chunk_times] == [0.037, 0.051]
     assert res[1].send == 0.015 and round(s["scheduled_at"][1], 9) == 0.020
@@ -45,8 +47,10 @@ def test_a_lane_prefill_shares_the_machine_in_hand_computed_virtual_time():
     # 80. A's decode steps (12 ms of work) run at half speed meanwhile: A2 at 44, A3 at 68; A4's
     # straddles the lane's end (6 ms of work by 80, 6 at full speed) -> 86. At 86 the flight
     # lands: B1 at the landing, 86; then A5 and B2 in one decode step, 10 + 2 + 2 -> 100.
-    c = resolve(lambda n: {"DECODE_SLOTS": "4", "MIX_CHUNK_TOKENS": "off", "ASYNC_PREFILL": "green:50"}.get(n),
-                lanes=("cpu", "green")).with_model_limit(32768)
+    c = resolve(
+        lambda n: {"DECODE_SLOTS": "4", "MIX_CHUNK_TOKENS": "off", "ASYNC_PREFILL": "green:50"}.get(n),
+        lanes=("cpu", "green"),
+    ).with_model_limit(32768)
     res, s = sim.simulate(c, SCRIPTED, [(10, 5), (20, 2)], offsets=[0.0, 0.015])
     assert [round(t, 9) for t in res[0].chunk_times] == [0.020, 0.044, 0.068, 0.086, 0.100]
     assert [round(t, 9) for t in res[1].chunk_times] == [0.086, 0.100]
@@ -64,16 +68,21 @@ def test_the_simulator_refuses_a_lane_it_cannot_price_and_a_lane_with_the_door(c
 def test_the_door_releases_one_burst_under_the_simulator():
     # The engine gate (tests/test_engine_gates.py), on virtual time: slots 4, a live stream, two
     # arrivals held, the third completes the cohort and all three are admitted in one step.
-    res, s = sim.simulate(cfg(DECODE_SLOTS="4", ADMIT_COALESCE_MS="2000"), SCRIPTED,
-                          [(40, 400), (40, 4), (40, 4), (40, 4)], offsets=[0.0, 0.1, 0.1, 1.0])
+    res, s = sim.simulate(
+        cfg(DECODE_SLOTS="4", ADMIT_COALESCE_MS="2000"),
+        SCRIPTED,
+        [(40, 400), (40, 4), (40, 4), (40, 4)],
+        offsets=[0.0, 0.1, 0.1, 1.0],
+    )
     x, y, z = s["scheduled_at"][1:]
     assert x == y == z and z >= 1.0
     assert s["door_releases"] == {"cohort": 1} and all(len(r.chunk_times) == 4 for r in res[1:])
 
 
 def test_a_short_door_window_releases_an_incomplete_cohort_under_the_simulator():
-    res, s = sim.simulate(cfg(DECODE_SLOTS="4", ADMIT_COALESCE_MS="20"), SCRIPTED,
-                          [(40, 200), (40, 3), (40, 3)], offsets=[0.0, 0.1, 0.1])
+    res, s = sim.simulate(
+        cfg(DECODE_SLOTS="4", ADMIT_COALESCE_MS="20"), SCRIPTED, [(40, 200), (40, 3), (40, 3)], offsets=[0.0, 0.1, 0.1]
+    )
     x, y = s["scheduled_at"][1:]
     assert x == y and x - 0.1 >= 0.020
     assert s["door_releases"].get("window", 0) >= 1
@@ -87,8 +96,9 @@ def test_the_priced_door_spares_a_stream_its_last_tokens_stall_under_the_simulat
     # 100 ms of stall, so C waits for B's last token; A's end is seconds off, so the door then
     # admits C ("priced"). With the door off C rides B's last step (B's last token at 330 ms).
     jobs, offsets = [(40, 400), (30, 3), (40, 6), (100, 3)], [0.0, 0.05, 0.1, 0.21]
-    res, s = sim.simulate(cfg(DECODE_SLOTS="4", MIX_CHUNK_TOKENS="off", ADMIT_COALESCE_MS="auto"), SCRIPTED,
-                          jobs, offsets=offsets)
+    res, s = sim.simulate(
+        cfg(DECODE_SLOTS="4", MIX_CHUNK_TOKENS="off", ADMIT_COALESCE_MS="auto"), SCRIPTED, jobs, offsets=offsets
+    )
     b_end, c_at = res[2].chunk_times[-1], s["scheduled_at"][3]
     assert c_at >= b_end and c_at - 0.21 < 0.03 and s["door_releases"] == {"priced": 1}
     res, s = sim.simulate(cfg(DECODE_SLOTS="4", MIX_CHUNK_TOKENS="off"), SCRIPTED, jobs, offsets=offsets)
@@ -97,9 +107,30 @@ def test_the_priced_door_spares_a_stream_its_last_tokens_stall_under_the_simulat
 
 def _sim_json(tmp_path, seed, name):
     out = tmp_path / name
-    assert main(["sim", "--cost", "gemma4-12b-sm89", "--num-prompts", "40", "--random-input-len", "512",
-                 "--random-output-len", "32", "--random-range-ratio", "0.5", "--request-rate", "4",
-                 "--seed", str(seed), "--save-result", str(out)]) == 0
+    assert (
+        main(
+            [
+                "sim",
+                "--cost",
+                "gemma4-12b-sm89",
+                "--num-prompts",
+                "40",
+                "--random-input-len",
+                "512",
+                "--random-output-len",
+                "32",
+                "--random-range-ratio",
+                "0.5",
+                "--request-rate",
+                "4",
+                "--seed",
+                str(seed),
+                "--save-result",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return out.read_bytes()
 
 
@@ -113,10 +144,23 @@ def test_the_same_seed_gives_the_same_json_and_another_seed_differs(tmp_path):
 def test_a_fit_recovers_a_known_cost_model():
     truth = CostModel(floor=0.02, prompt_row=0.0015, decode_row=0.003, sampled_row=0.0005, attn_per_1k=0.0001)
     rows = []
-    for p, d, smp, pairs in [(0, 1, 1, 257), (0, 4, 4, 1028), (0, 16, 16, 4112), (64, 4, 4, 14000),
-                             (64, 16, 16, 17000), (256, 0, 1, 32896), (512, 0, 1, 131328), (0, 64, 64, 16448)]:
-        ms = 1000 * (truth.floor + truth.prompt_row * p + truth.decode_row * d + truth.sampled_row * smp
-                     + truth.attn_per_1k * pairs / 1000)
+    for p, d, smp, pairs in [
+        (0, 1, 1, 257),
+        (0, 4, 4, 1028),
+        (0, 16, 16, 4112),
+        (64, 4, 4, 14000),
+        (64, 16, 16, 17000),
+        (256, 0, 1, 32896),
+        (512, 0, 1, 131328),
+        (0, 64, 64, 16448),
+    ]:
+        ms = 1000 * (
+            truth.floor
+            + truth.prompt_row * p
+            + truth.decode_row * d
+            + truth.sampled_row * smp
+            + truth.attn_per_1k * pairs / 1000
+        )
         rows.append({"kind": "x", "n": 0, "prompt_rows": p, "decode_rows": d, "sampled": smp, "pairs": pairs, "ms": ms})
     got, errors = fit(rows, None, "test")
     assert max(abs(e["error_pct"]) for e in errors) < 1e-6
@@ -133,10 +177,42 @@ def test_a_lane_flight_joined_for_a_live_rows_page_finishes_every_request_whole(
     request then entered the roster after the rows had their pages and decoded past its page table
     (`KV frontier N+1 passed its reservation N` on the simulator, every request failed)."""
     out = tmp_path / "bug1.json"
-    assert main(["sim", "--cost", "local", "--max-context", "2048", "--decode-slots", "8", "--async-prefill", "cpu:1",
-                 "--kv-cache-mb", "190", "--mix-chunk-tokens", "off", "--num-prompts", "48", "--random-input-len", "400",
-                 "--random-output-len", "300", "--random-range-ratio", "0.9", "--max-concurrency", "8", "--seed", "3",
-                 "--jitter", "0.1", "--save-result", str(out)]) == 0
+    assert (
+        main(
+            [
+                "sim",
+                "--cost",
+                "local",
+                "--max-context",
+                "2048",
+                "--decode-slots",
+                "8",
+                "--async-prefill",
+                "cpu:1",
+                "--kv-cache-mb",
+                "190",
+                "--mix-chunk-tokens",
+                "off",
+                "--num-prompts",
+                "48",
+                "--random-input-len",
+                "400",
+                "--random-output-len",
+                "300",
+                "--random-range-ratio",
+                "0.9",
+                "--max-concurrency",
+                "8",
+                "--seed",
+                "3",
+                "--jitter",
+                "0.1",
+                "--save-result",
+                str(out),
+            ]
+        )
+        == 0
+    )
     m = json.loads(out.read_text())
     assert m["completed"] == 48 and m["failed"] == 0 and m["preemptions"] > 0
 
@@ -145,9 +221,15 @@ def test_equal_arrivals_with_a_lane_flight_and_short_pages_all_finish_whole():
     """The same root with every request arriving at once (24 at t=0 into 8 slots, a 190 MiB budget,
     the lane): failed as bug 1 before the fix (`KV frontier 353 passed its reservation 352`)."""
     jobs = sim.workload(24, 300, 300, 0.9, 0)
-    res, s = sim.simulate(cfg(DECODE_SLOTS="8", MAX_CONTEXT="2048", KV_CACHE_MB="190", ASYNC_PREFILL="cpu:1",
-                              MIX_CHUNK_TOKENS="off"), load_preset("local"), jobs, concurrency=24, offsets=[0.0] * 24,
-                          seed=0, jitter=0.1)
+    res, s = sim.simulate(
+        cfg(DECODE_SLOTS="8", MAX_CONTEXT="2048", KV_CACHE_MB="190", ASYNC_PREFILL="cpu:1", MIX_CHUNK_TOKENS="off"),
+        load_preset("local"),
+        jobs,
+        concurrency=24,
+        offsets=[0.0] * 24,
+        seed=0,
+        jitter=0.1,
+    )
     assert s["preemptions"] > 0
     assert all(r.success and r.output_tokens == ol for r, (_, ol) in zip(res, jobs))
 
@@ -159,10 +241,40 @@ def test_no_request_is_preempted_more_than_max_preemptions_under_heavy_kv_thrash
     from tailgate.engine.preemption import MAX_PREEMPTIONS
 
     out = tmp_path / "thrash.json"
-    assert main(["sim", "--cost", "local", "--num-prompts", "60", "--seed", "5", "--jitter", "0.1",
-                 "--max-concurrency", "16", "--kv-cache-mb", "160", "--max-context", "512", "--decode-slots", "16",
-                 "--random-input-len", "50", "--random-output-len", "440", "--mix-chunk-tokens", "off",
-                 "--itl-target-ms", "off", "--save-result", str(out)]) == 0
+    assert (
+        main(
+            [
+                "sim",
+                "--cost",
+                "local",
+                "--num-prompts",
+                "60",
+                "--seed",
+                "5",
+                "--jitter",
+                "0.1",
+                "--max-concurrency",
+                "16",
+                "--kv-cache-mb",
+                "160",
+                "--max-context",
+                "512",
+                "--decode-slots",
+                "16",
+                "--random-input-len",
+                "50",
+                "--random-output-len",
+                "440",
+                "--mix-chunk-tokens",
+                "off",
+                "--itl-target-ms",
+                "off",
+                "--save-result",
+                str(out),
+            ]
+        )
+        == 0
+    )
     m = json.loads(out.read_text())
     assert m["completed"] == 60 and m["failed"] == 0 and m["preemptions"] > 60
     assert m["most_preempted"] == MAX_PREEMPTIONS  # reached, never passed
@@ -193,9 +305,11 @@ def test_a_simulation_runs_without_importing_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from tailgate.cli import main; "
-            "rc = main(['sim', '--cost', 'gemma4-12b-sm89', '--num-prompts', '4', '--random-input-len', '64', "
-            "'--random-output-len', '4']); print('torch' in sys.modules, rc)")
+    code = (
+        "import sys; from tailgate.cli import main; "
+        "rc = main(['sim', '--cost', 'gemma4-12b-sm89', '--num-prompts', '4', '--random-input-len', '64', "
+        "'--random-output-len', '4']); print('torch' in sys.modules, rc)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False 0"

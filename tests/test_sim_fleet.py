@@ -1,5 +1,6 @@
 """`tailgate sim --replicas N --router ...` (tailgate/sim/fleet.py): N real schedulers behind the
 fleet's routing policy on one virtual timeline."""
+
 from __future__ import annotations
 
 import json
@@ -55,15 +56,37 @@ def test_shared_prefixes_land_where_cached_and_different_ones_spread():
 def test_the_prefix_router_serves_more_prompt_tokens_from_cache_than_random_or_least_loaded():
     c = cfg(PREFIX_CACHE="4", DECODE_SLOTS="8")
     jobs = prefix_workload(64, 576, 8, 512, 6, seed=3)
-    ratio = {kind: simulate_fleet(c, SCRIPTED, jobs, 2, RouterPolicy(kind, seed=3), concurrency=4)[1]["prefix_hit_ratio"]
-             for kind in ("prefix", "least-loaded", "random")}
+    ratio = {
+        kind: simulate_fleet(c, SCRIPTED, jobs, 2, RouterPolicy(kind, seed=3), concurrency=4)[1]["prefix_hit_ratio"]
+        for kind in ("prefix", "least-loaded", "random")
+    }
     assert ratio["prefix"] > max(ratio["least-loaded"], ratio["random"])
 
 
 def test_sim_replicas_on_the_command_line_reports_the_fleet_and_is_reproducible(tmp_path, capsys):
-    argv = ["sim", "--cost", "gemma4-12b-sm89", "--replicas", "2", "--router", "prefix", "--random-prefix-len", "256",
-            "--prefix-groups", "3", "--random-input-len", "320", "--random-output-len", "8", "--num-prompts", "24",
-            "--max-concurrency", "4", "--prefix-cache", "8"]
+    argv = [
+        "sim",
+        "--cost",
+        "gemma4-12b-sm89",
+        "--replicas",
+        "2",
+        "--router",
+        "prefix",
+        "--random-prefix-len",
+        "256",
+        "--prefix-groups",
+        "3",
+        "--random-input-len",
+        "320",
+        "--random-output-len",
+        "8",
+        "--num-prompts",
+        "24",
+        "--max-concurrency",
+        "4",
+        "--prefix-cache",
+        "8",
+    ]
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     assert main(argv + ["--save-result", str(a)]) == 0
     assert "2 replicas, router prefix" in capsys.readouterr().out
@@ -77,7 +100,9 @@ def test_the_simulator_and_its_fleet_load_without_the_benchmark_http_client_or_t
     import subprocess
     import sys
 
-    code = ("import sys, tailgate.sim.run, tailgate.sim.fleet; "
-            "print('httpx' in sys.modules, 'torch' in sys.modules, 'ray' in sys.modules)")
+    code = (
+        "import sys, tailgate.sim.run, tailgate.sim.fleet; "
+        "print('httpx' in sys.modules, 'torch' in sys.modules, 'ray' in sys.modules)"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.stdout.split() == ["False", "False", "False"], p.stderr

@@ -1,6 +1,7 @@
 """What `tailgate serve` settles before any weights load, and how it ends when loading fails: the
 model's shapes from its header alone, a KV budget below one request refused naming the minimum,
 and a model that cannot load ending the process non-zero instead of leaving it answering 503."""
+
 from __future__ import annotations
 
 import json
@@ -27,9 +28,14 @@ def serve(tmp_path, *args, **env) -> tuple[int, str]:
     """Run `tailgate serve` to its exit (killed past EXIT_TIMEOUT): (exit code, stderr). No
     TAILGATE_ knob leaks in from the caller's environment; conversions go to an empty cache."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("TAILGATE_")}
-    p = subprocess.Popen([sys.executable, "-m", "tailgate.cli", "serve", "--port", "0", *args],
-                         env={**base, "TAILGATE_CACHE_DIR": str(tmp_path / "cache"), **env},
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tailgate.cli", "serve", "--port", "0", *args],
+        env={**base, "TAILGATE_CACHE_DIR": str(tmp_path / "cache"), **env},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _, err = p.communicate(timeout=EXIT_TIMEOUT)
     finally:
@@ -101,7 +107,8 @@ def gemma_spec():
 @pytest.mark.parametrize("kv", [torch.float16, torch.float32])
 def test_the_budget_refusal_names_the_exact_minimum(gemma_spec, kv):
     cfg = resolve(lambda name: {"KV_CACHE_MB": "1", "MAX_CONTEXT": "1024"}.get(name)).with_model_limit(
-        gemma_spec.max_position)
+        gemma_spec.max_position
+    )
     with pytest.raises(KnobError) as e:
         check_kv_budget(gemma_spec, cfg, kv)
     mib = int(re.search(r"TAILGATE_KV_CACHE_MB=1 cannot hold .*needs at least (\d+) MiB", str(e.value))[1])
@@ -124,8 +131,16 @@ def test_a_kv_budget_below_one_request_refuses_before_binding_or_loading(tmp_pat
 def hf_dir(tmp_path, config: str | None = None):
     d = tmp_path / "hf"
     d.mkdir()
-    cfg = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
-           "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 512}
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "vocab_size": 256,
+        "max_position_embeddings": 512,
+    }
     (d / "config.json").write_text(config if config is not None else json.dumps(cfg))
     (d / "model.safetensors").write_bytes(b"not a safetensors file")
     (d / "tokenizer.json").write_text("{}")

@@ -1,5 +1,6 @@
 """ITL_TARGET_MS: the step-cost model fitted online, the round budget it prices, the knob, and the
 policy in the scheduler and the simulator (fake executors on a fake clock; no model, no sleeping)."""
+
 from __future__ import annotations
 
 import random
@@ -14,7 +15,16 @@ from tailgate.engine.pages import KVBook
 from tailgate.engine.plan import Segment
 from tailgate.engine.request import Finished, Request, Sampled
 from tailgate.engine.scheduler import Scheduler
-from tailgate.engine.step_cost import AUTO_FACTOR, AUTO_OVERHEAD, TERMS, TRUST_ERROR, MeteredExecutor, RoundBudget, StepCostModel, step_features
+from tailgate.engine.step_cost import (
+    AUTO_FACTOR,
+    AUTO_OVERHEAD,
+    TERMS,
+    TRUST_ERROR,
+    MeteredExecutor,
+    RoundBudget,
+    StepCostModel,
+    step_features,
+)
 from tailgate.sim import run as sim
 from tailgate.sim.cost import CostModel, load_preset
 
@@ -44,8 +54,9 @@ def test_the_fit_converges_to_a_known_linear_cost():
         x = random_step(r)
         m.observe(x, true_seconds(x))
     got = m.refit()
-    for term, want, have in zip(TERMS, (TRUE.floor, TRUE.prompt_row, TRUE.decode_row, TRUE.sampled_row,
-                                        TRUE.attn_per_1k), got):
+    for term, want, have in zip(
+        TERMS, (TRUE.floor, TRUE.prompt_row, TRUE.decode_row, TRUE.sampled_row, TRUE.attn_per_1k), got
+    ):
         assert have == pytest.approx(want, rel=0.02), term
     x = (64, 8, 8, 20.0)
     assert m.predict(x) == pytest.approx(true_seconds(x), rel=1e-3)
@@ -56,8 +67,9 @@ def test_the_fit_follows_the_machine_when_it_slows_down():
     for _ in range(200):
         x = random_step(r)
         m.observe(x, true_seconds(x))
-    slow = CostModel(*(2 * v for v in (TRUE.floor, TRUE.prompt_row, TRUE.decode_row, TRUE.sampled_row,
-                                       TRUE.attn_per_1k)))
+    slow = CostModel(
+        *(2 * v for v in (TRUE.floor, TRUE.prompt_row, TRUE.decode_row, TRUE.sampled_row, TRUE.attn_per_1k))
+    )
     for _ in range(400):  # ~130 steps of each kind: the forgetting window several times over
         x = random_step(r)
         m.observe(x, true_seconds(x, slow))
@@ -342,12 +354,33 @@ def test_the_ttft_target_defaults_on_under_an_itl_target_and_refuses_without_one
         assert f"TAILGATE_TTFT_TARGET_MS={bad!r}" in str(e.value) and "off | N ms, 100 <= N <= 600000" in str(e.value)
 
 
-@pytest.mark.parametrize("bad", ["AUTO ", "fast", "-5", "5ms", "0.5", "10001", " 50", "50 ", "+50", "5_0", "٥٠",
-                                 "５０", "\t50", "9" * 5000, " ", " off"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "AUTO ",
+        "fast",
+        "-5",
+        "5ms",
+        "0.5",
+        "10001",
+        " 50",
+        "50 ",
+        "+50",
+        "5_0",
+        "٥٠",
+        "５０",
+        "\t50",
+        "9" * 5000,
+        " ",
+        " off",
+    ],
+)
 def test_the_itl_target_refuses_garbage_naming_the_knob_the_value_and_the_grammar(bad):
     with pytest.raises(KnobError) as e:
         resolve(table(ITL_TARGET_MS=bad))
-    assert f"TAILGATE_ITL_TARGET_MS={bad!r}" in str(e.value) and "accepted: off | auto | N ms, 1 <= N <= 10000" in str(e.value)
+    assert f"TAILGATE_ITL_TARGET_MS={bad!r}" in str(e.value) and "accepted: off | auto | N ms, 1 <= N <= 10000" in str(
+        e.value
+    )
 
 
 def test_the_target_refuses_with_the_walk_switched_off_and_with_the_lane():
@@ -357,18 +390,27 @@ def test_the_target_refuses_with_the_walk_switched_off_and_with_the_lane():
         resolve(table(ITL_TARGET_MS="50", ASYNC_PREFILL="cpu:1"), cores=2)
 
 
-@pytest.mark.parametrize("env,flag", [({"TAILGATE_ITL_TARGET_MS": "fast"}, []),
-                                      ({}, ["--itl-target-ms", "20000"]),
-                                      ({"TAILGATE_ITL_TARGET_MS": "50", "TAILGATE_MIX_CHUNK_TOKENS": "off"}, [])])
+@pytest.mark.parametrize(
+    "env,flag",
+    [
+        ({"TAILGATE_ITL_TARGET_MS": "fast"}, []),
+        ({}, ["--itl-target-ms", "20000"]),
+        ({"TAILGATE_ITL_TARGET_MS": "50", "TAILGATE_MIX_CHUNK_TOKENS": "off"}, []),
+    ],
+)
 def test_serve_refuses_a_bad_target_before_any_weights_load(env, flag, tmp_path):
     import os
     import subprocess
     import sys
 
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TAILGATE_")}
-    p = subprocess.run([sys.executable, "-m", "tailgate.cli", "serve", "--model", str(tmp_path / "missing.gguf"), *flag],
-                       env={**clean, **env, "TAILGATE_CACHE_DIR": str(tmp_path)}, capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "tailgate.cli", "serve", "--model", str(tmp_path / "missing.gguf"), *flag],
+        env={**clean, **env, "TAILGATE_CACHE_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     value = env.get("TAILGATE_ITL_TARGET_MS") or flag[1]
     assert p.returncode == 2, p.stderr
     assert f"TAILGATE_ITL_TARGET_MS={value!r}" in p.stderr and "missing.gguf" not in p.stderr, p.stderr
@@ -411,8 +453,9 @@ class ScriptedExecutor:
 
 def engine(target_ms: int, chunk: int | None = None, slots: int = 4):
     ex = ScriptedExecutor()
-    cfg = ServingConfig(max_context=1024, decode_slots=slots, mix_max_prompts=4, mix_chunk_tokens=chunk,
-                        itl_target_ms=target_ms)
+    cfg = ServingConfig(
+        max_context=1024, decode_slots=slots, mix_max_prompts=4, mix_chunk_tokens=chunk, itl_target_ms=target_ms
+    )
     s = Scheduler(ex, KVBook(slots * 64 + 1, None, None), cfg, VOCAB, clock=lambda: ex.now)
     ex.sched = s
     return s, ex
@@ -446,7 +489,7 @@ def test_every_priced_walk_round_beside_live_streams_runs_within_the_target():
     assert priced and all(pred <= 0.030 for dt, p, d, pred in ex.steps if pred is not None)
     # and the truth agrees: the first rounds after a cold start are priced from a handful of steps
     assert all(dt <= 0.030 * 1.02 for dt, p, d in priced)
-    assert all(dt <= 0.030 * (1 + 1e-3) for dt, p, d in priced[len(priced) // 2:])
+    assert all(dt <= 0.030 * (1 + 1e-3) for dt, p, d in priced[len(priced) // 2 :])
     # the budget used the room: every priced round is within one prompt row's price of the
     # target unless it took a walker's whole rest
     assert sum(1 for dt, p, d in priced if dt >= 0.030 - 0.0005 - 0.004 * 0.7) >= len(priced) // 2
@@ -479,8 +522,13 @@ def test_an_idle_engine_prefills_at_full_width_under_a_target():
 
 def test_without_a_target_no_budget_exists_and_the_executor_is_the_one_given():
     ex = ScriptedExecutor()
-    s = Scheduler(ex, KVBook(65, None, None), ServingConfig(max_context=1024, decode_slots=4, mix_chunk_tokens=64),
-                  VOCAB, clock=lambda: 0.0)
+    s = Scheduler(
+        ex,
+        KVBook(65, None, None),
+        ServingConfig(max_context=1024, decode_slots=4, mix_chunk_tokens=64),
+        VOCAB,
+        clock=lambda: 0.0,
+    )
     assert s.pace is None and s.executor is ex
 
 
@@ -519,8 +567,15 @@ def test_the_rows_the_target_chose_and_the_fits_error_are_exported_on_metrics():
     s, ex = engine(target_ms=30)
     run_all(s, ex, [(0.0, req(10, 200, at=0.0))] + [(0.1 * i, req(150, 20, at=0.1 * i)) for i in range(1, 4)])
     m = s.metrics
-    state = SimpleNamespace(served_name="m", ready=True, engine=SimpleNamespace(snapshot=EngineSnapshot(metrics=m)),
-                            ttft=Histogram(), itl=Histogram(), e2e=Histogram(), queue_time=Histogram())
+    state = SimpleNamespace(
+        served_name="m",
+        ready=True,
+        engine=SimpleNamespace(snapshot=EngineSnapshot(metrics=m)),
+        ttft=Histogram(),
+        itl=Histogram(),
+        e2e=Histogram(),
+        queue_time=Histogram(),
+    )
     text = render(registry_for(state)).decode()
 
     def sample(name):
@@ -564,8 +619,9 @@ def test_under_a_target_a_walked_prompt_is_token_exact_vs_serial_and_its_rounds_
         h.engine.abort(live)
         assert h.wait(lambda: h.done(live))
         assert h.tokens(walker) == want[1] and h.tokens(live)[:6] == want[0]
-        walk = [e for evs in h.steps for e in evs if isinstance(e, Token) and e.request_id == live.id
-                and e.cause == "walk"]
+        walk = [
+            e for evs in h.steps for e in evs if isinstance(e, Token) and e.request_id == live.id and e.cause == "walk"
+        ]
         assert len(walk) >= 3 and sum(e.prompt_rows for e in walk) == 600  # every round rode the live row
         m = h.sched.metrics
         assert m.step_prompt_rows.n >= len(walk) and m.step_cost_error.n > 0 and m.step_cost["prompt_row"] > 0

@@ -1,4 +1,5 @@
 """Incremental detokenization releases exactly the text a full decode gives, stop strings aside."""
+
 from __future__ import annotations
 
 import random

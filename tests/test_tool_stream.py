@@ -1,6 +1,7 @@
 """Reading an answer for tool calls as it streams (server/tools.py ToolStream), no model needed:
 what is content reaches the client as it comes, what is a call is held and sent as OpenAI's
 deltas, and anything that only looked like a call is given back as text."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,10 @@ def stream(template, pieces, choice="auto"):
 
 
 def test_auto_content_before_a_smollm2_call_flows_and_the_call_comes_back_as_deltas():
-    sent, rest, ts = stream(CHATML_TEMPLATE, ["Let me check. <to", "ol_call>[", '{"name": "get_weather", ',
-                                              '"arguments": {"city": "Paris"}}]</tool_call>'])
+    sent, rest, ts = stream(
+        CHATML_TEMPLATE,
+        ["Let me check. <to", "ol_call>[", '{"name": "get_weather", ', '"arguments": {"city": "Paris"}}]</tool_call>'],
+    )
     assert "".join(sent) + rest == "Let me check. "
     assert sent[0] == "Let me check. "  # the "<to" that might open a call was held, nothing else
     d0, *rest = ts.emitted
@@ -38,10 +41,25 @@ def arguments(deltas, index=0) -> str:
     return "".join(d["function"]["arguments"] for d in deltas if d["index"] == index)
 
 
-@pytest.mark.parametrize("template,pieces", [
-    (CHATML_TEMPLATE, ['<tool_call>[{"name": "get_', 'weather", "arguments": {"ci', 'ty": "Par', 'is", "days": 3', '}}]</tool_call>']),
-    (GEMMA_TEMPLATE, ['```tool_code\n{"name": "get_weather", ', '"parameters": {"city": ', '"Paris", "days": 3}}', '\n```']),
-])
+@pytest.mark.parametrize(
+    "template,pieces",
+    [
+        (
+            CHATML_TEMPLATE,
+            [
+                '<tool_call>[{"name": "get_',
+                'weather", "arguments": {"ci',
+                'ty": "Par',
+                'is", "days": 3',
+                "}}]</tool_call>",
+            ],
+        ),
+        (
+            GEMMA_TEMPLATE,
+            ['```tool_code\n{"name": "get_weather", ', '"parameters": {"city": ', '"Paris", "days": 3}}', "\n```"],
+        ),
+    ],
+)
 def test_a_calls_arguments_stream_as_the_model_writes_them_and_add_up_to_the_call(template, pieces):
     ts = ToolStream(ToolPlan([FN], "auto", format_for(template, None)))
     per_push = []
@@ -105,19 +123,25 @@ def test_text_that_only_looked_like_a_call_is_given_back_whole():
 
 
 def test_a_forced_call_holds_every_piece_until_the_end():
-    sent, rest, ts = stream(GEMMA_TEMPLATE, ["```tool_code\n", '{"name": "get_weather", "parameters": {"x": 1}}',
-                                             "\n```"], choice="required")
+    sent, rest, ts = stream(
+        GEMMA_TEMPLATE,
+        ["```tool_code\n", '{"name": "get_weather", "parameters": {"x": 1}}', "\n```"],
+        choice="required",
+    )
     assert sent == ["", "", ""] and rest == ""
     assert [c["function"]["name"] for c in ts.calls] == ["get_weather"]
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"tools": [FN], "tool_choice": "sometimes"}, "tool_choice"),
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"tools": [{"type": "retrieval"}]}, "tools"),
-    ({"tools": [FN], "functions": [FN["function"]]}, "functions"),
-    ({"tools": [FN], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"tools": [FN], "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [{"type": "retrieval"}]}, "tools"),
+        ({"tools": [FN], "functions": [FN["function"]]}, "functions"),
+        ({"tools": [FN], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ],
+)
 def test_a_malformed_tools_ask_is_a_400_naming_the_field(body, param):
     from tailgate.model.weights import load_tokenizer
     from tailgate.server.tools import plan

@@ -1,5 +1,6 @@
 """The playground (`/`) and the dashboard (`/dashboard`) in a real headless Chromium against the
 session's live server, and the dashboard's feed and the pages' routes over plain HTTP."""
+
 from __future__ import annotations
 
 import json
@@ -84,8 +85,11 @@ def test_a_typed_message_streams_its_reply_in_over_several_frames_with_its_timin
     bars = browser.find_elements("css selector", '[data-testid="gap-strip"] rect')
     assert len(bars) == 9
     # The page joined the chunks into exactly the text the server gives the same request whole.
-    whole = httpx.post(base + "/v1/completions", json={"prompt": prompt, "max_tokens": 10, "temperature": 0,
-                                                       "ignore_eos": True}, timeout=120).json()
+    whole = httpx.post(
+        base + "/v1/completions",
+        json={"prompt": prompt, "max_tokens": 10, "temperature": 0, "ignore_eos": True},
+        timeout=120,
+    ).json()
     assert el(browser, "reply").get_attribute("textContent") == whole["choices"][0]["text"]
 
 
@@ -100,8 +104,12 @@ def test_a_chat_sends_the_system_message_and_the_conversation_so_far(server, bro
         el(browser, "send").click()
         assert until(lambda: "finish:" in el(browser, "reply-stats").text, 120), el(browser, "reply-stats").text
         prompts.append(int(re.search(r"prompt (\d+) tokens", el(browser, "reply-stats").text).group(1)))
-    first = httpx.post(server[0] + "/tokenize", json={"messages": [
-        {"role": "system", "content": "You answer in French."}, {"role": "user", "content": "Hello!"}]}).json()
+    first = httpx.post(
+        server[0] + "/tokenize",
+        json={
+            "messages": [{"role": "system", "content": "You answer in French."}, {"role": "user", "content": "Hello!"}]
+        },
+    ).json()
     assert prompts[0] == first["count"]
     # The second turn carried the first question and answer: a longer prompt than both of them.
     assert prompts[1] > prompts[0] + 2
@@ -109,8 +117,12 @@ def test_a_chat_sends_the_system_message_and_the_conversation_so_far(server, bro
 
 @needs_browser
 def test_the_json_schema_box_makes_the_answer_match_the_schema(server, browser):
-    schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Lyon"]}}, "required": ["city"],
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"city": {"enum": ["Paris", "Lyon"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
     open_playground(browser, server[0], 24)
     el(browser, "ignore-eos").click()  # back off: the grammar ends the answer
     fill(browser, "json-schema", "{not json")
@@ -154,7 +166,8 @@ def test_the_dashboard_shows_a_live_stream_running_and_draws_its_steps(server, b
         assert until(lambda: running().isdigit() and int(running()) >= 1, 60), running()
         # The bars' kinds in one script call: each tick redraws the timeline, so elements go stale.
         bars = lambda: browser.execute_script(  # noqa: E731
-            "return [...document.querySelectorAll('[data-testid=step-timeline] rect')].map(r => r.dataset.kind)")
+            "return [...document.querySelectorAll('[data-testid=step-timeline] rect')].map(r => r.dataset.kind)"
+        )
         assert until(lambda: len(bars()) >= 3, 60)
         assert until(lambda: el(browser, "metric-itl-p99").text.endswith(" ms"), 60)
         kinds = set(bars())
@@ -221,8 +234,12 @@ def test_the_itl_window_holds_the_gaps_of_the_last_minute_and_only_tokens_gaps()
 
 def test_the_pages_and_their_files_are_served_and_nothing_else_is():
     c = TestClient(create_app(ServerState(served_name="m")))
-    for path, ctype in (("/", "text/html"), ("/dashboard", "text/html"), ("/static/dashboard.js", "text/javascript"),
-                        ("/static/web.css", "text/css")):
+    for path, ctype in (
+        ("/", "text/html"),
+        ("/dashboard", "text/html"),
+        ("/static/dashboard.js", "text/javascript"),
+        ("/static/web.css", "text/css"),
+    ):
         r = c.get(path)
         assert r.status_code == 200 and r.headers["content-type"].startswith(ctype), path
     for path in ("/static/..%2Fweb.py", "/static/web.py", "/static/nope.js", "/static/.hidden.js"):
@@ -248,8 +265,14 @@ def keyed_server():
     checks need none): its feed answers 503 once the key is right."""
     import uvicorn
 
-    srv = uvicorn.Server(uvicorn.Config(create_app(ServerState(served_name="keyed-model", api_key="sesame")),
-                                        host="127.0.0.1", port=free_port(), log_level="warning"))
+    srv = uvicorn.Server(
+        uvicorn.Config(
+            create_app(ServerState(served_name="keyed-model", api_key="sesame")),
+            host="127.0.0.1",
+            port=free_port(),
+            log_level="warning",
+        )
+    )
     t = threading.Thread(target=srv.run, name="keyed-server", daemon=True)
     t.start()
     assert until(lambda: srv.started, 60)

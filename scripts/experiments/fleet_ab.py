@@ -10,6 +10,7 @@ order per round. A load run needs a quiet machine: nothing else running.
 .venv/bin/python scripts/experiments/fleet_ab.py --groups 4 --prefix-len 256 --input-len 320 \
     --output-len 64 --num-prompts 96 --max-concurrency 8 --rounds 2 --save fleet-ab.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,10 @@ def samples(tok, n, input_len, output_len, prefix_len, groups, seed) -> list[Sam
     rng = random.Random(seed)
     lo, hi = min(1000, tok.vocab_size // 4), tok.vocab_size - 1
     heads = [[rng.randint(lo, hi) for _ in range(prefix_len)] for _ in range(groups)]
-    return [Sample(rng.choice(heads) + [rng.randint(lo, hi) for _ in range(input_len - prefix_len)], input_len,
-                   output_len) for _ in range(n)]
+    return [
+        Sample(rng.choice(heads) + [rng.randint(lo, hi) for _ in range(input_len - prefix_len)], input_len, output_len)
+        for _ in range(n)
+    ]
 
 
 def predict(arm: str, a, data: list[Sample]) -> dict:
@@ -71,8 +74,11 @@ def main() -> int:
     p.add_argument("--max-concurrency", type=int, default=8)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--prefix-cache", default="64", help="TAILGATE_PREFIX_CACHE for every arm")
-    p.add_argument("--serve", default=".venv/bin/tailgate serve --log-level warning",
-                   help="the serve command (each arm's flags and --port are added)")
+    p.add_argument(
+        "--serve",
+        default=".venv/bin/tailgate serve --log-level warning",
+        help="the serve command (each arm's flags and --port are added)",
+    )
     p.add_argument("--health-timeout", type=float, default=900)
     p.add_argument("--save", default=None)
     a = p.parse_args()
@@ -88,7 +94,7 @@ def main() -> int:
         m = predict(arm, a, data)
         out["sim"][arm] = {k: m[k] for k in FIELDS}
     for r in range(a.rounds):
-        order = arms[r % len(arms):] + arms[:r % len(arms)]
+        order = arms[r % len(arms) :] + arms[: r % len(arms)]
         got = {}
         for arm in order:
             port = free_port()
@@ -97,29 +103,55 @@ def main() -> int:
             base = f"http://127.0.0.1:{port}"
             try:
                 model = wait_healthy(base, proc, a.health_timeout)
-                asyncio.run(run_load(base, "/v1/completions", model, warm, float("inf"), 1.0, 1, [], 0.0, True,
-                                     progress=False))
-                results, dur = asyncio.run(run_load(base, "/v1/completions", model, data, float("inf"), 1.0,
-                                                    a.max_concurrency, [], 0.0, True, progress=False))
+                asyncio.run(
+                    run_load(base, "/v1/completions", model, warm, float("inf"), 1.0, 1, [], 0.0, True, progress=False)
+                )
+                results, dur = asyncio.run(
+                    run_load(
+                        base,
+                        "/v1/completions",
+                        model,
+                        data,
+                        float("inf"),
+                        1.0,
+                        a.max_concurrency,
+                        [],
+                        0.0,
+                        True,
+                        progress=False,
+                    )
+                )
             finally:
                 stop(proc)
             m = compute_metrics(results, dur)
             warn = checks(results, True)
-            got[arm] = {k: m[k] for k in FIELDS} | {"completed": m["completed"], "failed": m["failed"], "warnings": warn,
-                                                     "log": log}
-            print(f"round {r + 1} {arm}: " + ", ".join(f"{k} {m[k]:.1f}" for k in FIELDS)
-                  + (f"  WARNING {warn}" if warn else ""), flush=True)
+            got[arm] = {k: m[k] for k in FIELDS} | {
+                "completed": m["completed"],
+                "failed": m["failed"],
+                "warnings": warn,
+                "log": log,
+            }
+            print(
+                f"round {r + 1} {arm}: "
+                + ", ".join(f"{k} {m[k]:.1f}" for k in FIELDS)
+                + (f"  WARNING {warn}" if warn else ""),
+                flush=True,
+            )
         out["rounds"].append(got)
-    print(f"\n{out['cpu']}; {a.groups} system prompts x {a.prefix_len} tokens, {a.input_len} in / {a.output_len} out, "
-          f"{a.num_prompts} requests, closed loop c{a.max_concurrency}, PREFIX_CACHE={a.prefix_cache}")
+    print(
+        f"\n{out['cpu']}; {a.groups} system prompts x {a.prefix_len} tokens, {a.input_len} in / {a.output_len} out, "
+        f"{a.num_prompts} requests, closed loop c{a.max_concurrency}, PREFIX_CACHE={a.prefix_cache}"
+    )
     print("| arm | round | output tok/s | TTFT p50 ms | ITL p99 ms | sim: tok/s | TTFT p50 | ITL p99 |")
     print("|---|---|---|---|---|---|---|---|")
     for arm in arms:
         s = out["sim"][arm]
         for i, rd in enumerate(out["rounds"]):
             m = rd[arm]
-            print(f"| {arm} | {i + 1} | {m['output_throughput']:.1f} | {m['median_ttft_ms']:.0f} | {m['p99_itl_ms']:.0f} | "
-                  f"{s['output_throughput']:.1f} | {s['median_ttft_ms']:.0f} | {s['p99_itl_ms']:.0f} |")
+            print(
+                f"| {arm} | {i + 1} | {m['output_throughput']:.1f} | {m['median_ttft_ms']:.0f} | {m['p99_itl_ms']:.0f} | "
+                f"{s['output_throughput']:.1f} | {s['median_ttft_ms']:.0f} | {s['p99_itl_ms']:.0f} |"
+            )
     if a.save:
         with open(a.save, "w") as f:
             json.dump(out, f, indent=1)

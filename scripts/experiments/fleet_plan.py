@@ -6,6 +6,7 @@ random, then its own tokens). Virtual time only (tailgate/sim/fleet.py), no mode
 .venv/bin/python scripts/experiments/fleet_plan.py --cost gemma4-12b-sm89 --replicas 1,2,4,8,16,64 \
     --groups 16 --prefix-len 2048 --input-len 2304 --output-len 128 --itl-p99-ms 100 --ttft-p50-ms 1000
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,11 @@ def capacity(cfg, cost, n, router, a):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--cost", default="gemma4-12b-sm89")
-    p.add_argument("--cost-scale", default="1", help="per-N step-price multipliers: one value, or `n` (= N: "
-                   "N replicas splitting one machine's cores)")
+    p.add_argument(
+        "--cost-scale",
+        default="1",
+        help="per-N step-price multipliers: one value, or `n` (= N: N replicas splitting one machine's cores)",
+    )
     p.add_argument("--replicas", default="1,2,4,8,16,64")
     p.add_argument("--routers", default="prefix")
     p.add_argument("--groups", type=int, default=16)
@@ -68,8 +72,12 @@ def main() -> None:
     p.add_argument("--ttft-p50-ms", type=float, default=1000.0)
     p.add_argument("--per-replica", type=int, default=40, help="requests per replica in each run")
     p.add_argument("--min-requests", type=int, default=200)
-    p.add_argument("--span-s", type=float, default=0.0, help="at least this many virtual seconds of arrivals "
-                   "per run (requests = rate x span when that is more)")
+    p.add_argument(
+        "--span-s",
+        type=float,
+        default=0.0,
+        help="at least this many virtual seconds of arrivals per run (requests = rate x span when that is more)",
+    )
     p.add_argument("--start-rate", type=float, default=0.25, help="req/s per replica to start the search at")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--knobs", default='{"PREFIX_CACHE": "64"}', help="TAILGATE_ knobs as JSON")
@@ -77,10 +85,14 @@ def main() -> None:
     knobs = json.loads(a.knobs)
     cfg = resolve(lambda name: knobs.get(name)).with_model_limit(32768)
     base = resolve_cost(a.cost)
-    print(f"cost {a.cost}; {a.groups} system prompts of {a.prefix_len} tokens, {a.input_len} in / {a.output_len} out, "
-          f"Poisson; target ITL p99 <= {a.itl_p99_ms:g} ms, TTFT p50 <= {a.ttft_p50_ms:g} ms; knobs {knobs}")
-    print("| replicas | router | req/s within target | per replica | output tok/s | TTFT p50 ms | ITL p99 ms | "
-          "prefix-cache share of prompt tokens | routes |")
+    print(
+        f"cost {a.cost}; {a.groups} system prompts of {a.prefix_len} tokens, {a.input_len} in / {a.output_len} out, "
+        f"Poisson; target ITL p99 <= {a.itl_p99_ms:g} ms, TTFT p50 <= {a.ttft_p50_ms:g} ms; knobs {knobs}"
+    )
+    print(
+        "| replicas | router | req/s within target | per replica | output tok/s | TTFT p50 ms | ITL p99 ms | "
+        "prefix-cache share of prompt tokens | routes |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for n in (int(x) for x in a.replicas.split(",")):
         scale = float(n) if a.cost_scale == "n" else float(a.cost_scale)
@@ -92,9 +104,12 @@ def main() -> None:
                 print(f"| {n} | {router} | none (the target fails at {a.start_rate * n:g} req/s) | | | | | | |")
                 continue
             m, ex = best
-            print(f"| {n} | {router} | {rate:.2f} | {rate / n:.2f} | {m['output_throughput']:.0f} | "
-                  f"{m['median_ttft_ms']:.0f} | {m['p99_itl_ms']:.0f} | {100 * ex['prefix_hit_ratio']:.0f} % | "
-                  f"{ex['route_reasons']} |", flush=True)
+            print(
+                f"| {n} | {router} | {rate:.2f} | {rate / n:.2f} | {m['output_throughput']:.0f} | "
+                f"{m['median_ttft_ms']:.0f} | {m['p99_itl_ms']:.0f} | {100 * ex['prefix_hit_ratio']:.0f} % | "
+                f"{ex['route_reasons']} |",
+                flush=True,
+            )
             print(f"<!-- {n} {router}: {time.perf_counter() - t0:.0f} s of wall -->", flush=True)
 
 

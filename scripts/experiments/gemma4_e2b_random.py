@@ -23,6 +23,7 @@ saved with `save_pretrained` (safetensors). The tokenizer is Gemma 3 270M's (262
 same vocabulary size), as tests/gemma4_tiny.py uses; the chat template is that file's tiny
 Gemma-4-style one. Peak memory: the bf16 model once (~9.3 GB) plus what saving needs.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,12 +35,25 @@ from pathlib import Path
 import torch
 
 E2B = dict(
-    hidden_size=1536, intermediate_size=6144, num_hidden_layers=35, num_attention_heads=8,
-    num_key_value_heads=1, head_dim=256, global_head_dim=512, sliding_window=512,
+    hidden_size=1536,
+    intermediate_size=6144,
+    num_hidden_layers=35,
+    num_attention_heads=8,
+    num_key_value_heads=1,
+    head_dim=256,
+    global_head_dim=512,
+    sliding_window=512,
     layer_types=["full_attention" if (i + 1) % 5 == 0 else "sliding_attention" for i in range(35)],
-    hidden_size_per_layer_input=256, vocab_size_per_layer_input=262_144, num_kv_shared_layers=20,
-    use_double_wide_mlp=True, final_logit_softcapping=30.0, vocab_size=262_144,
-    bos_token_id=2, eos_token_id=1, pad_token_id=0, tie_word_embeddings=True,
+    hidden_size_per_layer_input=256,
+    vocab_size_per_layer_input=262_144,
+    num_kv_shared_layers=20,
+    use_double_wide_mlp=True,
+    final_logit_softcapping=30.0,
+    vocab_size=262_144,
+    bos_token_id=2,
+    eos_token_id=1,
+    pad_token_id=0,
+    tie_word_embeddings=True,
 )
 
 
@@ -65,14 +79,21 @@ def main(out: Path) -> None:
     del model
 
     from tailgate.model.weights import load_model
+
     tok = load_model("gemma3-270m", log=lambda m: None).tokenizer._tok
     assert tok.get_vocab_size() == 262_144, tok.get_vocab_size()
     tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<bos>", "eos_token": "<eos>", "add_bos_token": True, "chat_template": gemma4_tiny.TEMPLATE}))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"bos_token": "<bos>", "eos_token": "<eos>", "add_bos_token": True, "chat_template": gemma4_tiny.TEMPLATE}
+        )
+    )
     size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    print(f"safetensors {size / 2**30:.2f} GiB ({size} bytes); peak RSS {peak:.1f} GiB; {time.time() - t0:.0f} s", flush=True)
+    print(
+        f"safetensors {size / 2**30:.2f} GiB ({size} bytes); peak RSS {peak:.1f} GiB; {time.time() - t0:.0f} s",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ compares token ids; prints /metrics' preemption count. Stops the server it start
 
     .venv/bin/python scripts/experiments/kv_pressure_http.py
 """
+
 from __future__ import annotations
 
 import os
@@ -26,9 +27,13 @@ STREAMS = [(0.0, 16, 900), (4.0, 650, 120), (8.0, 400, 200), (12.0, 200, 300)]
 
 
 def serve(mb: str, port: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tailgate.cli", "serve", "--dtype", "fp32", "--port", str(port)],
-                            env={**os.environ, **ENV, "TAILGATE_KV_CACHE_MB": mb}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tailgate.cli", "serve", "--dtype", "fp32", "--port", str(port)],
+        env={**os.environ, **ENV, "TAILGATE_KV_CACHE_MB": mb},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def minimum_mb() -> str:
@@ -44,8 +49,11 @@ def prompt(n: int, salt: int) -> list[int]:
 
 
 def complete(base: str, ids: list[int], max_tokens: int) -> list[int]:
-    r = httpx.post(base + "/v1/completions", timeout=3000, json={
-        "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "logprobs": 0})
+    r = httpx.post(
+        base + "/v1/completions",
+        timeout=3000,
+        json={"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "logprobs": 0},
+    )
     r.raise_for_status()
     c = r.json()["choices"][0]
     assert c["finish_reason"] == "length", c["finish_reason"]
@@ -88,12 +96,16 @@ def main() -> None:
         together = time.monotonic() - t0
         pre = metric(base, "vllm:num_preemptions_total")
         alone = {i: complete(base, prompt(n, i), k) for i, (_, n, k) in enumerate(STREAMS)}
-        print(f"KV_CACHE_MB={mb} (the least the server accepts at MAX_CONTEXT=1024, fp32); "
-              f"{len(STREAMS)} staggered streams in {together:.0f} s; preemptions {pre:.0f}")
+        print(
+            f"KV_CACHE_MB={mb} (the least the server accepts at MAX_CONTEXT=1024, fp32); "
+            f"{len(STREAMS)} staggered streams in {together:.0f} s; preemptions {pre:.0f}"
+        )
         for i, (d, n, k) in enumerate(STREAMS):
             same = got[i] == alone[i]
-            print(f"  stream {i}: +{d:.0f} s, {n}-token prompt, {k} tokens: {len(got[i])} tokens, "
-                  f"{'equal to' if same else 'DIFFERENT from'} its text alone")
+            print(
+                f"  stream {i}: +{d:.0f} s, {n}-token prompt, {k} tokens: {len(got[i])} tokens, "
+                f"{'equal to' if same else 'DIFFERENT from'} its text alone"
+            )
         assert all(got[i] == alone[i] and len(got[i]) == s[2] for i, s in enumerate(STREAMS))
     finally:
         p.terminate()

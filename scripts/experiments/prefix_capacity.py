@@ -10,6 +10,7 @@ on the scheduler of the tree on PYTHONPATH (run it on two checkouts to compare):
 3. Recompute: issue 25's thrash case (three live streams, four walking newcomers, 40 / 48 / 56
    global pages) with PREFIX_CACHE=4: prompt rows computed per useful row.
 """
+
 from tailgate.config import ServingConfig
 from tailgate.engine.pages import KVBook, pool_pages
 from tailgate.engine.request import Request, Sampled, Scheduled
@@ -47,8 +48,9 @@ def cached_of(ev, r):
 
 def capacity(n_prompts, system=0, busy=0):
     pages = pool_pages(1024, 4, 512, 4)
-    cfg = ServingConfig(max_context=1024, decode_slots=4 + busy, mix_chunk_tokens=64, mix_max_prompts=4,
-                        prefix_cache=64)
+    cfg = ServingConfig(
+        max_context=1024, decode_slots=4 + busy, mix_chunk_tokens=64, mix_max_prompts=4, prefix_cache=64
+    )
     s = Scheduler(Ex(), KVBook(pages["global"] + 64 * 10, pages["local"], 512), cfg, 1000, clock=lambda: 0.0)
     head = text(system, 999)
     prompts = [head + text(900 - system, i) for i in range(n_prompts)]
@@ -62,8 +64,14 @@ def capacity(n_prompts, system=0, busy=0):
 
 
 def thrash(pages, prefix):
-    cfg = ServingConfig(max_context=256, decode_slots=8, mix_gather_rows=512, mix_max_prompts=4,
-                        mix_chunk_tokens=64, prefix_cache=prefix)
+    cfg = ServingConfig(
+        max_context=256,
+        decode_slots=8,
+        mix_gather_rows=512,
+        mix_max_prompts=4,
+        mix_chunk_tokens=64,
+        prefix_cache=prefix,
+    )
     s = Scheduler(Ex(), KVBook(pages + 1, None, None), cfg, 1000, clock=lambda: 0.0)
     old = [Request(list(range(1, 17)), 200, arrival=1.0 + i) for i in range(3)]
     new = [Request([(j * 7 + i) % 900 + 1 for j in range(150)], 60, arrival=10.0 + i) for i in range(4)]
@@ -87,5 +95,7 @@ for n in (4, 8):
     print(f"under load: {n} prompts (700 shared), 4 decoding beside, {capacity(n, 700, 4)} resume whole")
 for pages in (40, 48, 56):
     rows, useful, pre = thrash(pages, 4)
-    print(f"thrash, {pages} pages, PREFIX_CACHE=4: {rows} prompt rows for {useful} useful ({rows / useful:.2f}x), "
-          f"{pre} preemptions")
+    print(
+        f"thrash, {pages} pages, PREFIX_CACHE=4: {rows} prompt rows for {useful} useful ({rows / useful:.2f}x), "
+        f"{pre} preemptions"
+    )

@@ -14,6 +14,7 @@ under NAME, so `tailgate sim --cost NAME` prices that machine.
 Its figures are that table's: a plan or host change since then is not in them (the preset's
 `source` says which table and what it lacks).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,7 @@ def rows_from(text: str) -> list[dict]:
             feats = dict(prompt_rows=0, decode_rows=n, sampled=n, pairs=n * (CONTEXT + 1))
         elif riders is not None:
             b, k0 = int(riders), CONTEXT // 2
-            feats = dict(prompt_rows=n, decode_rows=b, sampled=b,
-                         pairs=n * k0 + n * (n + 1) // 2 + b * (CONTEXT + 1))
+            feats = dict(prompt_rows=n, decode_rows=b, sampled=b, pairs=n * k0 + n * (n + 1) // 2 + b * (CONTEXT + 1))
         else:
             feats = dict(prompt_rows=n, decode_rows=0, sampled=1, pairs=n * (n + 1) // 2)
         rows.append({"kind": kind.split("+")[0] if riders is None else kind, "n": n, "ms": ms, **feats})
@@ -60,15 +60,20 @@ def main() -> int:
     local = load_preset("local")  # the same model: its window and KV bytes per token
     model, errors = fit(rows, local.window, "")
     # the table's own comment line when it has one (machine, commit), else its CPU line
-    head = next((ln.lstrip("# ").strip() for ln in text.splitlines() if ln.startswith("# ")), None) or \
-        next((ln.strip() for ln in text.splitlines() if ln.startswith("CPU:")), "")
+    head = next((ln.lstrip("# ").strip() for ln in text.splitlines() if ln.startswith("# ")), None) or next(
+        (ln.strip() for ln in text.splitlines() if ln.startswith("CPU:")), ""
+    )
     worst = max(abs(e["error_pct"]) for e in errors)
-    source = (f"scripts/experiments/preset_from_step_table.py over {a.table.rsplit('/', 1)[-1]} ({head}); "
-              f"{len(rows)} rows at {CONTEXT} keys only (attention's price is not seen apart from the rows'); "
-              f"worst fit error {worst:.0f} %")
+    source = (
+        f"scripts/experiments/preset_from_step_table.py over {a.table.rsplit('/', 1)[-1]} ({head}); "
+        f"{len(rows)} rows at {CONTEXT} keys only (attention's price is not seen apart from the rows'); "
+        f"worst fit error {worst:.0f} %"
+    )
     model = replace(model, source=source, kv_token_bytes=local.kv_token_bytes)
     for e in errors:
-        print(f"{e['kind']:9s} {e['n']:5d}  measured {e['ms']:8.1f} ms  fit {e['fit_ms']:8.1f} ms  {e['error_pct']:+6.1f} %")
+        print(
+            f"{e['kind']:9s} {e['n']:5d}  measured {e['ms']:8.1f} ms  fit {e['fit_ms']:8.1f} ms  {e['error_pct']:+6.1f} %"
+        )
     save_preset(a.name, model)
     print(f"{a.name}: {model}")
     return 0

@@ -7,6 +7,7 @@ fed it, and report the fit's error and the rounds the `auto` rule would have cho
 The trace carries no contexts: each decode row is taken at CONTEXT keys and a walk round's rows
 half-way into a 256-token prompt (W-std's shape), so attention is priced only on average.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,14 +52,18 @@ def main() -> int:
         m.observe(x, s["duration_s"])
     errs.sort()
     n = len(errs)
-    print(f"{len(trace)} steps, {n} priced: error p50 {errs[n // 2]:.3f}, p90 {errs[int(0.9 * n)]:.3f}, "
-          f"within 15 % {sum(e <= 0.15 for e in errs) / n:.2f}; final running error {m.error:.3f} "
-          f"(trusted: {m.trusted})")
+    print(
+        f"{len(trace)} steps, {n} priced: error p50 {errs[n // 2]:.3f}, p90 {errs[int(0.9 * n)]:.3f}, "
+        f"within 15 % {sum(e <= 0.15 for e in errs) / n:.2f}; final running error {m.error:.3f} "
+        f"(trusted: {m.trusted})"
+    )
     if rounds:
         took = sorted(r[0] for r in rounds)
         now = sorted(r[1] for r in rounds)
-        print(f"walk rounds with live rows: the trace's rows p50 {took[len(took) // 2]} (max {took[-1]}); "
-              f"replayed at AUTO_FACTOR {AUTO_FACTOR} capped at 64: p50 {now[len(now) // 2]} (max {now[-1]})")
+        print(
+            f"walk rounds with live rows: the trace's rows p50 {took[len(took) // 2]} (max {took[-1]}); "
+            f"replayed at AUTO_FACTOR {AUTO_FACTOR} capped at 64: p50 {now[len(now) // 2]} (max {now[-1]})"
+        )
     return 0
 
 

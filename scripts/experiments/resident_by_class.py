@@ -9,6 +9,7 @@ variant are built here whatever this CPU is: building them is layout only, runni
 VNNI ones needs that CPU) and `assemble.resident_line`'s counts are printed beside the file's
 size. Only this machine's own class is also measured by the server's log line.
 """
+
 from __future__ import annotations
 
 import sys
@@ -31,16 +32,23 @@ def main() -> int:
     name = sys.argv[1] if len(sys.argv) > 1 else "gemma3-270m"
     m = load_model(name, log=lambda _: None)
     size = m.source.stat().st_size
-    mib = lambda n: f"{n / 2 ** 20:.0f} MiB"  # noqa: E731
+    mib = lambda n: f"{n / 2**20:.0f} MiB"  # noqa: E731
     for cls, text in CLASSES.items():
-        plan = choose(cpu=parse_cpuinfo(text), mkldnn=True, cuda=False, native_build=lambda: (object(), None),
-                      amx_grant=lambda: True)
+        plan = choose(
+            cpu=parse_cpuinfo(text),
+            mkldnn=True,
+            cuda=False,
+            native_build=lambda: (object(), None),
+            amx_grant=lambda: True,
+        )
         w = prepare_weights(m.weights, m.spec, plan)
         held = resident_bytes(w)
         total = held["kernels"] + held["tensors"]
-        print(f"{cls:38s} {plan.quant} ({plan.q8_variant} panels): {mib(total)} resident "
-              f"({mib(held['kernels'])} kernels' forms, {mib(held['tensors'])} other, {mib(held['mapped'])} mapped "
-              f"for lookups) for a {mib(size)} file: {total / size:.2f}x")
+        print(
+            f"{cls:38s} {plan.quant} ({plan.q8_variant} panels): {mib(total)} resident "
+            f"({mib(held['kernels'])} kernels' forms, {mib(held['tensors'])} other, {mib(held['mapped'])} mapped "
+            f"for lookups) for a {mib(size)} file: {total / size:.2f}x"
+        )
         del w
     return 0
 

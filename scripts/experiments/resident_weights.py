@@ -17,6 +17,7 @@ and, with --smaps, the resident bytes per mapping (anonymous heap, the model fil
 The stages' RSS (after imports, after load_model: tokenizer + mapped file, after the runner) say
 which part takes what. Figures on a loaded host move by a few MiB between runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 MIB = 1 << 20
 
@@ -48,8 +47,9 @@ def seconds_since_start() -> float:
 
 def bare_torch_rss(reps: int = 3) -> int:
     code = "import torch\nfor l in open('/proc/self/status'):\n    l.startswith('VmRSS') and print(int(l.split()[1]) << 10)"
-    return int(statistics.median(int(subprocess.check_output([sys.executable, "-c", code], text=True))
-                                 for _ in range(reps)))
+    return int(
+        statistics.median(int(subprocess.check_output([sys.executable, "-c", code], text=True)) for _ in range(reps))
+    )
 
 
 def smaps_by_mapping() -> dict[str, tuple[int, int]]:
@@ -77,8 +77,9 @@ def smallest_kv_mb(spec, cfg, plan) -> int:
     tb = token_bytes(spec, plan.kv)
     for mb in range(1, 1 << 20):
         try:
-            budget_pool_pages(mb << 20, tb, cfg.max_context, cfg.decode_slots, window,
-                              transient_prompts=cfg.mix_max_prompts)
+            budget_pool_pages(
+                mb << 20, tb, cfg.max_context, cfg.decode_slots, window, transient_prompts=cfg.mix_max_prompts
+            )
             return mb
         except ValueError:
             continue
@@ -130,13 +131,19 @@ def main() -> int:
         if line.startswith(("kernels:", "weights resident")):
             print(line)
     print(f"model {path} ({size} bytes, {size / MIB:.1f} MiB)")
-    print(f"bare `import torch` RSS {bare / MIB:.1f} MiB (median of 3 fresh processes); this process after "
-          f"import torch {rss_torch / MIB:.1f}, after tailgate's imports {rss_imports / MIB:.1f}, after load_model "
-          f"(tokenizer, mapped file) {rss_loaded / MIB:.1f}, after build_engine {rss / MIB:.1f} MiB")
-    print(f"KV pools {kv / MIB:.1f} MiB (KV_CACHE_MB={settled.kv_cache_mb}, MAX_CONTEXT={settled.max_context}, "
-          f"DECODE_SLOTS={settled.decode_slots})")
-    print(f"RSS after load - bare torch = {(rss - bare) / MIB:.1f} MiB ({(rss - bare) / size:.2f}x the file); "
-          f"minus the KV pools = {held / MIB:.1f} MiB = {held / 1e6:.1f} MB ({held / size:.2f}x the file)")
+    print(
+        f"bare `import torch` RSS {bare / MIB:.1f} MiB (median of 3 fresh processes); this process after "
+        f"import torch {rss_torch / MIB:.1f}, after tailgate's imports {rss_imports / MIB:.1f}, after load_model "
+        f"(tokenizer, mapped file) {rss_loaded / MIB:.1f}, after build_engine {rss / MIB:.1f} MiB"
+    )
+    print(
+        f"KV pools {kv / MIB:.1f} MiB (KV_CACHE_MB={settled.kv_cache_mb}, MAX_CONTEXT={settled.max_context}, "
+        f"DECODE_SLOTS={settled.decode_slots})"
+    )
+    print(
+        f"RSS after load - bare torch = {(rss - bare) / MIB:.1f} MiB ({(rss - bare) / size:.2f}x the file); "
+        f"minus the KV pools = {held / MIB:.1f} MiB = {held / 1e6:.1f} MB ({held / size:.2f}x the file)"
+    )
     if cache is not None:
         print(f"cache on disk {cache}: {cache_bytes / MIB:.1f} MiB ({cache_bytes / size:.2f}x the file)")
     print(f"process start to ready: {ready_s:.1f} s wall, {ready_cpu:.1f} s of CPU (user + system, all threads)")
@@ -144,9 +151,21 @@ def main() -> int:
         maps = smaps_by_mapping()
         for name, (r, anon) in sorted(maps.items(), key=lambda kv_: -kv_[1][0])[:12]:
             print(f"  {r / MIB:8.1f} MiB resident ({anon / MIB:.1f} anonymous)  {name}")
-    print(json.dumps({"bare_torch": bare, "rss": rss, "kv_pools": kv, "held": held, "file": size,
-                      "ratio": round(held / size, 3), "cache_bytes": cache_bytes, "ready_s": round(ready_s, 2),
-                      "ready_cpu_s": round(ready_cpu, 2)}))
+    print(
+        json.dumps(
+            {
+                "bare_torch": bare,
+                "rss": rss,
+                "kv_pools": kv,
+                "held": held,
+                "file": size,
+                "ratio": round(held / size, 3),
+                "cache_bytes": cache_bytes,
+                "ready_s": round(ready_s, 2),
+                "ready_cpu_s": round(ready_cpu, 2),
+            }
+        )
+    )
     return 0
 
 

@@ -8,6 +8,7 @@ at c4 / c8 / c16, each policy's output tok/s, TTFT p50 and ITL p99, and its rati
 The walk is `ITL_TARGET_MS=off` (64-row rounds); the default is whatever `config.resolve` gives
 with no knob set. Each cell is the median over the seeds (jitter makes seeds differ).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,10 @@ def main() -> int:
             w = rows["walk"]
             for name, (tok, ttft, itl) in rows.items():
                 rt, ri = tok / w[0], itl / w[2]
-                print(f"{preset:15s} c{c:<3d} {name:12s} {tok:7.1f} tok/s  TTFT p50 {ttft:7.0f} ms  ITL p99 "
-                      f"{itl:6.0f} ms   vs walk: tok/s x{rt:.2f} ITL p99 x{ri:.2f}")
+                print(
+                    f"{preset:15s} c{c:<3d} {name:12s} {tok:7.1f} tok/s  TTFT p50 {ttft:7.0f} ms  ITL p99 "
+                    f"{itl:6.0f} ms   vs walk: tok/s x{rt:.2f} ITL p99 x{ri:.2f}"
+                )
                 if name != "walk":
                     k = worst.setdefault(name, [9.0, 0.0])
                     k[0], k[1] = min(k[0], rt), max(k[1], ri)

@@ -5,6 +5,7 @@ burst, runs the same workload, stops the server and cools down; the boot order r
 rounds so neither arm always runs on a warmer (or more tired) machine. A round with failures or
 short outputs is refused, not averaged in.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,8 +21,19 @@ import httpx
 from .serve import Sample, checks, compute_metrics, probe_schedule, random_dataset, run_load
 from .stats import ab_table
 
-METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms",
-           "probe_median_ttft_ms", "probe_p99_ttft_ms", "fit_within_15pct", "priced_steps", "rounds_widened")
+METRICS = (
+    "output_throughput",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+    "probe_median_ttft_ms",
+    "probe_p99_ttft_ms",
+    "fit_within_15pct",
+    "priced_steps",
+    "rounds_widened",
+)
 FIT = "tailgate:step_cost_error_ratio"
 WIDENED = "tailgate:walk_rounds_widened"
 
@@ -71,8 +83,9 @@ def free_port() -> int:
 
 def start(cmd: str, port: int, log_path: str) -> subprocess.Popen:
     log = open(log_path, "w")
-    return subprocess.Popen(cmd.format(port=port), shell=True, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd.format(port=port), shell=True, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def stop(p: subprocess.Popen, timeout: float = 60) -> None:
@@ -106,19 +119,42 @@ def cell_name(w: dict) -> str:
     return f"c{w['concurrency'] or 'inf'}-r{rate}-b{w.get('burstiness', 1.0):g}-n{w['num_prompts']}{probe}"
 
 
-def run(arms: list[tuple[str, str]], tok, workloads: list[dict], rounds: int, cool_s: float, log_dir: str,
-        health_timeout: float = 900, emit=print, bodies: dict | None = None) -> dict:
+def run(
+    arms: list[tuple[str, str]],
+    tok,
+    workloads: list[dict],
+    rounds: int,
+    cool_s: float,
+    log_dir: str,
+    health_timeout: float = 900,
+    emit=print,
+    bodies: dict | None = None,
+) -> dict:
     """Every round boots each arm once and runs every workload cell on it, in the same order.
     `bodies[name]` is merged into every request that arm is sent, the warm-up's too (e.g. a
     constraint: one server, two request mixes)."""
     # Every cell and the warm-up get prompts of their own (distinct seeds): a server with a prefix
     # cache must not be handed a later cell's prompts warm.
-    data = {cell_name(w): random_dataset(tok, w["num_prompts"], w["input_len"], w["output_len"],
-                                         prefix_len=w.get("prefix_len", 0), seed=1000 * (i + 1) + w.get("seed", 0))
-            for i, w in enumerate(workloads)}
-    probes = {cell_name(w): probe_schedule(tok, w.get("probe_rate", 0.0), w["num_prompts"] / w["rate"]
-                                           if w["rate"] != float("inf") else 30.0, 1000 * (i + 1) + w.get("seed", 0))
-              for i, w in enumerate(workloads)}
+    data = {
+        cell_name(w): random_dataset(
+            tok,
+            w["num_prompts"],
+            w["input_len"],
+            w["output_len"],
+            prefix_len=w.get("prefix_len", 0),
+            seed=1000 * (i + 1) + w.get("seed", 0),
+        )
+        for i, w in enumerate(workloads)
+    }
+    probes = {
+        cell_name(w): probe_schedule(
+            tok,
+            w.get("probe_rate", 0.0),
+            w["num_prompts"] / w["rate"] if w["rate"] != float("inf") else 30.0,
+            1000 * (i + 1) + w.get("seed", 0),
+        )
+        for i, w in enumerate(workloads)
+    }
     warm = [Sample(s.prompt, s.prompt_len, 8) for s in random_dataset(tok, 4, workloads[0]["input_len"], 8, seed=7)]
     out = {cell_name(w): {name: [] for name, _ in arms} for w in workloads}
     refused = []
@@ -138,20 +174,50 @@ def run(arms: list[tuple[str, str]], tok, workloads: list[dict], rounds: int, co
                     refused.append({"round": rnd, "arm": name, "problems": [str(e)]})
                     continue
                 extra = (bodies or {}).get(name)
-                asyncio.run(run_load(base, "/v1/completions", model, warm, float("inf"), 1.0, None, [], 0.0, True,
-                                     progress=False, extra=extra))
+                asyncio.run(
+                    run_load(
+                        base,
+                        "/v1/completions",
+                        model,
+                        warm,
+                        float("inf"),
+                        1.0,
+                        None,
+                        [],
+                        0.0,
+                        True,
+                        progress=False,
+                        extra=extra,
+                    )
+                )
                 for w in workloads:
                     cell = cell_name(w)
                     before = engine_counts(base)
-                    res, dur = asyncio.run(run_load(base, "/v1/completions", model, data[cell], w["rate"],
-                                                    w.get("burstiness", 1.0), w["concurrency"], probes[cell], 0.0,
-                                                    True, progress=False, seed=rnd, extra=extra))
+                    res, dur = asyncio.run(
+                        run_load(
+                            base,
+                            "/v1/completions",
+                            model,
+                            data[cell],
+                            w["rate"],
+                            w.get("burstiness", 1.0),
+                            w["concurrency"],
+                            probes[cell],
+                            0.0,
+                            True,
+                            progress=False,
+                            seed=rnd,
+                            extra=extra,
+                        )
+                    )
                     problems = checks(res, True)
                     m = compute_metrics(res, dur)
                     m.update(engine_figures(before, engine_counts(base)))
-                    emit(f"round {rnd} {cell} {name:>10s}: " + "  ".join(f"{k}={m[k]:.{2 if k.startswith('fit') else 1}f}"
-                                                                        for k in METRICS if k in m)
-                         + (f"  REFUSED: {'; '.join(problems)}" if problems else ""))
+                    emit(
+                        f"round {rnd} {cell} {name:>10s}: "
+                        + "  ".join(f"{k}={m[k]:.{2 if k.startswith('fit') else 1}f}" for k in METRICS if k in m)
+                        + (f"  REFUSED: {'; '.join(problems)}" if problems else "")
+                    )
                     if problems:
                         refused.append({"round": rnd, "cell": cell, "arm": name, "problems": problems})
                     else:
@@ -159,11 +225,19 @@ def run(arms: list[tuple[str, str]], tok, workloads: list[dict], rounds: int, co
             finally:
                 stop(p)
             time.sleep(cool_s)
-    return {"arms": [n for n, _ in arms], "workloads": workloads, "bodies": bodies or {}, "cells": out, "refused": refused}
+    return {
+        "arms": [n for n, _ in arms],
+        "workloads": workloads,
+        "bodies": bodies or {},
+        "cells": out,
+        "refused": refused,
+    }
 
 
 def table(result: dict) -> str:
-    return "\n\n".join(f"### {cell}\n" + ab_table(result["arms"], arms, METRICS) for cell, arms in result["cells"].items())
+    return "\n\n".join(
+        f"### {cell}\n" + ab_table(result["arms"], arms, METRICS) for cell, arms in result["cells"].items()
+    )
 
 
 def main(args) -> int:
@@ -176,14 +250,23 @@ def main(args) -> int:
             raise SystemExit(f"--arm {a!r}: expected NAME=COMMAND with a {{port}} placeholder")
         arms.append((name, cmd))
     workloads = []
-    for c in (args.max_concurrency.split(",") if args.max_concurrency else ["0"]):
+    for c in args.max_concurrency.split(",") if args.max_concurrency else ["0"]:
         for r in args.request_rate.split(","):
             c_int = int(c) or None
             n = args.num_prompts or (4 * c_int if c_int else 32)  # default: prompts = 4 x C
-            workloads.append({"num_prompts": n, "input_len": args.random_input_len,
-                              "output_len": args.random_output_len, "rate": float(r), "burstiness": args.burstiness,
-                              "concurrency": c_int, "seed": args.seed, "probe_rate": args.probe_request_rate,
-                              "prefix_len": args.random_prefix_len})
+            workloads.append(
+                {
+                    "num_prompts": n,
+                    "input_len": args.random_input_len,
+                    "output_len": args.random_output_len,
+                    "rate": float(r),
+                    "burstiness": args.burstiness,
+                    "concurrency": c_int,
+                    "seed": args.seed,
+                    "probe_rate": args.probe_request_rate,
+                    "prefix_len": args.random_prefix_len,
+                }
+            )
     bodies = {}
     for b in args.arm_body:
         name, _, body = b.partition("=")
@@ -204,18 +287,30 @@ def main(args) -> int:
 
 
 def add_args(p) -> None:
-    p.add_argument("--arm", action="append", required=True,
-                   help="NAME=COMMAND that serves on {port}, e.g. 'door=TAILGATE_ADMIT_COALESCE_MS=300 "
-                        ".venv/bin/tailgate serve --port {port}'")
-    p.add_argument("--arm-body", action="append", default=[],
-                   help="NAME=JSON merged into every request that arm is sent (two arms may share a server "
-                        "command and differ in what they ask, e.g. a structured_outputs constraint)")
+    p.add_argument(
+        "--arm",
+        action="append",
+        required=True,
+        help="NAME=COMMAND that serves on {port}, e.g. 'door=TAILGATE_ADMIT_COALESCE_MS=300 "
+        ".venv/bin/tailgate serve --port {port}'",
+    )
+    p.add_argument(
+        "--arm-body",
+        action="append",
+        default=[],
+        help="NAME=JSON merged into every request that arm is sent (two arms may share a server "
+        "command and differ in what they ask, e.g. a structured_outputs constraint)",
+    )
     p.add_argument("--tokenizer", default="gemma3-270m")
     p.add_argument("--num-prompts", type=int, default=0, help="0: 4 x concurrency (32 for an open loop)")
     p.add_argument("--random-input-len", type=int, default=256)
     p.add_argument("--random-output-len", type=int, default=64)
-    p.add_argument("--random-prefix-len", type=int, default=0,
-                   help="a shared prefix of this many tokens, counted in --random-input-len (fresh per cell)")
+    p.add_argument(
+        "--random-prefix-len",
+        type=int,
+        default=0,
+        help="a shared prefix of this many tokens, counted in --random-input-len (fresh per cell)",
+    )
     p.add_argument("--request-rate", default="inf", help="comma-separated rates; one cell each")
     p.add_argument("--burstiness", type=float, default=1.0)
     p.add_argument("--max-concurrency", default=None, help="comma-separated, e.g. 4,8,16; one cell each")

@@ -1,6 +1,7 @@
 """`tailgate bench engine`: an in-process load generator against the engine (no HTTP), door off
 vs on in alternating rounds. Closed loop at concurrency C (4*C requests), and a bursty pattern:
 live streams plus bursts of coincident arrivals."""
+
 from __future__ import annotations
 
 import random
@@ -35,6 +36,7 @@ class Run:
                     self.lock.notify_all()
                 if on_done:
                     on_done()
+
         r.sink = sink
         r.arrival = rec["send"]
         self.engine.submit(r)
@@ -56,11 +58,17 @@ class Run:
             if b is not None:
                 tpot.append(b)
         toks = sum(len(r["tokens"]) for r in recs)
-        return {"requests": len(recs), "failed": sum(1 for r in recs if r.get("reason") not in ("length", "stop")),
-                "output_tok_s": toks / wall, "ttft_p50_ms": 1e3 * percentile(ttft, 50),
-                "ttft_p99_ms": 1e3 * percentile(ttft, 99), "tpot_p50_ms": 1e3 * percentile(tpot, 50),
-                "itl_p50_ms": 1e3 * percentile(itl, 50), "itl_p99_ms": 1e3 * percentile(itl, 99),
-                "itl_max_ms": 1e3 * max(itl, default=0)}
+        return {
+            "requests": len(recs),
+            "failed": sum(1 for r in recs if r.get("reason") not in ("length", "stop")),
+            "output_tok_s": toks / wall,
+            "ttft_p50_ms": 1e3 * percentile(ttft, 50),
+            "ttft_p99_ms": 1e3 * percentile(ttft, 99),
+            "tpot_p50_ms": 1e3 * percentile(tpot, 50),
+            "itl_p50_ms": 1e3 * percentile(itl, 50),
+            "itl_p99_ms": 1e3 * percentile(itl, 99),
+            "itl_max_ms": 1e3 * max(itl, default=0),
+        }
 
 
 def prompt_ids(rng, n, vocab=20000):
@@ -112,13 +120,29 @@ def bursty(engine, streams, arrivals, mean_gap_s, in_len, out_len, burstiness=0.
     wall = time.monotonic() - t0
     out = run.summary(wall)
     s = run.summary(wall, only=lambda r: r.get("live"))
-    out.update({"stream_itl_p50_ms": s["itl_p50_ms"], "stream_itl_p99_ms": s["itl_p99_ms"],
-                "stream_itl_max_ms": s["itl_max_ms"]})
+    out.update(
+        {
+            "stream_itl_p50_ms": s["itl_p50_ms"],
+            "stream_itl_p99_ms": s["itl_p99_ms"],
+            "stream_itl_max_ms": s["itl_max_ms"],
+        }
+    )
     return out
 
 
-def run(model="gemma3-270m", doors=("off", "300"), concurrencies=(4, 8, 16), rounds=2, in_len=256, out_len=64,
-        dtype="auto", slots=16, bursty_too=True, loaded=None, emit=print):
+def run(
+    model="gemma3-270m",
+    doors=("off", "300"),
+    concurrencies=(4, 8, 16),
+    rounds=2,
+    in_len=256,
+    out_len=64,
+    dtype="auto",
+    slots=16,
+    bursty_too=True,
+    loaded=None,
+    emit=print,
+):
     from ..assemble import build_engine
     from ..model.weights import load_model
 
@@ -136,8 +160,15 @@ def run(model="gemma3-270m", doors=("off", "300"), concurrencies=(4, 8, 16), rou
                     if kind == "closed":
                         res = closed_loop(engine, c, 4 * c, in_len, out_len, seed=rnd)
                     else:
-                        res = bursty(engine, streams=8, arrivals=16, mean_gap_s=0.4, in_len=in_len,
-                                     out_len=out_len // 2, seed=rnd)
+                        res = bursty(
+                            engine,
+                            streams=8,
+                            arrivals=16,
+                            mean_gap_s=0.4,
+                            in_len=in_len,
+                            out_len=out_len // 2,
+                            seed=rnd,
+                        )
                     hold = engine.scheduler.metrics.door_hold
                     res["held_mean_ms"] = 1e3 * hold.total / hold.n if hold.n else 0.0
                     res["held_n"] = hold.n
@@ -145,8 +176,10 @@ def run(model="gemma3-270m", doors=("off", "300"), concurrencies=(4, 8, 16), rou
                     engine.stop()
                 key = f"{kind}-c{c}" if kind == "closed" else kind
                 results.setdefault(key, {}).setdefault(door, []).append(res)
-                emit(f"round {rnd} {key:10s} door={door:>4s} " + " ".join(
-                    f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()))
+                emit(
+                    f"round {rnd} {key:10s} door={door:>4s} "
+                    + " ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items())
+                )
     return results
 
 

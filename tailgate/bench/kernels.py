@@ -5,6 +5,7 @@ CPU takes it, int8 and int4 weight-only with every call quantized), the millisec
 model's layer matmuls (every layer's fused qkv, o, gate_up, down) and of the head, by rows M.
 `kernels.QUANT_ROWS` holds the cuts this table gave on the CPUs we measured.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,6 +16,7 @@ from ..model.kernels import EVERY, KernelPlan, runnable_plans
 from ..model.layers import linear
 from ..model.runner import prepare_weights
 from .step import _time, layer_inputs
+
 
 def plans(device: str = "cpu") -> list[tuple[str, KernelPlan]]:
     out = []
@@ -41,17 +43,22 @@ def run(model: str = "gemma3-270m", rows=(1, 4, 16, 64, 256), head_rows_max: int
         w = prepare_weights(m.weights, spec, plan)
         for n in rows:
             x = torch.randn(n, spec.hidden, dtype=plan.dtype)
-            ins = [(torch.randn(n, a, dtype=plan.dtype), torch.randn(n, f, dtype=plan.dtype))
-                   for a, f in layer_inputs(spec, w)]
+            ins = [
+                (torch.randn(n, a, dtype=plan.dtype), torch.randn(n, f, dtype=plan.dtype))
+                for a, f in layer_inputs(spec, w)
+            ]
 
             def layers():
                 for i, (a, f) in enumerate(ins):
                     p = f"layers.{i}."
-                    linear(x, w[p + "qkv"]), linear(a, w[p + "o"]), linear(x, w[p + "gate_up"]), linear(f, w[p + "down"])
+                    linear(x, w[p + "qkv"])
+                    linear(a, w[p + "o"])
+                    linear(x, w[p + "gate_up"])
+                    linear(f, w[p + "down"])
 
             lt = _time(layers, reps) * 1e3
             ht = _time(lambda: linear(x, w["head"]), reps) * 1e3 if n <= head_rows_max else float("nan")
             out.append({"kernel": name, "rows": n, "layers_ms": lt, "head_ms": ht})
             print(f"{name:16s} {n:5d} {lt:10.1f} {ht:9.1f}", flush=True)
-        del w
+        w = ins = None  # this plan's weights go before the next plan's are built
     return out

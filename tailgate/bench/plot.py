@@ -1,4 +1,5 @@
 """`tailgate bench plot`: ITL CDF (log x), TTFT CDF and a token timeline from detailed results."""
+
 from __future__ import annotations
 
 import json
@@ -6,8 +7,13 @@ import os
 
 
 # Tick colours for tailgate's stall attribution (decode-only steps stay the plain blue).
-CAUSE_COLORS = {"decode": "tab:blue", "mixed": "tab:orange", "walk": "tab:purple", "prefill": "tab:gray",
-                "recompute": "tab:brown"}
+CAUSE_COLORS = {
+    "decode": "tab:blue",
+    "mixed": "tab:orange",
+    "walk": "tab:purple",
+    "prefill": "tab:gray",
+    "recompute": "tab:brown",
+}
 
 
 def main(args) -> int:

@@ -1,5 +1,6 @@
 """`tailgate bench serve`: a serving benchmark for any OpenAI-compatible server, timed exactly as
 vLLM's `bench serve` defines TTFT, ITL, TPOT and E2EL, with vLLM's result field names."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,20 +12,40 @@ import httpx
 
 # The workload generators and the metric arithmetic live in workload.py (the simulator reads them
 # without this module's HTTP client); imported here under their old names for every caller.
-from .workload import (Result, Sample, add_workload_args, checks, compute_metrics, file_dataset,  # noqa: F401
-                       gamma_offsets, print_table, probe_schedule, random_dataset)
+from .workload import (
+    Result,
+    Sample,
+    add_workload_args,
+    checks,
+    compute_metrics,
+    file_dataset,  # noqa: F401
+    gamma_offsets,
+    print_table,
+    probe_schedule,
+    random_dataset,
+)
 
 
-async def send_one(client, url, sample: Sample, model, kind, temperature, ignore_eos, headers,
-                   extra: dict | None = None) -> Result:
+async def send_one(
+    client, url, sample: Sample, model, kind, temperature, ignore_eos, headers, extra: dict | None = None
+) -> Result:
     res = Result(sample.prompt_len, sample.output_len, sample.probe)
     if kind == "chat":
-        body = {"model": model, "messages": [{"role": "user", "content": sample.prompt}],
-                "max_completion_tokens": sample.output_len}
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": sample.prompt}],
+            "max_completion_tokens": sample.output_len,
+        }
     else:
         body = {"model": model, "prompt": sample.prompt, "max_tokens": sample.output_len}
-    body.update({"temperature": temperature, "stream": True, "stream_options": {"include_usage": True},
-                 "ignore_eos": ignore_eos})
+    body.update(
+        {
+            "temperature": temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": ignore_eos,
+        }
+    )
     body.update(extra or {})  # e.g. a constraint every request carries (`bench ab --arm-body`)
     res.send = time.perf_counter()
     try:
@@ -61,8 +82,22 @@ async def send_one(client, url, sample: Sample, model, kind, temperature, ignore
     return res
 
 
-async def run_load(base_url, endpoint, model, samples, rate, burstiness, concurrency, probes, temperature,
-                   ignore_eos, api_key=None, seed=0, progress=True, extra=None) -> tuple[list[Result], float]:
+async def run_load(
+    base_url,
+    endpoint,
+    model,
+    samples,
+    rate,
+    burstiness,
+    concurrency,
+    probes,
+    temperature,
+    ignore_eos,
+    api_key=None,
+    seed=0,
+    progress=True,
+    extra=None,
+) -> tuple[list[Result], float]:
     kind = "chat" if "chat" in endpoint else "completion"
     url = base_url.rstrip("/") + endpoint
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -71,8 +106,10 @@ async def run_load(base_url, endpoint, model, samples, rate, burstiness, concurr
     bar = None
     if progress:
         from tqdm import tqdm
+
         bar = tqdm(total=len(samples) + len(probes), desc="requests", file=sys.stderr)
     async with httpx.AsyncClient(timeout=httpx.Timeout(6 * 3600.0), limits=limits) as client:
+
         async def go(s: Sample, at: float, t0: float):
             await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
             q0 = time.perf_counter()
@@ -106,32 +143,66 @@ def main(args) -> int:
     if args.dataset_path:
         samples = file_dataset(args.dataset_path, tok, n, args.random_output_len)
     else:
-        samples = random_dataset(tok, n, args.random_input_len, args.random_output_len, args.random_range_ratio,
-                                 args.random_prefix_len, args.seed, chat)
+        samples = random_dataset(
+            tok,
+            n,
+            args.random_input_len,
+            args.random_output_len,
+            args.random_range_ratio,
+            args.random_prefix_len,
+            args.seed,
+            chat,
+        )
     horizon = n / args.request_rate if args.request_rate != float("inf") else 30.0
     probes = probe_schedule(tok, args.probe_request_rate, horizon, args.seed, chat)
     pct = tuple(float(p) for p in args.metric_percentiles.split(","))
     goodput = dict((k, float(v)) for k, v in (g.split(":") for g in args.goodput)) if args.goodput else None
-    results, dur = asyncio.run(run_load(args.base_url, args.endpoint, args.model, samples, args.request_rate,
-                                        args.burstiness, args.max_concurrency, probes, args.temperature,
-                                        args.ignore_eos, args.api_key, args.seed,
-                                        extra=json.loads(args.extra_body) if args.extra_body else None))
+    results, dur = asyncio.run(
+        run_load(
+            args.base_url,
+            args.endpoint,
+            args.model,
+            samples,
+            args.request_rate,
+            args.burstiness,
+            args.max_concurrency,
+            probes,
+            args.temperature,
+            args.ignore_eos,
+            args.api_key,
+            args.seed,
+            extra=json.loads(args.extra_body) if args.extra_body else None,
+        )
+    )
     m = compute_metrics(results, dur, pct, goodput)
     print_table(m, pct)
     for w in checks(results, args.ignore_eos):
         print("WARNING:", w, file=sys.stderr)
     if args.save_result:
-        out = {"date": time.strftime("%Y%m%d-%H%M%S"), "backend": "openai", "model_id": args.model,
-               "num_prompts": n, "request_rate": args.request_rate, "burstiness": args.burstiness,
-               "max_concurrency": args.max_concurrency, **m}
+        out = {
+            "date": time.strftime("%Y%m%d-%H%M%S"),
+            "backend": "openai",
+            "model_id": args.model,
+            "num_prompts": n,
+            "request_rate": args.request_rate,
+            "burstiness": args.burstiness,
+            "max_concurrency": args.max_concurrency,
+            **m,
+        }
         if args.save_detailed:
             ok = [r for r in results if not r.probe]
-            out.update({"input_lens": [r.prompt_len for r in ok], "output_lens": [r.output_tokens for r in ok],
-                        "ttfts": [(r.chunk_times[0] - r.send) if r.chunk_times else None for r in ok],
-                        "itls": [[b - a for a, b in zip(r.chunk_times, r.chunk_times[1:])] for r in ok],
-                        "start_times": [r.send for r in ok], "token_times": [r.chunk_times for r in ok],
-                        "token_causes": [r.chunk_causes for r in ok],
-                        "errors": [r.error for r in ok]})
+            out.update(
+                {
+                    "input_lens": [r.prompt_len for r in ok],
+                    "output_lens": [r.output_tokens for r in ok],
+                    "ttfts": [(r.chunk_times[0] - r.send) if r.chunk_times else None for r in ok],
+                    "itls": [[b - a for a, b in zip(r.chunk_times, r.chunk_times[1:])] for r in ok],
+                    "start_times": [r.send for r in ok],
+                    "token_times": [r.chunk_times for r in ok],
+                    "token_causes": [r.chunk_causes for r in ok],
+                    "errors": [r.error for r in ok],
+                }
+            )
         with open(args.save_result, "w") as f:
             json.dump(out, f, indent=1)
     return 1 if checks(results, args.ignore_eos) and args.strict else 0
@@ -144,15 +215,18 @@ def add_args(p) -> None:
     p.add_argument("--model", default="gemma3-270m", help="the served model name sent in requests")
     p.add_argument("--tokenizer", default="gemma3-270m", help="tokenizer to build exact-length prompts with")
     p.add_argument("--dataset-name", default="random", choices=["random"])
-    p.add_argument("--dataset-path", default=None, help="JSONL of {\"prompt\": ...} or a ShareGPT JSON file")
+    p.add_argument("--dataset-path", default=None, help='JSONL of {"prompt": ...} or a ShareGPT JSON file')
     p.add_argument("--random-prefix-len", type=int, default=0)
     p.add_argument("--probe-request-rate", type=float, default=0.0)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--goodput", nargs="*", default=None, help="e.g. ttft:500 itl:100")
     p.add_argument("--api-key", default=None)
-    p.add_argument("--extra-body", default=None, help="a JSON object merged into every request body, e.g. "
-                   "'{\"structured_outputs\": {\"regex\": \"[a-z ]+\"}}'")
+    p.add_argument(
+        "--extra-body",
+        default=None,
+        help='a JSON object merged into every request body, e.g. \'{"structured_outputs": {"regex": "[a-z ]+"}}\'',
+    )
     p.add_argument("--save-result", default=None)
     p.add_argument("--save-detailed", action="store_true")
     p.add_argument("--strict", action="store_true", help="exit 1 when a trust check fails")

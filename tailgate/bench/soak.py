@@ -13,6 +13,7 @@ The default server runs `--dtype fp32`: the exact path, where a row's tokens do 
 batch it rode in (with `--kernels auto` small steps take the q8 kernel and large ones oneDNN fp32,
 so a greedy text may legitimately differ with the load).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,8 +32,10 @@ import httpx
 
 from .ab import free_port, wait_healthy
 
-WORDS = ("river town market baker bell noon cloth spice keys door story light stone boat winter garden "
-         "music letter window road mountain evening friend machine number reason answer question").split()
+WORDS = (
+    "river town market baker bell noon cloth spice keys door story light stone boat winter garden "
+    "music letter window road mountain evening friend machine number reason answer question"
+).split()
 BAD = [  # (path, content type, raw body): each must be refused with a 4xx and an OpenAI error body
     ("/v1/completions", "application/json", b'{"prompt": "hi", "temperature": NaN}'),
     ("/v1/completions", "application/json", b'{"prompt": 7}'),
@@ -76,8 +79,12 @@ def make_pool(n: int, seed: int) -> list[tuple[str, dict]]:
         words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 160)))
         mt = rng.randint(8, 48)
         if i % 3 == 2:
-            pool.append(("/v1/chat/completions", {"messages": [{"role": "user", "content": words}], "max_tokens": mt,
-                                                  "temperature": 0}))
+            pool.append(
+                (
+                    "/v1/chat/completions",
+                    {"messages": [{"role": "user", "content": words}], "max_tokens": mt, "temperature": 0},
+                )
+            )
         else:
             pool.append(("/v1/completions", {"prompt": words, "max_tokens": mt, "temperature": 0}))
     return pool
@@ -161,8 +168,17 @@ async def calibrate(s: Soak, seconds: float, concurrency: int) -> float:
     return done / (time.monotonic() - t0)
 
 
-async def load(s: Soak, seconds: float, rate: float, hangup: float, bad: float, stream: float, burst_every: float,
-               burst_size: int, seed: int) -> None:
+async def load(
+    s: Soak,
+    seconds: float,
+    rate: float,
+    hangup: float,
+    bad: float,
+    stream: float,
+    burst_every: float,
+    burst_size: int,
+    seed: int,
+) -> None:
     rng = random.Random(seed)
     tasks, t0 = [], time.monotonic()
     next_burst = t0 + burst_every
@@ -212,14 +228,21 @@ def audit(s: Soak) -> dict:
     lost = [o for o in good if not o.hangup and not o.complete and not 400 <= o.status < 600]
     codes = Counter(o.status for o in good)
     return {
-        "requests": len(s.outcomes), "good": len(good), "bad": len(bad), "completed": len(completed),
-        "hung_up": sum(o.hangup for o in good), "status_2xx": sum(200 <= o.status < 300 for o in good),
-        "status_429": codes.get(429, 0), "status_4xx_good": sum(400 <= o.status < 500 and o.status != 429 for o in good),
+        "requests": len(s.outcomes),
+        "good": len(good),
+        "bad": len(bad),
+        "completed": len(completed),
+        "hung_up": sum(o.hangup for o in good),
+        "status_2xx": sum(200 <= o.status < 300 for o in good),
+        "status_429": codes.get(429, 0),
+        "status_4xx_good": sum(400 <= o.status < 500 and o.status != 429 for o in good),
         "status_5xx": sum(o.status >= 500 for o in s.outcomes),
         "bad_refused_4xx": sum(400 <= o.status < 500 and o.complete for o in bad),
         "bad_not_refused": [o.status for o in bad if not (400 <= o.status < 500 and o.complete)],
-        "lost": len(lost), "lost_examples": [o.error for o in lost[:5]],
-        "garbled": len(garbled), "distinct_bodies_checked": len(ref),
+        "lost": len(lost),
+        "lost_examples": [o.error for o in lost[:5]],
+        "garbled": len(garbled),
+        "distinct_bodies_checked": len(ref),
     }
 
 
@@ -236,21 +259,43 @@ def main(args) -> int:
         if rate is None:
             cap = asyncio.run(calibrate(s, args.calibrate_s, args.calibrate_concurrency))
             rate = 1.5 * cap
-            print(f"calibration: {cap:.2f} req/s closed loop at c={args.calibrate_concurrency}; load at {rate:.2f} req/s")
+            print(
+                f"calibration: {cap:.2f} req/s closed loop at c={args.calibrate_concurrency}; load at {rate:.2f} req/s"
+            )
         rss0 = rss_mb(p.pid)
         t0 = time.monotonic()
-        asyncio.run(load(s, args.minutes * 60, rate, args.hangup, args.bad, args.stream, args.burst_every,
-                         args.burst_size, args.seed))
+        asyncio.run(
+            load(
+                s,
+                args.minutes * 60,
+                rate,
+                args.hangup,
+                args.bad,
+                args.stream,
+                args.burst_every,
+                args.burst_size,
+                args.seed,
+            )
+        )
         wall = time.monotonic() - t0
         end = time.monotonic() + 300
-        while time.monotonic() < end and (scrape(base, "tailgate:kv_pages_used") or scrape(base, "vllm:num_requests_running")):
+        while time.monotonic() < end and (
+            scrape(base, "tailgate:kv_pages_used") or scrape(base, "vllm:num_requests_running")
+        ):
             time.sleep(0.5)
         pages = scrape(base, "tailgate:kv_pages_used")
         rss1 = rss_mb(p.pid)
-        out = {"minutes": args.minutes, "wall_s": round(wall, 1), "rate_req_s": round(rate, 3),
-               "server_cmd": args.server_cmd, **audit(s), "kv_pages_after_drain": pages,
-               "rss_start_mb": round(rss0), "rss_end_mb": round(rss1),
-               "alive_after": httpx.get(base + "/health", timeout=10).status_code == 200}
+        out = {
+            "minutes": args.minutes,
+            "wall_s": round(wall, 1),
+            "rate_req_s": round(rate, 3),
+            "server_cmd": args.server_cmd,
+            **audit(s),
+            "kv_pages_after_drain": pages,
+            "rss_start_mb": round(rss0),
+            "rss_end_mb": round(rss1),
+            "alive_after": httpx.get(base + "/health", timeout=10).status_code == 200,
+        }
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGTERM)
@@ -263,15 +308,20 @@ def main(args) -> int:
     if args.save:
         with open(args.save, "w") as f:
             json.dump(out, f, indent=1)
-    ok = not (out["status_5xx"] or out["lost"] or out["garbled"] or out["bad_not_refused"] or out["kv_pages_after_drain"])
+    ok = not (
+        out["status_5xx"] or out["lost"] or out["garbled"] or out["bad_not_refused"] or out["kv_pages_after_drain"]
+    )
     return 0 if ok and out["alive_after"] else 1
 
 
 def add_args(p) -> None:
     p.add_argument("--minutes", type=float, default=30)
-    p.add_argument("--server-cmd", default="{python} -m tailgate.cli serve --dtype fp32 --max-queued-requests 32 "
-                                           "--log-level warning --port {port}",
-                   help="the server to start ({port} and {python} are filled in)")
+    p.add_argument(
+        "--server-cmd",
+        default="{python} -m tailgate.cli serve --dtype fp32 --max-queued-requests 32 "
+        "--log-level warning --port {port}",
+        help="the server to start ({port} and {python} are filled in)",
+    )
     p.add_argument("--rate", type=float, default=None, help="arrivals per second (default: 1.5x calibrated capacity)")
     p.add_argument("--calibrate-s", type=float, default=60)
     p.add_argument("--calibrate-concurrency", type=int, default=16)

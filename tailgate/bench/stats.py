@@ -1,4 +1,5 @@
 """Latency statistics with vLLM's definitions (shared by the in-process and HTTP benchmarks)."""
+
 from __future__ import annotations
 
 import math
@@ -23,16 +24,19 @@ def summarize(name: str, xs: list[float], percentiles=(50, 90, 99)) -> dict:
     a simulated run has millions of gaps (statistics' pure-Python pstdev alone took seconds)."""
     ms = np.sort(np.asarray(xs, dtype=np.float64) * 1000)
     n = len(ms)
-    out = {f"mean_{name}_ms": math.fsum(ms) / n if n else 0.0,
-           f"median_{name}_ms": float(ms[(n - 1) // 2] + ms[n // 2]) / 2 if n else 0.0,
-           f"std_{name}_ms": float(ms.std()) if n > 1 else 0.0}
+    out = {
+        f"mean_{name}_ms": math.fsum(ms) / n if n else 0.0,
+        f"median_{name}_ms": float(ms[(n - 1) // 2] + ms[n // 2]) / 2 if n else 0.0,
+        f"std_{name}_ms": float(ms.std()) if n > 1 else 0.0,
+    }
     for p in percentiles:
         out[f"p{p:g}_{name}_ms"] = percentile(ms, p, presorted=True)
     return out
 
 
-def request_metrics(send: float, token_times: list[float], tokens: int | None = None
-                    ) -> tuple[float, list[float], float | None, float]:
+def request_metrics(
+    send: float, token_times: list[float], tokens: int | None = None
+) -> tuple[float, list[float], float | None, float]:
     """TTFT = first token - send; ITLs = every gap; TPOT = (E2EL - TTFT) / (tokens - 1); E2EL.
     `tokens` is the server's count (usage) when a chunk may carry several; default one per time."""
     n = tokens or len(token_times)
@@ -45,8 +49,10 @@ def request_metrics(send: float, token_times: list[float], tokens: int | None = 
 
 def ab_table(names: list[str], rounds: dict, metrics) -> str:
     """Each metric as `mean [min–max]` per arm over its rounds, and each arm's change vs the first."""
-    lines = ["| metric | " + " | ".join(names) + " | " + " | ".join(f"{n} vs {names[0]}" for n in names[1:]) + " |",
-             "|---|" + "---|" * (2 * len(names) - 1)]
+    lines = [
+        "| metric | " + " | ".join(names) + " | " + " | ".join(f"{n} vs {names[0]}" for n in names[1:]) + " |",
+        "|---|" + "---|" * (2 * len(names) - 1),
+    ]
     for k in metrics:
         cells, means = [], []
         for n in names:

@@ -1,6 +1,7 @@
 """`tailgate bench step`: step latency of decode batches and prefill segments against the same
 step's weight matmuls alone, for the kernel plan this machine chose and every alternative it can
 run, with the CPU's model name and each dtype's matmul peak measured in the same run."""
+
 from __future__ import annotations
 
 import time
@@ -37,22 +38,29 @@ def layer_matmul_params(spec: ModelSpec) -> int:
     """Per-layer head shapes as the spec gives them (Gemma 4's global layers are wider); the MLP
     at spec.ffn (a Gemma 4 double-wide MLP and MoE experts are not counted)."""
     h = spec.hidden
-    return sum(h * (spec.n_heads + 2 * kv) * d + spec.n_heads * d * h + 3 * h * spec.ffn
-               for d, kv in zip(spec.layer_head_dim, spec.layer_kv_heads))
+    return sum(
+        h * (spec.n_heads + 2 * kv) * d + spec.n_heads * d * h + 3 * h * spec.ffn
+        for d, kv in zip(spec.layer_head_dim, spec.layer_kv_heads)
+    )
 
 
 def layer_inputs(spec: ModelSpec, w: dict) -> list[tuple[int, int]]:
     """Per layer, the input widths of the attention output and MLP down projections (they differ
     per layer on Gemma 4: wider global heads, a double-wide MLP on KV-sharing layers)."""
-    return [(spec.n_heads * spec.layer_head_dim[i], w[f"layers.{i}.gate_up"].out_features // 2)
-            for i in range(spec.n_layers)]
+    return [
+        (spec.n_heads * spec.layer_head_dim[i], w[f"layers.{i}.gate_up"].out_features // 2)
+        for i in range(spec.n_layers)
+    ]
 
 
 def step_flops(spec: ModelSpec, rows: int, sampled: int, attn_pairs: int) -> float:
     """Matmul FLOPs of one step: projections and MLP per row, the head per sampled row, and
     q·k + p·v per (query, key) pair per layer and head."""
-    return (2 * layer_matmul_params(spec) * rows + 2 * spec.hidden * spec.vocab_size * sampled
-            + 4 * attn_pairs * spec.n_heads * spec.head_dim)
+    return (
+        2 * layer_matmul_params(spec) * rows
+        + 2 * spec.hidden * spec.vocab_size * sampled
+        + 4 * attn_pairs * spec.n_heads * spec.head_dim
+    )
 
 
 def _time(fn, reps, device="cpu"):
@@ -74,9 +82,19 @@ def alternatives(chosen: KernelPlan) -> list[KernelPlan]:
     return [chosen] + [p for p in runnable_plans(chosen.device) if p != chosen]
 
 
-def run(model: str = "gemma3-270m", dtype: str = "auto", decode_batches=(1, 4, 16, 64),
-        prefill_rows=(256, 512), context: int = 256, reps: int = 5, loaded=None, kernels: str = "auto",
-        compare: bool = True, device: str = "cpu", mixed=((64, 4), (64, 16))) -> list[dict]:
+def run(
+    model: str = "gemma3-270m",
+    dtype: str = "auto",
+    decode_batches=(1, 4, 16, 64),
+    prefill_rows=(256, 512),
+    context: int = 256,
+    reps: int = 5,
+    loaded=None,
+    kernels: str = "auto",
+    compare: bool = True,
+    device: str = "cpu",
+    mixed=((64, 4), (64, 16)),
+) -> list[dict]:
     from ..model.cpu import this_cpu
     from ..model.weights import load_model
 
@@ -95,15 +113,20 @@ def run(model: str = "gemma3-270m", dtype: str = "auto", decode_batches=(1, 4, 1
     return rows_out
 
 
-def run_plan(m, plan: KernelPlan, decode_batches, prefill_rows, context: int, reps: int,
-             mixed=((64, 4), (64, 16))) -> list[dict]:
+def run_plan(
+    m, plan: KernelPlan, decode_batches, prefill_rows, context: int, reps: int, mixed=((64, 4), (64, 16))
+) -> list[dict]:
     spec = m.spec
     max_b = max(decode_batches)
     # A decode row reserves its whole context at once; where that is past the sliding window (a
     # small Gemma 4 test model), the sliding pool needs room for every row's full context.
     short_window = spec.has_sliding and spec.sliding_window < context + 2
-    pages = pool_pages(max(max(prefill_rows, default=0), context + 2), max_b + 1, spec.sliding_window,
-                       transient_prompts=max_b + 2 if short_window else 2)
+    pages = pool_pages(
+        max(max(prefill_rows, default=0), context + 2),
+        max_b + 1,
+        spec.sliding_window,
+        transient_prompts=max_b + 2 if short_window else 2,
+    )
     runner = ModelRunner(spec, m.weights, pages, plan=plan)
     book = KVBook(pages["global"], pages.get("local"), spec.sliding_window)
     dev = runner.device
@@ -111,7 +134,7 @@ def run_plan(m, plan: KernelPlan, decode_batches, prefill_rows, context: int, re
     peak = matmul_peak(dense, device=dev)
     print(f"matmul peak ({dense}, 1024x2048x2048): {peak / 1e9:.0f} GFLOP/s")
     rows_out = []
-    window = spec.sliding_window or 10 ** 9
+    window = spec.sliding_window or 10**9
     n_sl = sum(spec.layer_sliding)
     n_gl = spec.n_layers - n_sl
     name = plan.line().split(" [")[0].removeprefix("kernels: ")
@@ -119,11 +142,25 @@ def run_plan(m, plan: KernelPlan, decode_batches, prefill_rows, context: int, re
     def report(kind, n, secs, flops, mm, prompt_rows, decode_rows, sampled, raw_pairs):
         # The last four: what the step holds, as the simulator's cost model prices it (sim/cost.py).
         frac = flops / secs / peak
-        rows_out.append({"plan": name, "kind": kind, "n": n, "ms": secs * 1e3, "matmul_ms": mm * 1e3,
-                         "gflops": flops / secs / 1e9, "peak_frac": frac, "prompt_rows": prompt_rows,
-                         "decode_rows": decode_rows, "sampled": sampled, "pairs": raw_pairs})
-        print(f"{kind:9s} {n:5d}  {secs * 1e3:8.1f} ms  {flops / secs / 1e9:7.1f} GFLOP/s  {100 * frac:5.1f}% of peak"
-              f"  matmuls alone {mm * 1e3:6.1f} ms ({secs / mm:.2f}x)")
+        rows_out.append(
+            {
+                "plan": name,
+                "kind": kind,
+                "n": n,
+                "ms": secs * 1e3,
+                "matmul_ms": mm * 1e3,
+                "gflops": flops / secs / 1e9,
+                "peak_frac": frac,
+                "prompt_rows": prompt_rows,
+                "decode_rows": decode_rows,
+                "sampled": sampled,
+                "pairs": raw_pairs,
+            }
+        )
+        print(
+            f"{kind:9s} {n:5d}  {secs * 1e3:8.1f} ms  {flops / secs / 1e9:7.1f} GFLOP/s  {100 * frac:5.1f}% of peak"
+            f"  matmuls alone {mm * 1e3:6.1f} ms ({secs / mm:.2f}x)"
+        )
 
     # Decode: B sequences, each with `context` tokens of KV, one new token each.
     seqs = [SeqPages() for _ in range(max_b)]
@@ -143,8 +180,9 @@ def run_plan(m, plan: KernelPlan, decode_batches, prefill_rows, context: int, re
         w = SeqPages()
         assert book.reserve(w, k0 + chunk)
         w.frontier = k0
-        segs = [Segment([100 + i for i in range(chunk)], k0, w, sample=False)] + \
-            [Segment([100], context, s) for s in seqs[:b]]
+        segs = [Segment([100 + i for i in range(chunk)], k0, w, sample=False)] + [
+            Segment([100], context, s) for s in seqs[:b]
+        ]
         secs = _time(lambda: runner.step(segs), reps, dev)
         pairs = chunk * k0 + chunk * (chunk + 1) // 2 + b * (context + 1)
         mm = _time(lambda: matmuls_only(runner, chunk + b, b), reps, dev)

@@ -3,6 +3,7 @@ the request samples (random token prompts with an optional shared prefix, JSONL 
 Poisson probes), the arrival times (gamma gaps, as vLLM's client), the per-request `Result`, and
 vLLM's metric arithmetic (TTFT, TPOT, ITL, E2EL, throughput, goodput). `bench serve` sends them
 over HTTP; `tailgate sim` and its fleet feed them to the scheduler on a virtual clock."""
+
 from __future__ import annotations
 
 import json
@@ -37,6 +38,16 @@ class Result:
     queued: float = 0.0  # client-side wait for a concurrency slot
 
 
+def draw_lengths(rng, input_len: int, output_len: int, range_ratio: float) -> tuple[int, int]:
+    """One request's (prompt, output) lengths as vLLM's random dataset draws them: uniform within
+    +-range_ratio of each (an output at least 1)."""
+    if not range_ratio:
+        return input_len, output_len
+    il = rng.randint(int(input_len * (1 - range_ratio)), int(input_len * (1 + range_ratio)))
+    ol = rng.randint(max(1, int(output_len * (1 - range_ratio))), int(output_len * (1 + range_ratio)))
+    return il, ol
+
+
 def random_dataset(tok, n, input_len, output_len, range_ratio=0.0, prefix_len=0, seed=0, chat=False) -> list[Sample]:
     """Random token prompts of exact length (re-encoded and trimmed so the server counts the same);
     an optional shared prefix. Completions get token ids, chat gets the decoded text."""
@@ -46,8 +57,7 @@ def random_dataset(tok, n, input_len, output_len, range_ratio=0.0, prefix_len=0,
     prefix = [rng.randint(lo_id, hi_id) for _ in range(prefix_len)]
     out = []
     for _ in range(n):
-        il = rng.randint(int(input_len * (1 - range_ratio)), int(input_len * (1 + range_ratio))) if range_ratio else input_len
-        ol = rng.randint(max(1, int(output_len * (1 - range_ratio))), int(output_len * (1 + range_ratio))) if range_ratio else output_len
+        il, ol = draw_lengths(rng, input_len, output_len, range_ratio)
         body = prefix + [rng.randint(lo_id, hi_id) for _ in range(max(1, il - prefix_len))]
         text = tok.decode(body, skip_special=True)
         ids = tok.encode(text)
@@ -67,7 +77,9 @@ def file_dataset(path, tok, n, output_len) -> list[Sample]:
         for conv in json.loads(text):
             turns = conv.get("conversations") or []
             if len(turns) >= 2:
-                rows.append({"prompt": turns[0]["value"], "output_len": len(tok.encode(turns[1]["value"], add_bos=False))})
+                rows.append(
+                    {"prompt": turns[0]["value"], "output_len": len(tok.encode(turns[1]["value"], add_bos=False))}
+                )
     else:
         rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     out = []
@@ -101,10 +113,16 @@ def compute_metrics(results: list[Result], duration: float, percentiles=(50, 90,
             tpot.append(b)
     out_tokens = sum(r.output_tokens or len(r.chunk_times) for r in ok)
     in_tokens = sum(r.prompt_len for r in ok)
-    m = {"duration": duration, "completed": len(ok), "failed": sum(1 for r in results if not r.success and not r.probe),
-         "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
-         "request_throughput": len(ok) / duration, "output_throughput": out_tokens / duration,
-         "total_token_throughput": (in_tokens + out_tokens) / duration}
+    m = {
+        "duration": duration,
+        "completed": len(ok),
+        "failed": sum(1 for r in results if not r.success and not r.probe),
+        "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens,
+        "request_throughput": len(ok) / duration,
+        "output_throughput": out_tokens / duration,
+        "total_token_throughput": (in_tokens + out_tokens) / duration,
+    }
     for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2el)):
         m.update(summarize(name, xs, percentiles))
     # Peak output tok/s over 1 s buckets, and the most requests in flight at once.
@@ -123,16 +141,23 @@ def compute_metrics(results: list[Result], duration: float, percentiles=(50, 90,
         good = 0
         for r in ok:
             t = r.chunk_times
-            v = {"ttft": (t[0] - r.send) * 1e3, "e2el": (t[-1] - r.send) * 1e3,
-                 "itl": max([b - a for a, b in zip(t, t[1:])] or [0]) * 1e3,
-                 "tpot": ((t[-1] - t[0]) / max(1, (r.output_tokens or len(t)) - 1)) * 1e3}
+            v = {
+                "ttft": (t[0] - r.send) * 1e3,
+                "e2el": (t[-1] - r.send) * 1e3,
+                "itl": max([b - a for a, b in zip(t, t[1:])] or [0]) * 1e3,
+                "tpot": ((t[-1] - t[0]) / max(1, (r.output_tokens or len(t)) - 1)) * 1e3,
+            }
             good += all(v[k] <= lim for k, lim in goodput.items())
         m["request_goodput"] = good / duration
     probes = [r for r in results if r.probe and r.success]
     if probes:
         m["probe_completed"] = len(probes)
-        m.update({f"probe_{k}": v for k, v in summarize("ttft", [r.chunk_times[0] - r.send for r in probes],
-                                                          percentiles).items()})
+        m.update(
+            {
+                f"probe_{k}": v
+                for k, v in summarize("ttft", [r.chunk_times[0] - r.send for r in probes], percentiles).items()
+            }
+        )
     queued = [r.queued for r in results if not r.probe]
     m["mean_client_queue_ms"] = 1e3 * sum(queued) / max(1, len(queued))
     return m
@@ -147,8 +172,10 @@ def checks(results: list[Result], ignore_eos: bool) -> list[str]:
     if ignore_eos:
         short = [r for r in results if r.success and r.output_tokens != r.output_len]
         if short:
-            warn.append(f"{len(short)} requests returned fewer/more tokens than asked with ignore_eos "
-                        f"(e.g. {short[0].output_tokens} of {short[0].output_len})")
+            warn.append(
+                f"{len(short)} requests returned fewer/more tokens than asked with ignore_eos "
+                f"(e.g. {short[0].output_tokens} of {short[0].output_len})"
+            )
     bad = [r for r in results for f in r.finish_reasons if f not in ("length", "stop")]
     if bad:
         warn.append(f"{len(bad)} finish reasons report errors: {bad[0].finish_reasons}")
@@ -157,9 +184,20 @@ def checks(results: list[Result], ignore_eos: bool) -> list[str]:
 
 def print_table(m: dict, percentiles=(50, 90, 99)) -> None:
     print("{s:=^60}".format(s=" Serving Benchmark Result "))
-    for k in ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
-              "output_throughput", "max_output_tokens_per_s", "max_concurrent_requests", "total_token_throughput",
-              "request_goodput", "mean_client_queue_ms"):
+    for k in (
+        "completed",
+        "failed",
+        "duration",
+        "total_input_tokens",
+        "total_output_tokens",
+        "request_throughput",
+        "output_throughput",
+        "max_output_tokens_per_s",
+        "max_concurrent_requests",
+        "total_token_throughput",
+        "request_goodput",
+        "mean_client_queue_ms",
+    ):
         if k in m:
             print(f"{k:<40}{m[k]:>16.2f}" if isinstance(m[k], float) else f"{k:<40}{m[k]:>16}")
     for name in ("ttft", "tpot", "itl", "e2el", "probe_ttft"):

@@ -9,6 +9,7 @@ lane and a live roster its whole prompt launches on the lane; otherwise it runs 
 step with the prompts gathered beside it (MIX_GATHER_ROWS, MIX_MAX_PROMPTS). A running walk takes
 arrivals in instead of waiting it out.
 """
+
 from __future__ import annotations
 
 from itertools import islice
@@ -53,8 +54,14 @@ def door_open(s, plan, now: float) -> bool:
 
 def door_view(s) -> DoorView:
     cohort = islice(s.queue, max(1, min(s.cfg.mix_max_prompts, s.slots - s.running)))
-    return DoorView(len(s.queue), s.running, s.slots, tuple(a.max_tokens - len(a.output) for a in s.roster),
-                    sum(len(r.prompt) for r in cohort), sum(a.pages.frontier + 1 for a in s.roster) / 1000)
+    return DoorView(
+        len(s.queue),
+        s.running,
+        s.slots,
+        tuple(a.max_tokens - len(a.output) for a in s.roster),
+        sum(len(r.prompt) for r in cohort),
+        sum(a.pages.frontier + 1 for a in s.roster) / 1000,
+    )
 
 
 def pop(s) -> Request:
@@ -133,8 +140,9 @@ def admit(s, plan, admitted: list[Request], why: str) -> None:
     plan.why = why
     for r in admitted:
         if not r.resumed and not r.preemptions:
-            s.emit(r, Scheduled(r.id, s.clock(), queued_at=r.arrival, prompt_tokens=len(r.prompt),
-                                cached_tokens=r.cached))
+            s.emit(
+                r, Scheduled(r.id, s.clock(), queued_at=r.arrival, prompt_tokens=len(r.prompt), cached_tokens=r.cached)
+            )
             s.metrics.prefix_queries += len(r.prompt) if s.prefix is not None else 0
             s.metrics.prefix_hits += r.cached
 
@@ -192,8 +200,13 @@ def room_for(s, r: Request) -> bool:
 def gather(s, plan, newcomers: list[Request], attempts: int) -> int:
     """Coincident prompts join the leader's mixed step while every rule holds."""
     rows = newcomers[0].rest  # the leader is never bounded
-    while (s.queue and len(newcomers) < s.cfg.mix_max_prompts and rows < s.cfg.mix_gather_rows
-           and len(newcomers) + len(s.roster) < s.slots and attempts < s.slots):
+    while (
+        s.queue
+        and len(newcomers) < s.cfg.mix_max_prompts
+        and rows < s.cfg.mix_gather_rows
+        and len(newcomers) + len(s.roster) < s.slots
+        and attempts < s.slots
+    ):
         f = pop(s)
         attempts += 1
         if not admissible(s, plan, f):
@@ -214,8 +227,10 @@ def admissible(s, plan, r: Request) -> bool:
         s.executor.release(r.id)
         r.status = Status.FINISHED
         s.metrics.finished[r.cancel_as] += 1  # a queued abort counts like a live one
-        s.emit(r, Finished(r.id, s.clock(), reason=r.cancel_as, prompt_tokens=len(r.prompt),
-                           completion_tokens=len(r.output)))
+        s.emit(
+            r,
+            Finished(r.id, s.clock(), reason=r.cancel_as, prompt_tokens=len(r.prompt), completion_tokens=len(r.output)),
+        )
         plan.finished.append((r, r.cancel_as))
         return False
     why = invalid(r, s.cfg.max_context, s.vocab_size)
@@ -232,8 +247,10 @@ def invalid(r: Request, max_context: int, vocab_size: int) -> str | None:
     if r.max_tokens < 1:
         return f"max_tokens must be at least 1, got {r.max_tokens}"
     if len(r.prompt) + r.max_tokens > max_context:
-        return (f"maximum context length is {max_context} tokens, but the prompt contains "
-                f"{len(r.prompt)} tokens and max_tokens is {r.max_tokens}")
+        return (
+            f"maximum context length is {max_context} tokens, but the prompt contains "
+            f"{len(r.prompt)} tokens and max_tokens is {r.max_tokens}"
+        )
     if min(r.prompt) < 0 or max(r.prompt) >= vocab_size:  # C speed; then find it
         bad = next(t for t in r.prompt if not 0 <= t < vocab_size)
         return f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})"

@@ -25,6 +25,7 @@ total stall (the separate case's extra step also yields a token), so merging onl
 gap distribution; the price counts what is actually saved: stalls streams never see.
 Until the model is ready and has measured a decode step, `auto` does not hold.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -92,8 +93,9 @@ class CoalesceDoor:
 class PricedDoor:
     """ADMIT_COALESCE_MS=auto: holds while the priced saving beats the priced wait (module doc)."""
 
-    def __init__(self, chunk: int | None, costs, cap_s: float = AUTO_CAP_S, cap_steps: float = AUTO_CAP_STEPS,
-                 alpha: float = 0.2):
+    def __init__(
+        self, chunk: int | None, costs, cap_s: float = AUTO_CAP_S, cap_steps: float = AUTO_CAP_STEPS, alpha: float = 0.2
+    ):
         self.chunk = chunk
         self.cap, self.cap_steps = cap_s, cap_steps
         self.costs = costs  # engine/step_cost.StepCostModel, shared with the walk's budget
@@ -123,8 +125,7 @@ class PricedDoor:
     def prices(self, v: DoorView) -> tuple[float, float]:
         """(the live batch's decode step, one prompt row's added stall) in seconds, predicted."""
         n = len(v.remaining)
-        return (self.costs.predict((0, n, n, v.live_kpairs)),
-                self.costs.coefficients["prompt_row"] * self.costs.pace)
+        return (self.costs.predict((0, n, n, v.live_kpairs)), self.costs.coefficients["prompt_row"] * self.costs.pace)
 
     def _cap(self, d: float) -> float:
         return min(self.cap, self.cap_steps * d)

@@ -7,11 +7,12 @@ at the top of a later plan when it is done or is the only work left, or mid-plan
 needs pages (its request then holds them as a live row, preemption can choose it). Landing emits
 its first token exactly as a synchronous prefill's. Intake stops while a flight is out.
 """
+
 from __future__ import annotations
 
 from .plan import StepPlan
 from .prompt_logprobs import prompt_segment
-from .request import Request, Status
+from .request import Request, Status, row_sample
 from .settle import absorb
 
 
@@ -19,7 +20,7 @@ def launch(s, r: Request) -> None:
     """Start `r`'s whole prompt on the lane; the sliding window's release waits for the landing."""
     toks, start, _ = r.chunk(r.rest)
     try:
-        flight = s.executor.launch([prompt_segment(r, toks, start, True)], [s.row_sample(r, r.output)])
+        flight = s.executor.launch([prompt_segment(r, toks, start, True)], [row_sample(r, r.output)])
     except Exception as e:  # the lane could not start: this request fails, nothing else
         s.close(r, "error", f"side lane failed to start: {e}")
         return

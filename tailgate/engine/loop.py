@@ -3,6 +3,7 @@
 Submissions and aborts arrive from other threads through a locked inbox; an idle engine sleeps
 on a condition variable until a submission arrives (no spinning).
 """
+
 from __future__ import annotations
 
 import threading

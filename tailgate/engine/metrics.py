@@ -1,4 +1,5 @@
 """Engine metrics as plain numbers; the server renders them for Prometheus."""
+
 from __future__ import annotations
 
 import bisect
@@ -6,8 +7,27 @@ import copy
 from collections import Counter
 from dataclasses import dataclass, field
 
-LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                   20.0, 40.0, 80.0)
+LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # |predicted - actual| / actual of a step's time (ITL_TARGET_MS's fit; issue 26 asks p90 <= 0.15)
 ERROR_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
@@ -92,9 +112,14 @@ class EngineSnapshot:
 
 def snapshot(scheduler, inbox: int = 0) -> EngineSnapshot:
     book = scheduler.book
-    return EngineSnapshot(running=scheduler.running, waiting=inbox + len(scheduler.queue), held=scheduler.held,
-                          kv_usage=round(book.usage(), 6),
-                          kv_pages_used=book.glob.used + (book.local.used if book.local else 0),
-                          kv_pages_idle=book.glob.idle + (book.local.idle if book.local else 0),
-                          recompute_hits=scheduler.prefix.recompute_hits if scheduler.prefix is not None else 0,
-                          metrics=copy.deepcopy(scheduler.metrics), steps=tuple(scheduler.step_log))
+    return EngineSnapshot(
+        running=scheduler.running,
+        waiting=inbox + len(scheduler.queue),
+        held=scheduler.held,
+        kv_usage=round(book.usage(), 6),
+        kv_pages_used=book.glob.used + (book.local.used if book.local else 0),
+        kv_pages_idle=book.glob.idle + (book.local.idle if book.local else 0),
+        recompute_hits=scheduler.prefix.recompute_hits if scheduler.prefix is not None else 0,
+        metrics=copy.deepcopy(scheduler.metrics),
+        steps=tuple(scheduler.step_log),
+    )

@@ -9,6 +9,7 @@ prompt that starts the same way) or free. Idle pages count as available: `take` 
 pages first and only then evicts idle ones, least recently released first, telling the cache
 (`on_evict`), so a cached page is lost only to an allocation that needs it (engine/prefix.py).
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -63,8 +64,8 @@ class PagePool:
         if n == 0:
             return []
         k = min(n, len(self._free))
-        taken = self._free[len(self._free) - k:][::-1]
-        del self._free[len(self._free) - k:]
+        taken = self._free[len(self._free) - k :][::-1]
+        del self._free[len(self._free) - k :]
         while len(taken) < n:  # lazy eviction: only as many idle pages as this allocation lacks
             p, _ = self._idle.popitem(last=False)
             self._tagged[p] = False
@@ -209,8 +210,14 @@ def pool_bytes(pages: dict[str, int], token_bytes: dict[str, int]) -> int:
     return sum(n * PAGE_SIZE * token_bytes.get(fam, 0) for fam, n in pages.items())
 
 
-def budget_pool_pages(budget_bytes: int, token_bytes: dict[str, int], max_context: int, slots: int,
-                      window: int | None, transient_prompts: int = 1) -> dict[str, int]:
+def budget_pool_pages(
+    budget_bytes: int,
+    token_bytes: dict[str, int],
+    max_context: int,
+    slots: int,
+    window: int | None,
+    transient_prompts: int = 1,
+) -> dict[str, int]:
     """Pages per pool from a memory budget: the sliding pool keeps its bounded size (a window per
     slot plus the prefill transients); the global pool gets what is left, and must hold at least
     one full-context request. `token_bytes[fam]` = K+V bytes of one token across that family's layers."""
@@ -222,8 +229,10 @@ def budget_pool_pages(budget_bytes: int, token_bytes: dict[str, int], max_contex
         # The least budget that passes: the pages one request fills (the padding page is the +1
         # above, outside the budget) after the sliding pool's share.
         mib = -(-((need - 1) * PAGE_SIZE * token_bytes["global"] + budget_bytes - left) // (1 << 20))
-        raise ValueError(f"TAILGATE_KV_CACHE_MB={budget_bytes >> 20} cannot hold one {max_context}-token request "
-                         f"(needs at least {mib} MiB with this model, MAX_CONTEXT and DECODE_SLOTS)")
+        raise ValueError(
+            f"TAILGATE_KV_CACHE_MB={budget_bytes >> 20} cannot hold one {max_context}-token request "
+            f"(needs at least {mib} MiB with this model, MAX_CONTEXT and DECODE_SLOTS)"
+        )
     return out
 
 

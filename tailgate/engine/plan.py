@@ -1,5 +1,6 @@
 """The step as plain data: the segments the runner executes, the plan the scheduler decides
 (`StepPlan`, vLLM v1's SchedulerOutput), and the record each step leaves (`StepRecord`)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

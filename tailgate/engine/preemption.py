@@ -12,6 +12,7 @@ length (prompt + max_tokens), so no later step is ever short of a page for it, a
 never chooses it. (A pinned request needing a page cannot happen; a live row short of one with
 only pinned holders beside it gives its own pages back, and a walker waits.)
 """
+
 from __future__ import annotations
 
 from . import lane
@@ -36,8 +37,9 @@ def full_length(r: Request) -> int:
 
 
 def never_fits(r: Request) -> str:
-    return (f"the prompt needs {pages_for(len(r.tokens))} KV pages per pool, more than the pools hold "
-            "with nothing running")
+    return (
+        f"the prompt needs {pages_for(len(r.tokens))} KV pages per pool, more than the pools hold with nothing running"
+    )
 
 
 def ready_rows(s, plan) -> bool:
@@ -77,8 +79,15 @@ def make_room(s, plan, holder: Request, total: int, self_ok: bool) -> bool:
             lane.land(s, plan, "pages")
             continue
         others = holders(s, holder)
-        younger = [h for h in others if not pinned(h) and (h.arrival > holder.arrival or (
-            h.arrival == holder.arrival and h.status is Status.WALKING and holder.status is not Status.WALKING))]
+        younger = [
+            h
+            for h in others
+            if not pinned(h)
+            and (
+                h.arrival > holder.arrival
+                or (h.arrival == holder.arrival and h.status is Status.WALKING and holder.status is not Status.WALKING)
+            )
+        ]
         if younger:  # equal arrivals: a walker came in after every live row
             preempt(s, plan, max(younger, key=lambda h: h.arrival))
         elif others and self_ok:

@@ -24,6 +24,7 @@ Plain bookkeeping over `KVBook` pages, no tensors (docs/prefix-cache.md has the 
   The layers above a sliding layer read its output, so the window's local KV cannot be recomputed
   without the global layers' for the same positions: a shorter hit is the only exact fallback.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -73,7 +74,7 @@ class PrefixCache:
     @staticmethod
     def _key(parent: int, tokens: list[int], i: int, prompt_len: int, owner: str | None) -> tuple:
         lo = i * PAGE_SIZE
-        return parent, tuple(tokens[lo:lo + PAGE_SIZE]), owner if lo + PAGE_SIZE > prompt_len else None
+        return parent, tuple(tokens[lo : lo + PAGE_SIZE]), owner if lo + PAGE_SIZE > prompt_len else None
 
     def _first_seen(self, n: int) -> int:
         """The oldest page a query at position 16n reads on the sliding layers."""
@@ -130,7 +131,7 @@ class PrefixCache:
         pages become an entry, and a recompute's own entry is done with (its pages are its again)."""
         self._register(tokens, prompt_len, owner, seq)
         if prefilled:
-            self._remember(seq.blocks[:min(prompt_len, seq.frontier) // PAGE_SIZE])
+            self._remember(seq.blocks[: min(prompt_len, seq.frontier) // PAGE_SIZE])
             self.recompute_hits += self._recompute_hit.pop(owner, 0)
             leaf = self._own.pop(owner, None)
             if leaf is not None:

@@ -7,6 +7,7 @@ fills the request's `scores` by position, so a chunk run twice (a failed step re
 walk restarted after a preemption writes the same slots again. When the prompt's last chunk is
 absorbed the scheduler emits one `PromptLogprobs` event, before the request's first token.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from .request import Event
 class PromptLogprobs(Event):
     """entries[i] is (logprob, rank, top) of prompt token i + 1 given the tokens before it (the
     first prompt token has none); top is [(token, logprob)] of the k most likely, k as asked."""
+
     entries: list | None = None
 
 
@@ -26,6 +28,7 @@ class PromptLogprobs(Event):
 class PromptScore:
     """Score the segment's rows: row j predicts `targets[j]` (rows past the prompt's last token
     predict the completion and are not scored); results go to `sink[first + j]`."""
+
     targets: list[int]
     k: int
     sink: list
@@ -45,6 +48,12 @@ def prompt_segment(w, toks: list[int], start: int, sample: bool) -> Segment:
     if w.scores is None:
         return Segment(toks, start, w.pages, sample=sample)
     prompt = w.prompt
-    targets = prompt[start + 1:min(start + len(toks), len(prompt) - 1) + 1]
-    return Segment(toks, start, w.pages, sample=sample, all_logits=True,
-                   score=PromptScore(targets, w.prompt_logprobs, w.scores, start))
+    targets = prompt[start + 1 : min(start + len(toks), len(prompt) - 1) + 1]
+    return Segment(
+        toks,
+        start,
+        w.pages,
+        sample=sample,
+        all_logits=True,
+        score=PromptScore(targets, w.prompt_logprobs, w.scores, start),
+    )

@@ -4,6 +4,7 @@ A `Request` is the one object the engine keeps per request (vLLM v1's Request, n
 Sequence): what the client asked, then where it is (`status`), its KV pages, and its progress,
 counted once: `computed` is its page table's frontier, the tokens whose KV is written.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -171,3 +172,14 @@ class Sampled:
     logprob: float | None = None
     top_logprobs: list | None = None
     done: bool = False  # the row's grammar is complete: this token is its last (finish "stop")
+
+
+def row_sample(req: Request, output: list[int]) -> RowSample:
+    """What the executor needs to sample `req`'s next token after `output`: EOS and stop tokens
+    masked before min_tokens; the history only when a penalty reads it."""
+    p = req.params
+    suppress = ()
+    if len(output) < req.min_tokens:
+        suppress = tuple(req.stop_token_ids) + (() if req.ignore_eos else tuple(req.eos_ids))
+    penal = p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
+    return RowSample(req.id, p, suppress, req.logprobs, req.prompt if penal else None, output if penal else None)

@@ -10,6 +10,7 @@ modules of functions over this state: admission.py (door, intake, gather, walk j
 preemption.py (pages taken back, the bound), walk.py (rounds), lane.py (the side lane). Plain
 Python, no torch; `now` is always a parameter, so every timing rule is tested without sleeping.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,14 +19,14 @@ from collections import deque
 from typing import Protocol
 
 from ..config import ServingConfig
-from . import admission, lane, preemption
+from . import admission, endings, lane, preemption
 from .door import make_door
 from .metrics import EngineMetrics
 from .pages import KVBook
 from .plan import Segment, StepPlan, StepRecord
 from .prefix import PrefixCache
 from .prompt_logprobs import prompt_segment
-from .request import Event, Finished, Rejected, Request, RowSample, Sampled, Status
+from .request import Event, Finished, Rejected, Request, RowSample, Sampled, Status, row_sample
 from .settle import settle_step
 from .step_cost import MeteredExecutor, RoundBudget, StepCostModel
 from .stop import resolve_max_tokens
@@ -84,8 +85,13 @@ class Scheduler:
         if config.itl_target_ms is not None:
             t = config.itl_target_ms
             ttft = config.ttft_target_ms
-            self.pace = RoundBudget(None if t == "auto" else t / 1000, config.mix_chunk_tokens, self.metrics,
-                                    model=self.costs, horizon_s=None if ttft is None else ttft / 1000)
+            self.pace = RoundBudget(
+                None if t == "auto" else t / 1000,
+                config.mix_chunk_tokens,
+                self.metrics,
+                model=self.costs,
+                horizon_s=None if ttft is None else ttft / 1000,
+            )
             self.chunk = self.chunk or config.max_context  # the walk is on; its width is the budget's
         self.cancels_queued = False  # a request may have been cancelled while queued (Engine.abort)
         self.events: list[tuple[Request, Event]] = []  # not yet delivered
@@ -139,7 +145,7 @@ class Scheduler:
         takes arrivals in); otherwise an intake turn admits into a walk, the lane or a mixed step,
         and the live rows decode beside whatever it admitted."""
         plan = StepPlan(at=now)
-        self._retire_cancelled(plan)
+        endings.retire_cancelled(self, plan)
         if self.flight is not None and (self.flight[1].done() or not (self.roster or self.walk)):
             lane.land(self, plan, "done" if self.roster or self.walk else "idle")
         if self.walk:
@@ -162,15 +168,23 @@ class Scheduler:
             toks, start, final = r.chunk(take)
             segs.append(prompt_segment(r, toks, start, final))
             if final:
-                samples.append(self.row_sample(r, r.output))
+                samples.append(row_sample(r, r.output))
         plan.rows = rows = list(self.roster)
         segs += [Segment([a.output[-1]], a.pages.frontier, a.pages) for a in rows]
         samples += [a.sample or self._decode_sample(a) for a in rows]
         plan.segments, plan.samples = segs, samples
         chunks = plan.chunks
-        plan.kind = ("idle" if not rows else "decode") if not chunks else \
-            "recompute" if any(r.resumed for r, _ in chunks) else "prefill" if not rows else \
-            "walk" if self.chunk else "mixed"
+        plan.kind = (
+            ("idle" if not rows else "decode")
+            if not chunks
+            else "recompute"
+            if any(r.resumed for r, _ in chunks)
+            else "prefill"
+            if not rows
+            else "walk"
+            if self.chunk
+            else "mixed"
+        )
         plan.why = plan.why or ("live rows decode" if rows else "nothing to run")
 
     def _execute(self, plan: StepPlan) -> list:
@@ -200,9 +214,20 @@ class Scheduler:
         """The step's record in the log; from here on `plan` is what tokens are attributed to."""
         self.current = plan
         pre = self.metrics.preemptions
-        self.step_log.append(StepRecord(self._step_seq, t0, t1 - t0, plan.kind, len(plan.rows), plan.prompt_rows,
-                                        len(plan.chunks), pre - self._preempted_seen, plan.budget,
-                                        getattr(self.executor, "last_predicted", None)))
+        self.step_log.append(
+            StepRecord(
+                self._step_seq,
+                t0,
+                t1 - t0,
+                plan.kind,
+                len(plan.rows),
+                plan.prompt_rows,
+                len(plan.chunks),
+                pre - self._preempted_seen,
+                plan.budget,
+                getattr(self.executor, "last_predicted", None),
+            )
+        )
         self._step_seq += 1
         self._preempted_seen = pre
 
@@ -220,16 +245,8 @@ class Scheduler:
                     req.sink_failed = req.cancelled = True
 
     # ---- rows and endings -------------------------------------------------------------------
-    def row_sample(self, req: Request, output: list[int]) -> RowSample:
-        p = req.params
-        suppress = ()
-        if len(output) < req.min_tokens:
-            suppress = tuple(req.stop_token_ids) + (() if req.ignore_eos else tuple(req.eos_ids))
-        penal = p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
-        return RowSample(req.id, p, suppress, req.logprobs, req.prompt if penal else None, output if penal else None)
-
     def _decode_sample(self, r: Request) -> RowSample:
-        rs = self.row_sample(r, r.output)
+        rs = row_sample(r, r.output)
         if len(r.output) >= r.min_tokens:  # EOS suppression is over: the row's sample is fixed
             r.sample = rs
         return rs
@@ -248,42 +265,21 @@ class Scheduler:
         self.executor.release(r.id)
         r.status = Status.FINISHED
         self.metrics.finished[reason] += 1
-        self.emit(r, Finished(r.id, self.clock(), reason=reason, prompt_tokens=len(r.prompt),
-                              completion_tokens=len(r.output), message=message))
+        self.emit(
+            r,
+            Finished(
+                r.id,
+                self.clock(),
+                reason=reason,
+                prompt_tokens=len(r.prompt),
+                completion_tokens=len(r.output),
+                message=message,
+            ),
+        )
 
     def fail_all(self, message: str) -> None:
         """Fatal path: finish every queued and live request with an error and deliver it."""
-        if self.flight is not None:  # its pages come back only once the lane worker stops writing them
-            r, flight = self.flight
-            self.flight = None
-            try:
-                self.executor.join(flight)
-            except Exception:
-                pass  # it failed too: its pages are not written any more either
-            self.close(r, "error", message)
-        for r in [*self.roster, *self.walk]:
-            self.finish(r, "error", message)
-        while self.queue:
-            r = admission.pop(self)
-            r.status = Status.FINISHED
-            self.emit(r, Finished(r.id, self.clock(), reason="error", prompt_tokens=len(r.prompt), message=message))
-        self.deliver()
-
-    def _retire_cancelled(self, plan: StepPlan) -> None:
-        for r in [r for r in (*self.roster, *self.walk) if r.cancelled]:
-            self.finish(r, r.cancel_as)  # pages return at once
-            plan.finished.append((r, r.cancel_as))
-        if self.cancels_queued:  # set by Engine.abort: a queued request retires now, not at the queue head
-            self.cancels_queued = False
-            dead = [r for r in self.queue if r.cancelled]
-            if dead:
-                self.queue = deque(r for r in self.queue if not r.cancelled)
-                for r in dead:
-                    r.passed = False
-                    if r.held_at is not None:
-                        self.metrics.door_hold.observe(self.clock() - r.held_at)
-                        r.held_at = None
-                    admission.admissible(self, plan, r)  # a cancelled request is never admissible: it finishes here
+        endings.fail_all(self, message)
 
     def reject(self, req: Request, why: str) -> None:
         req.status = Status.FINISHED

@@ -4,6 +4,7 @@ lane's flight lands): prompt chunks advance their requests (a final one graduate
 roster with its first token), every live row takes its token, and each token's event carries the
 step's kind and the stream's gap for stall attribution.
 """
+
 from __future__ import annotations
 
 from .prompt_logprobs import PromptLogprobs
@@ -21,7 +22,7 @@ def settle_step(s, plan, per_seg: list, t0: float, now: float) -> None:
     s.record(plan, t0, now)
     for (r, take), out in zip(plan.chunks, per_seg):
         absorb(s, r, take, out, now)
-    settle_rows(s, rows, per_seg[len(plan.chunks):], now, advance=True)
+    settle_rows(s, rows, per_seg[len(plan.chunks) :], now, advance=True)
     s.deliver()
 
 

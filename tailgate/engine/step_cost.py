@@ -47,6 +47,7 @@ round is priced against the same batch's predicted decode step); an absolute tar
 horizon reads it as the host's speed now. Plain Python (no numpy, no torch) and no clock: the scheduler's
 clock measures each step (`MeteredExecutor`) and passes the seconds in.
 """
+
 from __future__ import annotations
 
 import math
@@ -249,8 +250,15 @@ class RoundBudget:
     doc); `target_s` None is `auto`: AUTO_FACTOR x the predicted decode-only step of the round's
     live rows. `cap` is MIX_CHUNK_TOKENS when set explicitly (None: uncapped)."""
 
-    def __init__(self, target_s: float, cap: int | None, metrics=None, model: StepCostModel | None = None,
-                 fallback: int = DEFAULT_CHUNK, horizon_s: float | None = None):
+    def __init__(
+        self,
+        target_s: float,
+        cap: int | None,
+        metrics=None,
+        model: StepCostModel | None = None,
+        fallback: int = DEFAULT_CHUNK,
+        horizon_s: float | None = None,
+    ):
         self.target, self.cap, self.horizon = target_s, cap, horizon_s
         self.model = model or StepCostModel()
         self.fallback = cap or fallback

@@ -2,6 +2,7 @@
 scheduler, the serial reference (`model/serial.py`) and, through the scheduler, HTTP and the
 simulator. Text-level stop *strings* are not here: they need detokenized text, which only the
 server has (it cancels the request as `stop` when one matches)."""
+
 from __future__ import annotations
 
 from .request import Request

@@ -7,6 +7,7 @@ budget over the walkers in arrival order, reserves only the pages that round wri
 the live decode rows. One round is one iteration's forward pass, so live streams get a token
 between rounds and a stall is bounded by one round. Plain data, no torch.
 """
+
 from __future__ import annotations
 
 from .preemption import holders, make_room, never_fits, ready_rows

@@ -12,6 +12,7 @@ yet) is sent again, to another replica (the router forgot the dead one), up to `
 a response that had started (a stream) ends with an OpenAI error event and `data: [DONE]`, as the
 single-process server ends a stream whose generation failed. No request waits on a dead replica.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -84,8 +85,11 @@ class Front:
     async def _body(self, scope, receive) -> bytes:
         declared = dict(scope["headers"]).get(b"content-length", b"").decode("latin-1")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise ApiError(413, f"request body of {declared} bytes exceeds the server's {self.max_body_bytes} "
-                                "(tailgate serve --max-body-mb)")
+            raise ApiError(
+                413,
+                f"request body of {declared} bytes exceeds the server's {self.max_body_bytes} "
+                "(tailgate serve --max-body-mb)",
+            )
         raw = bytearray()
         while True:
             msg = await receive()
@@ -93,8 +97,9 @@ class Front:
                 raise ApiError(499, "client disconnected")
             raw += msg.get("body", b"")
             if len(raw) > self.max_body_bytes:
-                raise ApiError(413, f"request body exceeds the server's {self.max_body_bytes} bytes "
-                                    "(tailgate serve --max-body-mb)")
+                raise ApiError(
+                    413, f"request body exceeds the server's {self.max_body_bytes} bytes (tailgate serve --max-body-mb)"
+                )
             if not msg.get("more_body", False):
                 return bytes(raw)
 
@@ -117,8 +122,9 @@ class Front:
                     async for item in _until(gen, left):
                         if isinstance(item, tuple):
                             _, status, headers = item
-                            sse = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
-                                      for k, v in headers)
+                            sse = any(
+                                k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers
+                            )
                             await send({"type": "http.response.start", "status": status, "headers": headers})
                             started = True
                         else:
@@ -135,8 +141,12 @@ class Front:
                     if started:
                         break
                     self.counts["retries"] += 1
-                    log.warning("request to a lost replica, not started: retrying elsewhere (%d/%d): %r",
-                                attempt + 1, self.attempts, e)
+                    log.warning(
+                        "request to a lost replica, not started: retrying elsewhere (%d/%d): %r",
+                        attempt + 1,
+                        self.attempts,
+                        e,
+                    )
             if not started:
                 err = ApiError(503, f"no replica could take the request after {self.attempts} attempts: {last!r}")
                 return await self._reply(send, 503, json.dumps(err.body()).encode())
@@ -176,10 +186,16 @@ class Front:
     async def _reply(send, status: int, body: bytes, headers=None) -> None:
         if isinstance(headers, dict) or headers is None:  # an error body: JSON, plus the error's own headers
             headers = [(b"content-type", b"application/json")] + list((headers or {}).items())
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(bytes(k, "latin-1") if isinstance(k, str) else k,
-                                 bytes(v, "latin-1") if isinstance(v, str) else v) for k, v in
-                                headers]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (bytes(k, "latin-1") if isinstance(k, str) else k, bytes(v, "latin-1") if isinstance(v, str) else v)
+                    for k, v in headers
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 

@@ -2,6 +2,7 @@
 checks (knobs, chat template, kernels, the model's shapes, the KV budget: all before Ray starts or
 any weights load), then Ray (a local instance started and stopped with the command, or the cluster
 at ADDR), the engine deployment of N replicas with the fleet's router, and the front on --port."""
+
 from __future__ import annotations
 
 import logging
@@ -21,11 +22,20 @@ def replica_spec(args, cfg, plan, template: str | None) -> dict:
     from ..server.main import state_settings
 
     state = state_settings(args, os.environ)
-    return {"model": args.model, "config": cfg, "dtype": args.dtype, "device": args.device, "kernels": args.kernels,
-            "kernel_plan": plan.as_dict(), "chat_template": template,
-            "threads": args.threads or max(1, usable_cores() // args.replicas),
-            "served_name": args.served_model_name or served_name(args.model), "state": state,
-            "log_level": args.log_level, "log_format": args.log_format}
+    return {
+        "model": args.model,
+        "config": cfg,
+        "dtype": args.dtype,
+        "device": args.device,
+        "kernels": args.kernels,
+        "kernel_plan": plan.as_dict(),
+        "chat_template": template,
+        "threads": args.threads or max(1, usable_cores() // args.replicas),
+        "served_name": args.served_model_name or served_name(args.model),
+        "state": state,
+        "log_level": args.log_level,
+        "log_format": args.log_format,
+    }
 
 
 def deploy(spec: dict, replicas: int, router: str, cpus_per_replica: float, drain_s: int, log_level: str = "info"):
@@ -38,20 +48,29 @@ def deploy(spec: dict, replicas: int, router: str, cpus_per_replica: float, drai
     opts = {}
     if router != "pow2":  # pow2: Serve's own default router, the baseline the A/B compares against
         opts["request_router_config"] = RequestRouterConfig(
-            request_router_class="tailgate.fleet.router.TailgateRouter", request_router_kwargs={"policy": router})
+            request_router_class="tailgate.fleet.router.TailgateRouter", request_router_kwargs={"policy": router}
+        )
     # The engine queues (and refuses past --max-queued-requests with a 429), so Serve never should:
     # a replica Serve called full would make the router back off instead of placing the request.
-    dep = serve.deployment(EngineReplica, name=DEPLOYMENT, num_replicas=replicas,
-                           max_ongoing_requests=spec["state"]["max_queued_requests"] + 1024,
-                           ray_actor_options={"num_cpus": cpus_per_replica},
-                           health_check_period_s=2.0, health_check_timeout_s=60.0,
-                           graceful_shutdown_timeout_s=float(drain_s),
-                           # Serve's access log writes a line per call (every request, every scrape)
-                           # from each replica; tailgate's own log lines stay, at the command's level.
-                           logging_config={"enable_access_log": False, "log_level": log_level.upper(),
-                                           # --log-format json: Serve writes the replicas' records as JSON too
-                                           "encoding": "JSON" if spec.get("log_format") == "json" else "TEXT"},
-                           **opts)
+    dep = serve.deployment(
+        EngineReplica,
+        name=DEPLOYMENT,
+        num_replicas=replicas,
+        max_ongoing_requests=spec["state"]["max_queued_requests"] + 1024,
+        ray_actor_options={"num_cpus": cpus_per_replica},
+        health_check_period_s=2.0,
+        health_check_timeout_s=60.0,
+        graceful_shutdown_timeout_s=float(drain_s),
+        # Serve's access log writes a line per call (every request, every scrape)
+        # from each replica; tailgate's own log lines stay, at the command's level.
+        logging_config={
+            "enable_access_log": False,
+            "log_level": log_level.upper(),
+            # --log-format json: Serve writes the replicas' records as JSON too
+            "encoding": "JSON" if spec.get("log_format") == "json" else "TEXT",
+        },
+        **opts,
+    )
     return serve.run(dep.bind(spec), name=APP, route_prefix=None)
 
 
@@ -62,10 +81,15 @@ def fleet_status(target: int):
 
     def status() -> dict:
         details = _get_global_client().get_serve_details()
-        dep = (details.get("applications", {}).get(APP, {}).get("deployments", {}).get(DEPLOYMENT, {}))
+        dep = details.get("applications", {}).get(APP, {}).get("deployments", {}).get(DEPLOYMENT, {})
         live = [r for r in dep.get("replicas", []) if r.get("state") == "RUNNING"]
-        return {"running": len(live), "target": target, "replicas": [r["replica_id"] for r in live],
-                "members": [{"id": r["replica_id"], "pid": r.get("pid"), "node_ip": r.get("node_ip")} for r in live]}
+        return {
+            "running": len(live),
+            "target": target,
+            "replicas": [r["replica_id"] for r in live],
+            "members": [{"id": r["replica_id"], "pid": r.get("pid"), "node_ip": r.get("node_ip")} for r in live],
+        }
+
     return status
 
 
@@ -85,8 +109,10 @@ def serve_fleet(args, lookup) -> int:
     except (ValueError, PreflightError) as e:
         print(f"tailgate: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     import ray
     from ray import serve
 
@@ -94,8 +120,12 @@ def serve_fleet(args, lookup) -> int:
     # A local Ray gets this machine's cores, shared out (fractions allowed); a cluster places each
     # replica on a node with its thread count free.
     cpus = float(rspec["threads"]) if args.ray_address else usable_cores() / args.replicas
-    ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=True,
-             **({} if args.ray_address else {"num_cpus": usable_cores()}))
+    ray.init(
+        address=args.ray_address,
+        include_dashboard=False,
+        log_to_driver=True,
+        **({} if args.ray_address else {"num_cpus": usable_cores()}),
+    )
     try:
         serve.start(proxy_location="Disabled")
         handle = deploy(rspec, args.replicas, args.router, cpus, args.drain_timeout, args.log_level)
@@ -105,10 +135,24 @@ def serve_fleet(args, lookup) -> int:
         front = Front(handle, fleet_status(args.replicas), routes, rspec["state"]["max_body_bytes"])
         hosts = allowed_hosts(args.host, args.allowed_hosts)
         app = HostCheck(front, hosts) if hosts is not None else front
-        logging.getLogger("tailgate").info("fleet of %d replicas (%d thread(s) each, router %s) on http://%s:%d",
-                                           args.replicas, rspec["threads"], args.router, args.host, args.port)
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, loop="asyncio", http="h11",
-                    timeout_graceful_shutdown=args.drain_timeout, access_log=False)
+        logging.getLogger("tailgate").info(
+            "fleet of %d replicas (%d thread(s) each, router %s) on http://%s:%d",
+            args.replicas,
+            rspec["threads"],
+            args.router,
+            args.host,
+            args.port,
+        )
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            loop="asyncio",
+            http="h11",
+            timeout_graceful_shutdown=args.drain_timeout,
+            access_log=False,
+        )
     finally:
         # uvicorn has drained the open requests by now. On a cluster, take our app off it; a local
         # Ray is ours, and stopping it stops Serve's actors with it (serve.shutdown() first waited

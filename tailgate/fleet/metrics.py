@@ -2,6 +2,7 @@
 merged into one family each, every sample labelled with its `replica`, plus the front's own: the
 router's choices (`tailgate:route_total{reason}`), the retries of requests whose replica was lost
 before they started, the in-flight streams that ended with an error event, and the fleet's size."""
+
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -30,20 +31,34 @@ class _Collector:
         return self.families
 
 
-def render(replica_texts: dict[str, str], routes: dict[str, int], front: dict[str, int],
-           replicas: dict[str, int]) -> bytes:
+def render(
+    replica_texts: dict[str, str], routes: dict[str, int], front: dict[str, int], replicas: dict[str, int]
+) -> bytes:
     """The text a fleet's /metrics answers: `front` holds `retries` and `stream_errors`,
     `replicas` the fleet's `running` and `target` counts."""
     own: list[Metric] = []
-    c = CounterMetricFamily("tailgate:route", "Requests the fleet's router placed, by why it chose the replica "
-                            "(prefix, imbalance, least-loaded, random).", labels=["reason"])
+    c = CounterMetricFamily(
+        "tailgate:route",
+        "Requests the fleet's router placed, by why it chose the replica (prefix, imbalance, least-loaded, random).",
+        labels=["reason"],
+    )
     for reason, n in sorted(routes.items()):
         c.add_metric([reason], n)
     own.append(c)
-    own.append(CounterMetricFamily("tailgate:fleet_retries", "Requests sent again to another replica because "
-                                   "theirs was lost before they started.", value=front.get("retries", 0)))
-    own.append(CounterMetricFamily("tailgate:fleet_stream_errors", "In-flight responses cut by a lost replica "
-                                   "(streams end with an error event).", value=front.get("stream_errors", 0)))
+    own.append(
+        CounterMetricFamily(
+            "tailgate:fleet_retries",
+            "Requests sent again to another replica because theirs was lost before they started.",
+            value=front.get("retries", 0),
+        )
+    )
+    own.append(
+        CounterMetricFamily(
+            "tailgate:fleet_stream_errors",
+            "In-flight responses cut by a lost replica (streams end with an error event).",
+            value=front.get("stream_errors", 0),
+        )
+    )
     g = GaugeMetricFamily("tailgate:fleet_replicas", "Engine replicas: running now, and the target.", labels=["state"])
     for state, n in sorted(replicas.items()):
         g.add_metric([state], n)

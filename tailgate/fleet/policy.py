@@ -15,6 +15,7 @@ engine's prefix cache (PREFIX_CACHE=K entries, LRU) forgets. The keys may be tok
 simulator, `/v1/completions` with ids) or characters of the prompt text (the fleet's front does
 not tokenize); a prefix is a prefix either way.
 """
+
 from __future__ import annotations
 
 import random
@@ -42,7 +43,7 @@ def chain(key: Sequence[Hashable], block: int = BLOCK) -> list[int]:
     """The chained hashes of `key`'s full blocks: hash i covers items [0, (i + 1) * block)."""
     out, h = [], 0
     for i in range(block, len(key) + 1, block):
-        h = hash((h, tuple(key[i - block:i])))
+        h = hash((h, tuple(key[i - block : i])))
         out.append(h)
     return out
 
@@ -76,8 +77,14 @@ class RouterPolicy:
     replica holds any block of it), `random`. Ties in load go to the replica chosen least
     recently, so equal replicas take turns."""
 
-    def __init__(self, kind: str = "prefix", block: int = BLOCK, capacity: int = CAPACITY,
-                 imbalance: int = IMBALANCE, seed: int = 0):
+    def __init__(
+        self,
+        kind: str = "prefix",
+        block: int = BLOCK,
+        capacity: int = CAPACITY,
+        imbalance: int = IMBALANCE,
+        seed: int = 0,
+    ):
         if kind not in POLICIES:
             raise ValueError(f"router {kind!r} not recognized (accepted: {' | '.join(POLICIES)})")
         self.kind, self.block, self.capacity, self.imbalance = kind, block, capacity, imbalance

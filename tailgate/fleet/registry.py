@@ -1,5 +1,6 @@
 """The fleet routers this process built (one per deployment handle), so the front, which holds the
 handle in the same process, can count their choices in /metrics. No Ray import."""
+
 from __future__ import annotations
 
 import threading

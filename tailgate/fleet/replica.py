@@ -9,6 +9,7 @@ body, stream and auth check is the single-process server's, not a copy of it. Th
 
 Ray is imported by whoever builds the deployment (`deployment()`), never by this module's import.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,8 +24,9 @@ def replica_state(spec: dict):
     check (the front's, which saw the client), the plan the front chose."""
     from ..server.app import ServerState
 
-    return ServerState(served_name=spec["served_name"], allowed_hosts=None, kernels=spec["kernel_plan"],
-                       **spec["state"])
+    return ServerState(
+        served_name=spec["served_name"], allowed_hosts=None, kernels=spec["kernel_plan"], **spec["state"]
+    )
 
 
 class EngineReplica:
@@ -42,8 +44,14 @@ class EngineReplica:
         self.id = self._replica_id()
         log = logging.getLogger("tailgate")
         torch.set_num_threads(spec["threads"])
-        engine, model, settled = build_engine(spec["model"], spec["config"], dtype=spec["dtype"],
-                                              device=spec["device"], kernels=spec["kernels"], log=log.info)
+        engine, model, settled = build_engine(
+            spec["model"],
+            spec["config"],
+            dtype=spec["dtype"],
+            device=spec["device"],
+            kernels=spec["kernels"],
+            log=log.info,
+        )
         if spec.get("chat_template") is not None:
             model.tokenizer.set_chat_template(spec["chat_template"])
         else:
@@ -81,10 +89,20 @@ class EngineReplica:
         async def send(message):
             await out.put(message)
 
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-                 "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": query,
-                 "root_path": "", "headers": [(bytes(k), bytes(v)) for k, v in headers],
-                 "server": ("fleet", 0), "client": ("fleet", 0)}
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": method,
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": query,
+            "root_path": "",
+            "headers": [(bytes(k), bytes(v)) for k, v in headers],
+            "server": ("fleet", 0),
+            "client": ("fleet", 0),
+        }
         task = asyncio.ensure_future(self.app(scope, receive, send))
         try:
             while True:
@@ -118,8 +136,12 @@ class EngineReplica:
 
     async def load(self, pin: str | None = None) -> dict:
         snap = self.state.engine.snapshot
-        return {"replica": self.id, "running": snap.running, "waiting": self.state.engine.waiting,
-                "error": None if self.state.engine.error is None else repr(self.state.engine.error)}
+        return {
+            "replica": self.id,
+            "running": snap.running,
+            "waiting": self.state.engine.waiting,
+            "error": None if self.state.engine.error is None else repr(self.state.engine.error),
+        }
 
     def record_routing_stats(self) -> dict:
         snap = self.state.engine.snapshot

@@ -11,11 +11,13 @@ fan-out) name it with the `pin` keyword and bypass the policy; they are not coun
 
 Imports Ray: only `tailgate serve --replicas N > 1` loads this module.
 """
+
 from __future__ import annotations
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from .policy import RouterPolicy
+
 
 class TailgateRouter(RequestRouter):
     """No FIFOMixin: with it Serve may hand the replica chosen for one request to an older pending
@@ -32,8 +34,9 @@ class TailgateRouter(RequestRouter):
 
         registry.add(self)
 
-    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
-                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}

@@ -7,6 +7,7 @@ the rows a step looks up, the tied head and every layer matrix run `matmul` on t
 one wider form the plan may ask for (q8 panels for the layers' large calls) is made at load by
 `kernels.Linear` and counted in the resident size it logs.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -19,8 +20,16 @@ from . import native
 
 # ggml type ids of the block formats csrc/blocks.c reads, and (values, bytes) per block.
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
-BLOCK = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
-         "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}
+BLOCK = {
+    "Q4_0": (32, 18),
+    "Q4_1": (32, 20),
+    "Q5_0": (32, 22),
+    "Q5_1": (32, 24),
+    "Q8_0": (32, 34),
+    "Q4_K": (256, 144),
+    "Q5_K": (256, 176),
+    "Q6_K": (256, 210),
+}
 
 
 class Blocks:
@@ -32,7 +41,12 @@ class Blocks:
         if qtype not in TYPES:
             raise ValueError(f"no block kernel for GGUF type {qtype}; read: {', '.join(TYPES)}")
         per, nbytes = BLOCK[qtype]
-        if data.dtype != np.uint8 or data.ndim != 2 or shape[1] % per or data.shape != (shape[0], shape[1] // per * nbytes):
+        if (
+            data.dtype != np.uint8
+            or data.ndim != 2
+            or shape[1] % per
+            or data.shape != (shape[0], shape[1] // per * nbytes)
+        ):
             raise ValueError(f"{qtype} blocks of {data.shape} {data.dtype} do not hold a {shape} matrix")
         self.data, self.qtype, self.shape = data, qtype, tuple(shape)
         self._map = source  # the file's map when `data` is a view of it
@@ -70,8 +84,14 @@ class Blocks:
         out = torch.empty(n, self.shape[1], dtype=torch.float32, device="cpu")  # blocks live in host memory
         if idx is not None and n and not (0 <= int(idx.min()) and int(idx.max()) < self.shape[0]):
             raise IndexError(f"row index outside 0..{self.shape[0] - 1}")
-        native._lib().gq_dequantize(self.data.ctypes.data, TYPES[self.qtype], self.shape[1],
-                                    None if idx is None else idx.data_ptr(), n, out.data_ptr())
+        native._lib().gq_dequantize(
+            self.data.ctypes.data,
+            TYPES[self.qtype],
+            self.shape[1],
+            None if idx is None else idx.data_ptr(),
+            n,
+            out.data_ptr(),
+        )
         return out if rows is None else out.view(*rows.shape, self.shape[1])
 
     def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
@@ -98,9 +118,13 @@ class BlockMatmul:
         self.n = sum(p.shape[0] for p in parts)
         P = len(parts)
         cols = np.cumsum([0] + [p.shape[0] for p in parts])[:-1]
-        self._args = (P, (ctypes.c_void_p * P)(*[p.data.ctypes.data for p in parts]),
-                      (ctypes.c_int * P)(*[TYPES[p.qtype] for p in parts]),
-                      (ctypes.c_int64 * P)(*[p.shape[0] for p in parts]), (ctypes.c_int64 * P)(*cols.tolist()))
+        self._args = (
+            P,
+            (ctypes.c_void_p * P)(*[p.data.ctypes.data for p in parts]),
+            (ctypes.c_int * P)(*[TYPES[p.qtype] for p in parts]),
+            (ctypes.c_int64 * P)(*[p.shape[0] for p in parts]),
+            (ctypes.c_int64 * P)(*cols.tolist()),
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] (any float dtype) -> [M, N] fp32; each row's result is the same in any batch."""
@@ -167,8 +191,10 @@ def _avx2_panels(p: Blocks, chunk: int) -> Panels:
     q = torch.empty(n, k, dtype=torch.int8)
     if p.qtype == "Q8_0":
         d = torch.empty(n, k // native.GROUP, dtype=torch.float16)
-        if not any(lib.gq_q8_0_panels(p.data[r0:].ctypes.data, min(chunk, n - r0), k, q[r0].data_ptr(),
-                                      d[r0].data_ptr(), 1) for r0 in range(0, n, chunk)):
+        if not any(
+            lib.gq_q8_0_panels(p.data[r0:].ctypes.data, min(chunk, n - r0), k, q[r0].data_ptr(), d[r0].data_ptr(), 1)
+            for r0 in range(0, n, chunk)
+        ):
             out = Panels((q, d, native.Q8_F16_SCALES))
             out.as_stored = True
             return out
@@ -208,9 +234,9 @@ def q8_panels(parts: list[Blocks], variant: str, panel: int, chunk: int = 4096) 
     for p in parts:
         for r0 in range(0, p.shape[0], chunk):
             rows = torch.arange(r0, min(r0 + chunk, p.shape[0]))
-            stored = stored and _requantizes_exactly(p.data[r0:r0 + len(rows)])
+            stored = stored and _requantizes_exactly(p.data[r0 : r0 + len(rows)])
             cq, cd, code = native.q8_quantize(p.dequantize(rows), variant)
-            q[at:at + len(rows)], d[at:at + len(rows)] = cq, cd
+            q[at : at + len(rows)], d[at : at + len(rows)] = cq, cd
             at += len(rows)
     out = Panels((q, d, code))
     out.as_stored = stored
@@ -262,8 +288,15 @@ class PanelRows:
         if self.code in (2, 3):
             return self._wide_rows(idx).view(*ids.shape, k)
         out = torch.empty(idx.numel(), k, dtype=torch.float32, device=self.device)
-        native._lib().gq_panel_rows(self.q.data_ptr(), self.d.data_ptr(), k, idx.data_ptr(), idx.numel(),
-                                    out.data_ptr(), int(self.d.dtype == torch.float16))
+        native._lib().gq_panel_rows(
+            self.q.data_ptr(),
+            self.d.data_ptr(),
+            k,
+            idx.data_ptr(),
+            idx.numel(),
+            out.data_ptr(),
+            int(self.d.dtype == torch.float16),
+        )
         return out.view(*ids.shape, k)
 
     def _wide_rows(self, idx: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,7 @@ HF runs first and is freed before our runtime loads, so the peak is one fp32 cop
 plus the reference logprobs, not two models. The tolerances are the oracle gates'
 (tests/test_oracle.py): measured floor mean |Δ logprob| ~1e-6, p99 ~1e-5 on Gemma 3 270M.
 """
+
 from __future__ import annotations
 
 import gc
@@ -24,11 +25,16 @@ REGRET_TOL = 0.2  # logprob the reference gives up where our top token differs f
 PLAN_BOUNDS = {
     "fp32": (MEAN_TOL, P99_TOL, 1e-5),  # measured: 1.8e-5, 5.9e-5, 5e-8 (F.linear + SDPA: 0, the same bits)
     "bf16": (0.3, 1.0, 0.006),  # measured: 0.144, 0.471, 0.0026 (all-bf16, both models)
-    "gguf": (0.45, 1.5, 0.02),  # measured: 0.226, 0.72, 0.0091 (SmolLM2; Gemma 3 0.193, 0.598, 0.0027: panels from the blocks)
+    "gguf": (
+        0.45,
+        1.5,
+        0.02,
+    ),  # measured: 0.226, 0.72, 0.0091 (SmolLM2; Gemma 3 0.193, 0.598, 0.0027: panels from the blocks)
     "q8": (0.4, 1.5, 0.02),  # measured: 0.22, 0.77, 0.0091 (AVX2 panels, every layer call, fp16 KV)
     "int8": (0.45, 1.0, 0.025),  # measured: 0.21, 0.38, 0.012
     "int4": (2.5, 3.5, 0.4),  # measured: 1.11, 1.51, 0.19 (lossy on this file: opt-in)
 }
+
 
 def precision_class(plan) -> str:
     """The coarsest arithmetic a `KernelPlan` puts on the path: its quantized kernel (for the calls
@@ -100,12 +106,14 @@ def compare(ours: torch.Tensor, ref: torch.Tensor) -> SeqResult:
     top = ref.argmax(-1)
     regret = (ref.gather(-1, top[:, None]) - ref.gather(-1, ours.argmax(-1)[:, None])).max().item()
     kl = (ref.exp() * (ref - ours)).sum(-1).mean().item()
-    return SeqResult(ours.shape[0], diff.mean().item(), torch.quantile(diff.mean(-1), 0.99).item(),
-                     diff.max().item(), regret, kl)
+    return SeqResult(
+        ours.shape[0], diff.mean().item(), torch.quantile(diff.mean(-1), 0.99).item(), diff.max().item(), regret, kl
+    )
 
 
-def check_against_hf(directory: str | Path, greedy_tokens: int = 16, kernels: str = "auto", log=print,
-                     model: str | Path | None = None) -> CheckResult:
+def check_against_hf(
+    directory: str | Path, greedy_tokens: int = 16, kernels: str = "auto", log=print, model: str | Path | None = None
+) -> CheckResult:
     """`kernels`: our fp32 plan ("auto": what `serve --dtype fp32` runs here; "torch": plain torch ops).
     `model`: what tailgate loads (default: the same directory), e.g. a GGUF file of the same weights.
     The family (config reading, weight names, forward) is the registry's (`model/families/`), found
@@ -132,7 +140,7 @@ def check_against_hf(directory: str | Path, greedy_tokens: int = 16, kernels: st
         # HF stops at an end-of-sequence token (kept in its output); ours runs on without EOS ids,
         # so the comparison covers HF's tokens.
         out = hf.generate(torch.tensor([seqs[0]]), max_new_tokens=greedy_tokens, do_sample=False)
-    greedy_hf = out[0, len(seqs[0]):].tolist()
+    greedy_hf = out[0, len(seqs[0]) :].tolist()
     del hf, out
     gc.collect()
     log("tailgate: loading the same directory in fp32")
@@ -142,18 +150,23 @@ def check_against_hf(directory: str | Path, greedy_tokens: int = 16, kernels: st
     book = KVBook(pages["global"], pages.get("local"), m.spec.sliding_window)
     res = CheckResult(greedy_hf=greedy_hf)
     for ids, ref in zip(seqs, refs):
-        res.sequences.append(compare(torch.log_softmax(serial.teacher_forced_logits(runner, book, ids).float(), -1),
-                                     ref))
-    res.greedy_ours = serial.generate(runner, book, seqs[0], greedy_tokens)[:len(greedy_hf)]
+        res.sequences.append(
+            compare(torch.log_softmax(serial.teacher_forced_logits(runner, book, ids).float(), -1), ref)
+        )
+    res.greedy_ours = serial.generate(runner, book, seqs[0], greedy_tokens)[: len(greedy_hf)]
     return res
 
 
 def report(res: CheckResult) -> str:
     lines = [f"{'tokens':>7} {'mean|Δlp|':>10} {'p99':>9} {'max':>9} {'KL':>9} {'regret':>7}  verdict"]
     for s in res.sequences:
-        lines.append(f"{s.length:>7} {s.mean:>10.2e} {s.p99:>9.2e} {s.max:>9.2e} {s.kl:>9.2e} {s.regret:>7.3f}  "
-                     f"{'ok' if s.ok else 'FAIL'}")
+        lines.append(
+            f"{s.length:>7} {s.mean:>10.2e} {s.p99:>9.2e} {s.max:>9.2e} {s.kl:>9.2e} {s.regret:>7.3f}  "
+            f"{'ok' if s.ok else 'FAIL'}"
+        )
     lines.append(f"greedy: {res.greedy_agree}/{len(res.greedy_hf)} tokens equal to HF generate()")
-    lines.append(f"tolerances: mean < {MEAN_TOL:g}, p99 < {P99_TOL:g}, regret <= {REGRET_TOL}; "
-                 f"verdict: {'PASS' if res.ok else 'FAIL'}")
+    lines.append(
+        f"tolerances: mean < {MEAN_TOL:g}, p99 < {P99_TOL:g}, regret <= {REGRET_TOL}; "
+        f"verdict: {'PASS' if res.ok else 'FAIL'}"
+    )
     return "\n".join(lines)

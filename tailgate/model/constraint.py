@@ -13,6 +13,7 @@ runs). Three objects:
 - `Constraint`: one request's position in its grammar (an llguidance matcher), owned by the
   executor from the request's first sample until `executor.release`.
 """
+
 from __future__ import annotations
 
 import threading

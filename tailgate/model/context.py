@@ -3,6 +3,7 @@
 Row order: prefill segments first (in plan order), then all one-token rows batched together, so
 attention runs one SDPA call per prefill segment plus one for the whole decode batch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -53,9 +54,14 @@ def _additive(mask: np.ndarray, dtype: torch.dtype, device) -> torch.Tensor:
     return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(masked, float("-inf"))
 
 
-def build_context(segments: list[Segment], windows: dict[str, int | None], device,
-                  native: bool = False, prompt_dtype: torch.dtype | None = None,
-                  dtype: torch.dtype = torch.float32) -> StepContext:
+def build_context(
+    segments: list[Segment],
+    windows: dict[str, int | None],
+    device,
+    native: bool = False,
+    prompt_dtype: torch.dtype | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> StepContext:
     """`windows` maps family name ("global", "local") to its attention window (None = full);
     `dtype`: the activations'; `prompt_dtype`: the dtype prompt rows attend in, when not the
     activations' (`KernelPlan`)."""
@@ -113,6 +119,10 @@ def build_context(segments: list[Segment], windows: dict[str, int | None], devic
         elif s.sample:
             sample_rows.append(r1 - 1)
     return StepContext(
-        tokens=t(np.asarray(toks, dtype=np.int64)), positions=t(positions),
-        sample_rows=t(np.asarray(sample_rows, dtype=np.int64)), decode_rows=(d0, r), families=fams,
-        native=native)
+        tokens=t(np.asarray(toks, dtype=np.int64)),
+        positions=t(positions),
+        sample_rows=t(np.asarray(sample_rows, dtype=np.int64)),
+        decode_rows=(d0, r),
+        families=fams,
+        native=native,
+    )

@@ -3,6 +3,7 @@
 Every kernel decision in `kernels.py` comes from a `CpuInfo`, never from torch's own probes of
 the real CPU: a test can then ask "what would an AVX2-only EPYC get?" on an AMX Xeon.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """ModelExecutor: the scheduler's executor backed by the real runner and sampler."""
+
 from __future__ import annotations
 
 import torch
@@ -81,8 +82,9 @@ class ModelExecutor:
         thread, as `run` would have."""
         return self._sample_isolated(flight.job.logits(), flight.rows)
 
-    def _sample_isolated(self, logits: torch.Tensor, rows: list[RowSample],
-                         masks: dict | None = None) -> list[Sampled | Exception]:
+    def _sample_isolated(
+        self, logits: torch.Tensor, rows: list[RowSample], masks: dict | None = None
+    ) -> list[Sampled | Exception]:
         ids = {r.request_id for r in rows}
         states = {rid: g.get_state() for rid, g in self._gens.items() if rid in ids}
         try:
@@ -96,7 +98,7 @@ class ModelExecutor:
             out = []
             for i, r in enumerate(rows):
                 try:
-                    out.append(self._sample(logits[i:i + 1], [r], masks)[0])
+                    out.append(self._sample(logits[i : i + 1], [r], masks)[0])
                 except Exception as e:
                     out.append(e)
             return out

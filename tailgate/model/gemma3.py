@@ -1,4 +1,5 @@
 """Gemma 3 text model: interleaved sliding/global attention, q/k norm, GeGLU, sandwich norms."""
+
 from __future__ import annotations
 
 import torch
@@ -14,7 +15,7 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
     """Run every row of the step; return logits (runtime dtype) for `ctx.sample_rows` only."""
     emb = w["embed"]
     dtype = emb.dtype
-    h = emb[ctx.tokens] * torch.tensor(spec.hidden ** 0.5, dtype=dtype, device=emb.device)
+    h = emb[ctx.tokens] * torch.tensor(spec.hidden**0.5, dtype=dtype, device=emb.device)
     ropes = {
         "global": rope_tables(ctx.positions, spec.head_dim, spec.rope_theta, dtype, spec.rope_scaling_factor),
         "local": rope_tables(ctx.positions, spec.head_dim, spec.rope_local_theta, dtype),
@@ -32,16 +33,27 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
         cos, sin = ropes[fam]
         q = op.norm_rope(qkv, 0, hq, d, w[p + "q_norm"], spec.eps, cos, sin)
         k = op.norm_rope(qkv, hq * d, hkv, d, w[p + "k_norm"], spec.eps, cos, sin)
-        v = qkv[:, (hq + hkv) * d:].view(T, hkv, d)
-        a = paged_attention(q, k, v, k_pool, v_pool, ctx.families[fam], ctx.decode_rows, spec.scale, ctx.native,
-                            out_dtype=takes(w[p + "o"], T))
+        v = qkv[:, (hq + hkv) * d :].view(T, hkv, d)
+        a = paged_attention(
+            q,
+            k,
+            v,
+            k_pool,
+            v_pool,
+            ctx.families[fam],
+            ctx.decode_rows,
+            spec.scale,
+            ctx.native,
+            out_dtype=takes(w[p + "o"], T),
+        )
         a = raw(a.reshape(T, hq * d), w[p + "o"])
         x = op.add_rms_norm_(h, a, w[p + "post_attn_norm"], w[p + "ffn_norm"], spec.eps, takes(w[p + "gate_up"], T))
         x = glu_mlp(x, w[p + "gate_up"], w[p + "down"], op.geglu, ctx.native)
         last = i + 1 == spec.n_layers
         nxt = None if last else w[f"layers.{i + 1}.attn_norm"]
-        x = op.add_rms_norm_(h, x, w[p + "post_ffn_norm"], nxt, spec.eps,
-                             None if last else takes(w[f"layers.{i + 1}.qkv"], T))
+        x = op.add_rms_norm_(
+            h, x, w[p + "post_ffn_norm"], nxt, spec.eps, None if last else takes(w[f"layers.{i + 1}.qkv"], T)
+        )
     h = op.rms_norm(h[ctx.sample_rows], w["final_norm"], spec.eps)
     logits = linear(h, w["head"])
     if spec.final_softcap:

@@ -5,6 +5,7 @@ that omits a field means what it means to HF. Every switch we cannot run refuses
 before any weights load. Not handled: multimodal placeholder ids (HF embeds them as padding; a
 text prompt does not produce them).
 """
+
 from __future__ import annotations
 
 from .spec import ModelSpec
@@ -40,8 +41,7 @@ def _rope(params: dict | None, kind: str) -> tuple[float, float, float]:
 
 
 def _layer_types(cfg: dict, n: int) -> list[str]:
-    types = list(cfg.get("layer_types") or
-                 ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(n)])
+    types = list(cfg.get("layer_types") or ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(n)])
     if len(types) != n:
         raise ValueError(f"Gemma 4 config: layer_types has {len(types)} entries for {n} layers")
     bad = sorted(set(types) - set(_KNOWN_TYPES))
@@ -67,7 +67,9 @@ def _per_layer(cfg: dict, types: list[str]) -> tuple[list[int], list[int]]:
             raise ValueError(f"Gemma 4 config: per_layer_config key {key!r} is not a layer index below {n}")
         extra = sorted(set(o) - set(_LAYER_OVERRIDES))
         if extra:
-            raise _refuse(f"per_layer_config override {extra[0]!r} (layer {key}; supported: {', '.join(_LAYER_OVERRIDES)})")
+            raise _refuse(
+                f"per_layer_config override {extra[0]!r} (layer {key}; supported: {', '.join(_LAYER_OVERRIDES)})"
+            )
         dims[int(key)] = o.get("head_dim", head_dim)
         heads[int(key)] = o.get("num_key_value_heads", kv)
     return dims, heads
@@ -84,7 +86,9 @@ def _kv_sources(types: list[str], shared: int) -> list[int]:
     for i in range(first, n):
         owners = [j for j in range(first) if types[j] == types[i]]
         if not owners:
-            raise ValueError(f"Gemma 4 config: layer {i} ({types[i]}) shares KV but no earlier layer of its type owns any")
+            raise ValueError(
+                f"Gemma 4 config: layer {i} ({types[i]}) shares KV but no earlier layer of its type owns any"
+            )
         src[i] = owners[-1]
     return src
 
@@ -112,24 +116,42 @@ def read_gemma4_spec(cfg: dict) -> ModelSpec:
     if cfg.get("enable_moe_block"):
         experts, top_k = cfg.get("num_experts") or 0, cfg.get("top_k_experts") or 0
         if not (experts and top_k and cfg.get("moe_intermediate_size")) or top_k > experts:
-            raise ValueError("Gemma 4 config: enable_moe_block needs num_experts, top_k_experts <= num_experts "
-                             "and moe_intermediate_size")
+            raise ValueError(
+                "Gemma 4 config: enable_moe_block needs num_experts, top_k_experts <= num_experts "
+                "and moe_intermediate_size"
+            )
     g_theta, g_frac, g_scale = _rope(cfg.get("rope_parameters"), "full_attention")
     l_theta, l_frac, l_scale = _rope(cfg.get("rope_parameters"), "sliding_attention")
     sliding = tuple(t == "sliding_attention" for t in types)
     spec = ModelSpec(
-        arch="gemma4", vocab_size=vocab, hidden=cfg.get("hidden_size", 2304), n_layers=n,
-        n_heads=cfg.get("num_attention_heads", 8), n_kv_heads=heads[0], head_dim=dims[0],
-        ffn=cfg.get("intermediate_size", 9216), eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=g_theta, rope_local_theta=l_theta, rope_scaling_factor=g_scale, rope_local_scaling=l_scale,
-        rope_fraction=g_frac, rope_local_fraction=l_frac,
+        arch="gemma4",
+        vocab_size=vocab,
+        hidden=cfg.get("hidden_size", 2304),
+        n_layers=n,
+        n_heads=cfg.get("num_attention_heads", 8),
+        n_kv_heads=heads[0],
+        head_dim=dims[0],
+        ffn=cfg.get("intermediate_size", 9216),
+        eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=g_theta,
+        rope_local_theta=l_theta,
+        rope_scaling_factor=g_scale,
+        rope_local_scaling=l_scale,
+        rope_fraction=g_frac,
+        rope_local_fraction=l_frac,
         max_position=cfg.get("max_position_embeddings", 131_072),
-        sliding_window=cfg.get("sliding_window", 512), layer_sliding=sliding,
+        sliding_window=cfg.get("sliding_window", 512),
+        layer_sliding=sliding,
         query_scale=1.0,  # q is RMS-normed per head; HF's Gemma 4 attention scales by 1
         final_softcap=cfg.get("final_logit_softcapping"),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-        layer_head_dim=tuple(dims), layer_kv_heads=tuple(heads), kv_source=tuple(src),
-        k_eq_v=bool(cfg.get("attention_k_eq_v", False)), ple_dim=ple, moe_experts=experts, moe_top_k=top_k,
+        layer_head_dim=tuple(dims),
+        layer_kv_heads=tuple(heads),
+        kv_source=tuple(src),
+        k_eq_v=bool(cfg.get("attention_k_eq_v", False)),
+        ple_dim=ple,
+        moe_experts=experts,
+        moe_top_k=top_k,
     )
     spec.family_shape(True), spec.family_shape(False)  # one pool per family: refuse mixed shapes now
     return spec

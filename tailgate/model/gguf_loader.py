@@ -4,6 +4,7 @@ GGUF stores Gemma norm weights with the `1 +` of Gemma's RMSNorm already folded 
 q/k projections permuted for llama.cpp's interleaved RoPE; we undo the permutation so every model
 uses the same rotate-half RoPE as HF transformers (the oracle).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,10 +22,24 @@ from .spec import ModelSpec
 # block, as gguf's GGML_QUANT_SIZES has them (a test holds the two equal). Kept here so a start
 # reads the file without importing gguf (~4 MiB resident and ~0.1 s) unless a tensor needs its
 # dequantizer (the formats the block kernel does not read: Q8_K, Q2_K, Q3_K).
-QUANT_SIZES = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q5_0": (32, 22), "Q5_1": (32, 24),
-               "Q4_0": (32, 18), "Q4_1": (32, 20), "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
-               "Q8_K": (256, 292), "Q2_K": (256, 84), "Q3_K": (256, 110)}
+QUANT_SIZES = {
+    "F32": (1, 4),
+    "F16": (1, 2),
+    "BF16": (1, 2),
+    "Q8_0": (32, 34),
+    "Q5_0": (32, 22),
+    "Q5_1": (32, 24),
+    "Q4_0": (32, 18),
+    "Q4_1": (32, 20),
+    "Q4_K": (256, 144),
+    "Q5_K": (256, 176),
+    "Q6_K": (256, 210),
+    "Q8_K": (256, 292),
+    "Q2_K": (256, 84),
+    "Q3_K": (256, 110),
+}
 SUPPORTED_QTYPES = set(QUANT_SIZES)
+
 
 def _field(reader, key, default=None):
     f = reader.fields.get(key)
@@ -48,6 +63,7 @@ class Layout:
     length): only lengths are needed), each tensor's (dims, ggml type id, byte offset in the file),
     and the SHA-256 of the header bytes (metadata and tensor table: with the file's size and mtime,
     the conversion cache's key; hashing the whole file took ~1 s per start on 253 MB)."""
+
     meta: dict
     tensors: dict[str, tuple[tuple[int, ...], int, int]]
     header_sha: str
@@ -160,10 +176,16 @@ def _spec(field, names: set[str]) -> ModelSpec:
     head_dim = int(g("attention.key_length", hidden // n_heads))
     vocab = len(field("tokenizer.ggml.tokens"))
     common = dict(
-        vocab_size=vocab, hidden=hidden, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv,
-        head_dim=head_dim, ffn=int(g("feed_forward_length")),
+        vocab_size=vocab,
+        hidden=hidden,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=head_dim,
+        ffn=int(g("feed_forward_length")),
         eps=float(g("attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(g("rope.freq_base", 10000.0)), max_position=int(g("context_length", 8192)),
+        rope_theta=float(g("rope.freq_base", 10000.0)),
+        max_position=int(g("context_length", 8192)),
         tie_embeddings="output.weight" not in names,
     )
     return family.read_gguf(common, g)
@@ -193,8 +215,23 @@ def internal_name(gguf_name: str, family: families.Family | None = None) -> str:
     raise ValueError(f"unknown GGUF tensor {gguf_name!r}")
 
 
-_GGML_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1", 10: "Q2_K",
-               11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 30: "BF16"}
+_GGML_NAMES = {
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    6: "Q5_0",
+    7: "Q5_1",
+    8: "Q8_0",
+    9: "Q8_1",
+    10: "Q2_K",
+    11: "Q3_K",
+    12: "Q4_K",
+    13: "Q5_K",
+    14: "Q6_K",
+    15: "Q8_K",
+    30: "BF16",
+}
 
 
 def read_stored(path, layout: Layout, spec: ModelSpec, progress=None) -> dict:
@@ -217,7 +254,7 @@ def read_stored(path, layout: Layout, spec: ModelSpec, progress=None) -> dict:
         rows = int(np.prod(dims[1:], dtype=np.int64)) if len(dims) > 1 else 1
         per, nbytes = QUANT_SIZES[qtype]
         row_bytes = dims[0] // per * nbytes
-        raw = whole[offset:offset + rows * row_bytes].reshape(rows, row_bytes)
+        raw = whole[offset : offset + rows * row_bytes].reshape(rows, row_bytes)
         part = name.split(".")[2] if name.startswith("layers.") else ""
         heads = spec.n_heads if part == "q" else spec.n_kv_heads
         unpermute = family.gguf_unpermute and part in ("q", "k")  # the weight and, where there is one, its bias

@@ -1,4 +1,5 @@
 """Read an HF checkpoint directory (config.json + *.safetensors + tokenizer files)."""
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,7 @@ def internal_name(name: str, spec: ModelSpec) -> str | None:
     base = name.removesuffix(".bias") if bias else name.removesuffix(".weight")
     for p in _PREFIXES:
         if base.startswith(p):
-            base = base[len(p):]
+            base = base[len(p) :]
             break
     top = {"embed_tokens": "embed", "norm": "final_norm", "lm_head": "lm_head", **family.hf_top}
     if base in top and not bias:

@@ -27,6 +27,7 @@ Why these kernels (torch 2.13, 2 threads, Gemma 3 270M shapes; see docs/kernels.
   fp32 copy of any matrix is held (an HF checkpoint's matrices run q8 throughout).
   int4 is lossy on this file (its q/k/v, gate/up are 5-bit and its head 8-bit), so it is opt-in.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,8 +40,14 @@ from .cpu import CpuInfo, KernelError, this_cpu
 
 DTYPE_GRAMMAR = "auto | bf16 | fp32 | fp16"
 KERNEL_GRAMMAR = "auto | torch | onednn | q8 | gguf | int8 | int4"
-_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
-           "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
+_DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
 INT4_GROUP = 32  # the file's own Q4_K/Q5_0 group size
 
 # Steps of at most this many rows use the quantized kernel, per weight group (layers, head), by
@@ -147,10 +154,18 @@ class KernelPlan:
             dt += f" activations, {str(self.dense_dtype).removeprefix('torch.')} weights"
         s = f"kernels: {dt} {'oneDNN prepacked' if self.dense == 'onednn' else 'F.linear'}"
         if self.quant == "gguf":
-            cuts = ["every call" if n >= EVERY else f"calls of <= {n} rows" if n else "no calls" for n in self.quant_rows]
-            s += (f" + GGUF blocks as stored (embedding lookups; int8 x blocks for {cuts[0]} (layers) / {cuts[1]}"
-                  f" (head)), q8 int8 x int8 ({self.q8_variant}) panels made from them at load for the rest"
-                  + (" (Q5_0 / Q4_K kept in 5 / 4 bits, the head's fp16 scales kept)" if self.q8_variant == "avx2" else ""))
+            cuts = [
+                "every call" if n >= EVERY else f"calls of <= {n} rows" if n else "no calls" for n in self.quant_rows
+            ]
+            s += (
+                f" + GGUF blocks as stored (embedding lookups; int8 x blocks for {cuts[0]} (layers) / {cuts[1]}"
+                f" (head)), q8 int8 x int8 ({self.q8_variant}) panels made from them at load for the rest"
+                + (
+                    " (Q5_0 / Q4_K kept in 5 / 4 bits, the head's fp16 scales kept)"
+                    if self.q8_variant == "avx2"
+                    else ""
+                )
+            )
         elif self.quant:
             what = f"int8 x int8 ({self.q8_variant})" if self.quant == "q8" else "weight-only"
             cuts = ["every call" if n >= EVERY else f"calls of <= {n} rows" for n in self.quant_rows]
@@ -165,19 +180,35 @@ class KernelPlan:
         return s + (f" ({self.note})" if self.note else "")
 
     def as_dict(self) -> dict:
-        return {"device": self.device, "dtype": str(self.dtype).removeprefix("torch."), "dense": self.dense,
-                "quant": self.quant, "quant_rows": {"layers": self.quant_rows[0], "head": self.quant_rows[1]},
-                "cpu": self.cpu, "isa": self.isa, "note": self.note,
-                "attention": self.attention, "kv_dtype": str(self.kv).removeprefix("torch."),
-                "dense_dtype": str(self.dtype if self.quant == "gguf" else self.dense_dtype or self.dtype)
-                .removeprefix("torch."),
-                "q8_variant": self.q8_variant if self.quant in ("q8", "gguf") else None,
-                "prompt_attention": str(self.prompt_attention or self.dtype).removeprefix("torch.")}
+        return {
+            "device": self.device,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "dense": self.dense,
+            "quant": self.quant,
+            "quant_rows": {"layers": self.quant_rows[0], "head": self.quant_rows[1]},
+            "cpu": self.cpu,
+            "isa": self.isa,
+            "note": self.note,
+            "attention": self.attention,
+            "kv_dtype": str(self.kv).removeprefix("torch."),
+            "dense_dtype": str(self.dtype if self.quant == "gguf" else self.dense_dtype or self.dtype).removeprefix(
+                "torch."
+            ),
+            "q8_variant": self.q8_variant if self.quant in ("q8", "gguf") else None,
+            "prompt_attention": str(self.prompt_attention or self.dtype).removeprefix("torch."),
+        }
 
 
-def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto", device="auto",
-           cpu: CpuInfo | None = None, mkldnn: bool | None = None, cuda: bool | None = None,
-           native_build=None, amx_grant=None) -> KernelPlan:
+def choose(
+    dtype: str | torch.dtype | None = "auto",
+    kernels: str | None = "auto",
+    device="auto",
+    cpu: CpuInfo | None = None,
+    mkldnn: bool | None = None,
+    cuda: bool | None = None,
+    native_build=None,
+    amx_grant=None,
+) -> KernelPlan:
     """The plan for this machine. `cpu`, `mkldnn`, `cuda`, `native_build` (-> (lib, why)) and
     `amx_grant` (-> whether the OS lets this process use AMX tiles) default to the real machine;
     tests pass fakes (a faked library grants AMX unless told otherwise). Refuses (KernelError) a
@@ -195,7 +226,9 @@ def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto
         if kind not in ("auto", "torch"):
             raise KernelError(f"--kernels {kind} is a CPU kernel; on {dev} use auto or torch")
         dt = torch.bfloat16 if want == "auto" else (want if isinstance(want, torch.dtype) else _DTYPES[want])
-        return KernelPlan(str(dev), dt, "torch", cpu=torch.cuda.get_device_name(dev) if cuda else str(dev), isa=dev.type)
+        return KernelPlan(
+            str(dev), dt, "torch", cpu=torch.cuda.get_device_name(dev) if cuda else str(dev), isa=dev.type
+        )
     cpu = cpu or this_cpu()
     # auto on a native-bf16 CPU: fp32 activations over bf16 weights when our kernels build (below).
     # (`--kernels q8` / `gguf` with `--dtype auto` too: the same plan with its quantized kernel named)
@@ -206,17 +239,31 @@ def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto
         dt = want if isinstance(want, torch.dtype) else _DTYPES[want]
     packable = mkldnn and (dt == torch.float32 or (dt == torch.bfloat16 and cpu.onednn_bf16))
     if kind == "onednn" and not packable:
-        why = "torch was built without oneDNN" if not mkldnn else (
-            f"oneDNN's {dt} weight reorder needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT, which this CPU "
-            f"({cpu.model}) lacks" if dt == torch.bfloat16 else f"oneDNN has no prepacked {dt} path")
+        why = (
+            "torch was built without oneDNN"
+            if not mkldnn
+            else (
+                f"oneDNN's {dt} weight reorder needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT, which this CPU "
+                f"({cpu.model}) lacks"
+                if dt == torch.bfloat16
+                else f"oneDNN has no prepacked {dt} path"
+            )
+        )
         raise KernelError(f"--kernels onednn refused: {why} (try --dtype fp32 or --kernels auto)")
     dense = "onednn" if packable and kind != "torch" else "torch"
-    quant = kind if kind in ("q8", "gguf", "int8", "int4") else (AUTO_QUANT.get(cpu.isa) if kind == "auto" and want == "auto" else None)
+    quant = (
+        kind
+        if kind in ("q8", "gguf", "int8", "int4")
+        else (AUTO_QUANT.get(cpu.isa) if kind == "auto" and want == "auto" else None)
+    )
     if quant and dt == torch.float16:
         raise KernelError(f"--kernels {quant} runs with fp32 or bf16 activations, not --dtype fp16")
     note = ""
-    why = f"tailgate's native kernels need AVX2, FMA and F16C, which this CPU ({cpu.model}) lacks" \
-        if not {"avx2", "fma", "f16c"} <= cpu.flags else None
+    why = (
+        f"tailgate's native kernels need AVX2, FMA and F16C, which this CPU ({cpu.model}) lacks"
+        if not {"avx2", "fma", "f16c"} <= cpu.flags
+        else None
+    )
     if why is None and (quant in ("q8", "gguf") or (dt == torch.float32 and kind != "torch")):
         why = (native_build or native.load)()[1]
     # Our decode attention reads fp32 pools in place and our fused ops are fp32; `--kernels torch`
@@ -238,8 +285,13 @@ def choose(dtype: str | torch.dtype | None = "auto", kernels: str | None = "auto
     if variant == "amx" and not (amx_grant or (native.amx_ready if native_build is None else lambda: True))():
         variant = CpuInfo(cpu.model, cpu.flags - {"amx_tile", "amx_int8"}).q8_variant
         note = "; ".join(x for x in (note, f"the OS did not grant AMX tiles: q8 on {variant}") if x)
-    rows = QUANT_ROWS.get((cpu.isa, quant, variant)) or QUANT_ROWS.get((cpu.isa, quant)) or \
-        DEFAULT_QUANT_ROWS.get(quant, (0, 0)) if quant else (0, 0)
+    rows = (
+        QUANT_ROWS.get((cpu.isa, quant, variant))
+        or QUANT_ROWS.get((cpu.isa, quant))
+        or DEFAULT_QUANT_ROWS.get(quant, (0, 0))
+        if quant
+        else (0, 0)
+    )
     kv = torch.float16 if quant in ("q8", "gguf") and attention == "native" else None
     return KernelPlan("cpu", dt, dense, quant, rows, cpu.model, cpu.isa, note, attention, kv, dense_dt, variant)
 
@@ -248,8 +300,17 @@ def runnable_plans(device="cpu") -> list[KernelPlan]:
     """Every plan this machine can run, for the benchmarks: dense fp32 through oneDNN and F.linear,
     dense bf16 where oneDNN takes it, and int8 / int4 small steps over the fp32 dense path."""
     out = []
-    for dtype, kernels in (("auto", "auto"), ("auto", "q8"), ("fp32", "onednn"), ("fp32", "torch"), ("bf16", "onednn"), ("fp32", "q8"),
-                           ("fp32", "gguf"), ("fp32", "int8"), ("fp32", "int4")):
+    for dtype, kernels in (
+        ("auto", "auto"),
+        ("auto", "q8"),
+        ("fp32", "onednn"),
+        ("fp32", "torch"),
+        ("bf16", "onednn"),
+        ("fp32", "q8"),
+        ("fp32", "gguf"),
+        ("fp32", "int8"),
+        ("fp32", "int4"),
+    ):
         try:
             p = choose(dtype, kernels, device)
         except KernelError:
@@ -321,8 +382,9 @@ class Linear:
         if parts is None:  # a dense matrix (an HF checkpoint's): q8 panels of the widest form its shape takes
             n, k = w.shape
             self.out_features = n
-            variant = plan.q8_variant if n % (2 * native.PANEL) == 0 or plan.q8_variant in ("avx2", "avx_vnni") \
-                else "avx2"  # the 16-output panels need N % 16; the 8-output ones take N % 8
+            variant = (
+                plan.q8_variant if n % (2 * native.PANEL) == 0 or plan.q8_variant in ("avx2", "avx_vnni") else "avx2"
+            )  # the 16-output panels need N % 16; the 8-output ones take N % 8
             if k % native.GROUP or n % native.PANEL:  # no q8 panels for this shape: fp32 F.linear
                 self.w = w.float().contiguous()
                 return
@@ -342,8 +404,12 @@ class Linear:
 
     def nbytes(self) -> int:
         """Bytes of the weight forms this matrix holds for its kernels (blocks, panels, dense)."""
-        held = [self.w, self.qs, *(self.wide.tensors() if self.wide is not None else ()),
-                *(self.q if isinstance(self.q, tuple) else ())]
+        held = [
+            self.w,
+            self.qs,
+            *(self.wide.tensors() if self.wide is not None else ()),
+            *(self.q if isinstance(self.q, tuple) else ()),
+        ]
         n = sum(t.numel() * t.element_size() for t in held if isinstance(t, torch.Tensor))
         if self.quant == "gguf" and self.q is not None:
             n += sum(p.nbytes for p in self.q.parts)
@@ -366,8 +432,7 @@ class Linear:
         if self.quant == "gguf":
             # `q` is None when the panels take every call (cut 0); a step that samples no row asks
             # the head for 0 rows, which must not pick the blocks that are not there
-            y = self.q(x) if self.q is not None and x.shape[0] <= self.max_q_rows \
-                else self.wide.linear(x.float())
+            y = self.q(x) if self.q is not None and x.shape[0] <= self.max_q_rows else self.wide.linear(x.float())
             return y.to(x.dtype)
         if self.quant is not None and x.shape[0] <= self.max_q_rows:
             if self.quant == "q8":

@@ -1,4 +1,5 @@
 """KV tensors: one K and one V tensor per family, [layers_in_family, pages*16, kv_heads, head_dim]."""
+
 from __future__ import annotations
 
 import torch

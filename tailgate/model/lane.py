@@ -11,6 +11,7 @@ reserved before launch, and ctypes and torch release the GIL for the heavy calls
 Only the forward pass runs on the lane; sampling stays on the engine thread at the join, so the
 sampler's per-request state is never touched by two threads.
 """
+
 from __future__ import annotations
 
 import threading
@@ -45,8 +46,9 @@ class CpuLane:
         """`step(segments) -> logits` is the runner's forward; the worker runs it with `threads`."""
         self.threads = threads
         self._step = step
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tailgate-lane",
-                                        initializer=torch.set_num_threads, initargs=(threads,))
+        self._pool = ThreadPoolExecutor(
+            1, thread_name_prefix="tailgate-lane", initializer=torch.set_num_threads, initargs=(threads,)
+        )
         self._engine_threads: int | None = None
         self._busy = threading.Lock()  # one prefill in flight, by construction and by check
         self.launched = 0

@@ -1,4 +1,5 @@
 """Building blocks shared by the model files: RMSNorm, RoPE, paged attention."""
+
 from __future__ import annotations
 
 import math
@@ -50,8 +51,16 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * w).to(x.dtype)
 
 
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype, scale: float = 1.0,
-                fraction: float = 1.0, llama3: tuple = (), divisors: torch.Tensor | None = None):
+def rope_tables(
+    positions: torch.Tensor,
+    head_dim: int,
+    theta: float,
+    dtype,
+    scale: float = 1.0,
+    fraction: float = 1.0,
+    llama3: tuple = (),
+    divisors: torch.Tensor | None = None,
+):
     """cos/sin [T, 1, head_dim] for rotate-half RoPE, computed in fp32 then cast, like HF.
 
     `fraction` < 1 is Gemma 4's "proportional" RoPE: only the first fraction * head_dim / 2
@@ -62,7 +71,7 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype, sca
     them as llama.cpp does (the same remap, as the converter wrote it)."""
     angles = int(fraction * head_dim // 2)
     exps = torch.arange(0, 2 * angles, 2, dtype=torch.int64, device=positions.device).float() / head_dim
-    inv = 1.0 / (theta ** exps)
+    inv = 1.0 / (theta**exps)
     if llama3:
         inv = _llama3_frequencies(inv, *llama3)
     if divisors is not None:
@@ -73,8 +82,9 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype, sca
     return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
 
 
-def _llama3_frequencies(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
-                        old_context_len: float) -> torch.Tensor:
+def _llama3_frequencies(
+    inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float, old_context_len: float
+) -> torch.Tensor:
     """Llama 3.1's frequency remap, HF's `_compute_llama3_parameters` operation for operation (the
     same fp32 bits): long wavelengths slow down by `factor`, short ones stay, those between blend."""
     low_freq_wavelen = old_context_len / low_freq_factor
@@ -93,8 +103,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-def paged_attention(q, k_new, v_new, k_pool, v_pool, view: FamilyView, decode_rows, scale: float,
-                    native: bool = False, write: bool = True, out_dtype: torch.dtype | None = None):
+def paged_attention(
+    q,
+    k_new,
+    v_new,
+    k_pool,
+    v_pool,
+    view: FamilyView,
+    decode_rows,
+    scale: float,
+    native: bool = False,
+    write: bool = True,
+    out_dtype: torch.dtype | None = None,
+):
     """Write this step's K/V into the pool, then attend each row over its own pages; with
     `native`, the decode rows read the pool in place through csrc/attn.c. `write=False` is a
     KV-sharing layer: the pool and k_new/v_new are its source layer's, already written.
@@ -132,8 +153,15 @@ def paged_attention(q, k_new, v_new, k_pool, v_pool, view: FamilyView, decode_ro
             v = F.embedding(slots, vflat).view(-1, hkv, d).transpose(0, 1).unsqueeze(0)
         if k.dtype != pd:
             k, v = k.to(pd), v.to(pd)
-        o = F.scaled_dot_product_attention(q[r0:r1].to(pd).transpose(0, 1).unsqueeze(0), k, v, attn_mask=mask,
-                                           is_causal=mask is None, scale=scale, enable_gqa=True)
+        o = F.scaled_dot_product_attention(
+            q[r0:r1].to(pd).transpose(0, 1).unsqueeze(0),
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=scale,
+            enable_gqa=True,
+        )
         out[r0:r1] = o[0].transpose(0, 1)
     d0, d1 = decode_rows
     if d1 > d0 and native and d % 8 == 0:  # the kernel walks head_dim in 8-float vectors
@@ -142,7 +170,8 @@ def paged_attention(q, k_new, v_new, k_pool, v_pool, view: FamilyView, decode_ro
         b, width = view.decode_slots.shape
         k = F.embedding(view.decode_slots, kflat).view(b, width, hkv, d).transpose(1, 2).to(q.dtype)
         v = F.embedding(view.decode_slots, vflat).view(b, width, hkv, d).transpose(1, 2).to(q.dtype)
-        o = F.scaled_dot_product_attention(q[d0:d1].unsqueeze(2), k, v, attn_mask=view.decode_mask,
-                                           scale=scale, enable_gqa=True)
+        o = F.scaled_dot_product_attention(
+            q[d0:d1].unsqueeze(2), k, v, attn_mask=view.decode_mask, scale=scale, enable_gqa=True
+        )
         out[d0:d1] = o.squeeze(2)
     return out

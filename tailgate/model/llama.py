@@ -2,6 +2,7 @@
 SwiGLU, RoPE (Llama 3's frequency remap where the spec or a GGUF's `rope_freqs` says), GQA, tied or
 untied head; Qwen3's per-head q/k norms where the weights have them; projection biases ride in
 their `kernels.BiasedLinear`; sliding layers (Mistral) read their window through the step context."""
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,15 @@ from .spec import ModelSpec
 def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Tensor:
     """Run every row of the step; return logits (runtime dtype) for `ctx.sample_rows` only."""
     h = w["embed"][ctx.tokens]
-    cos, sin = rope_tables(ctx.positions, spec.head_dim, spec.rope_theta, h.dtype, spec.rope_scaling_factor,
-                           llama3=spec.rope_llama3, divisors=w.get("rope_freqs"))
+    cos, sin = rope_tables(
+        ctx.positions,
+        spec.head_dim,
+        spec.rope_theta,
+        h.dtype,
+        spec.rope_scaling_factor,
+        llama3=spec.rope_llama3,
+        divisors=w.get("rope_freqs"),
+    )
     T, hq, hkv, d = h.shape[0], spec.n_heads, spec.n_kv_heads, spec.head_dim
     op = ops(ctx)
     for i in range(spec.n_layers):
@@ -29,8 +37,17 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
         qkv = raw(op.rms_norm(h, w[p + "attn_norm"], spec.eps, takes(w[p + "qkv"], T)), w[p + "qkv"])
         q = op.norm_rope(qkv, 0, hq, d, w.get(p + "q_norm"), spec.eps, cos, sin)  # Qwen3 has q/k norms
         k = op.norm_rope(qkv, hq * d, hkv, d, w.get(p + "k_norm"), spec.eps, cos, sin)
-        a = paged_attention(q, k, qkv[:, (hq + hkv) * d:].view(T, hkv, d), k_pool, v_pool, ctx.families[fam],
-                            ctx.decode_rows, spec.scale, ctx.native)
+        a = paged_attention(
+            q,
+            k,
+            qkv[:, (hq + hkv) * d :].view(T, hkv, d),
+            k_pool,
+            v_pool,
+            ctx.families[fam],
+            ctx.decode_rows,
+            spec.scale,
+            ctx.native,
+        )
         h = h + linear(a.reshape(T, hq * d), w[p + "o"])
         x = op.rms_norm(h, w[p + "ffn_norm"], spec.eps, takes(w[p + "gate_up"], T))
         gate, up = linear(x, w[p + "gate_up"], h.dtype).chunk(2, dim=-1)

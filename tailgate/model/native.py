@@ -11,6 +11,7 @@ flags and the compiler's version, and loaded with ctypes (which releases the GIL
 Where they cannot be built (no compiler, not x86-64) `load()` says why and the kernel choice
 falls back to torch's kernels.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -53,8 +54,9 @@ def _build(cc: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        r = subprocess.run([cc, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True, text=True,
-                           timeout=300)
+        r = subprocess.run(
+            [cc, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True, text=True, timeout=300
+        )
         if r.returncode != 0:
             raise RuntimeError(f"{cc} failed: {r.stderr.strip()[-500:]}")
         os.replace(tmp, out)
@@ -65,34 +67,34 @@ def _build(cc: str) -> Path:
 
 
 def _declare(lib: ctypes.CDLL) -> None:
-    P, I, F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-    lib.q8_quantize.argtypes, lib.q8_quantize.restype = [P, I, I, P, P], None
-    lib.q8_linear.argtypes, lib.q8_linear.restype = [P, I, I, P, P, I, P, ctypes.c_int], ctypes.c_int
-    lib.q8_offset.argtypes, lib.q8_offset.restype = [P, I], None
+    P, I64, F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    lib.q8_quantize.argtypes, lib.q8_quantize.restype = [P, I64, I64, P, P], None
+    lib.q8_linear.argtypes, lib.q8_linear.restype = [P, I64, I64, P, P, I64, P, ctypes.c_int], ctypes.c_int
+    lib.q8_offset.argtypes, lib.q8_offset.restype = [P, I64], None
     lib.q8_amx_init.argtypes, lib.q8_amx_init.restype = [], ctypes.c_int
     for lanes in (8, 16):
         for name in (f"decode_attention_{lanes}", f"decode_attention_f16_{lanes}"):
-            getattr(lib, name).argtypes = [P, P, P, P, P, I, I, I, I, I, F, P]
+            getattr(lib, name).argtypes = [P, P, P, P, P, I64, I64, I64, I64, I64, F, P]
             getattr(lib, name).restype = ctypes.c_int
     B = ctypes.c_int
-    lib.rms_norm.argtypes, lib.rms_norm.restype = [P, B, I, I, P, F, P, B], None
-    lib.add_rms_norm.argtypes, lib.add_rms_norm.restype = [P, P, B, I, I, P, P, F, P, B], None
-    lib.norm_rope.argtypes, lib.norm_rope.restype = [P, B, I, I, I, I, P, F, P, P, P], None
-    lib.geglu.argtypes, lib.geglu.restype = [P, B, I, I, P], None
-    lib.gather_f16_bf16.argtypes, lib.gather_f16_bf16.restype = [P, I, P, I, P], None
-    lib.kv_write_f16.argtypes, lib.kv_write_f16.restype = [P, I, P, I, P, I, B], None
+    lib.rms_norm.argtypes, lib.rms_norm.restype = [P, B, I64, I64, P, F, P, B], None
+    lib.add_rms_norm.argtypes, lib.add_rms_norm.restype = [P, P, B, I64, I64, P, P, F, P, B], None
+    lib.norm_rope.argtypes, lib.norm_rope.restype = [P, B, I64, I64, I64, I64, P, F, P, P, P], None
+    lib.geglu.argtypes, lib.geglu.restype = [P, B, I64, I64, P], None
+    lib.gather_f16_bf16.argtypes, lib.gather_f16_bf16.restype = [P, I64, P, I64, P], None
+    lib.kv_write_f16.argtypes, lib.kv_write_f16.restype = [P, I64, P, I64, P, I64, B], None
     # csrc/blocks.c: GGUF matrices as stored (model/blocks.py)
-    lib.gq_row_bytes.argtypes, lib.gq_row_bytes.restype = [B, I], I
-    lib.gq_dequantize.argtypes, lib.gq_dequantize.restype = [P, B, I, P, I, P], None
-    lib.gq_q8_0_panels.argtypes, lib.gq_q8_0_panels.restype = [P, I, I, P, P, B], ctypes.c_int
-    lib.gq_panel_rows.argtypes, lib.gq_panel_rows.restype = [P, P, I, P, I, P, B], None
-    lib.gq_q5_0_panels.argtypes, lib.gq_q5_0_panels.restype = [P, I, I, P, P], None
-    lib.gq_q5_panel_rows.argtypes, lib.gq_q5_panel_rows.restype = [P, P, I, P, I, P], None
-    lib.gq_q4_k_panels.argtypes, lib.gq_q4_k_panels.restype = [P, I, I, P, P], None
-    lib.gq_q4_k_panel_rows.argtypes, lib.gq_q4_k_panel_rows.restype = [P, P, I, P, I, P], None
-    lib.q8_linear_seg.argtypes = [P, I, I, B, P, P, P, P, P, I]
+    lib.gq_row_bytes.argtypes, lib.gq_row_bytes.restype = [B, I64], I64
+    lib.gq_dequantize.argtypes, lib.gq_dequantize.restype = [P, B, I64, P, I64, P], None
+    lib.gq_q8_0_panels.argtypes, lib.gq_q8_0_panels.restype = [P, I64, I64, P, P, B], ctypes.c_int
+    lib.gq_panel_rows.argtypes, lib.gq_panel_rows.restype = [P, P, I64, P, I64, P, B], None
+    lib.gq_q5_0_panels.argtypes, lib.gq_q5_0_panels.restype = [P, I64, I64, P, P], None
+    lib.gq_q5_panel_rows.argtypes, lib.gq_q5_panel_rows.restype = [P, P, I64, P, I64, P], None
+    lib.gq_q4_k_panels.argtypes, lib.gq_q4_k_panels.restype = [P, I64, I64, P, P], None
+    lib.gq_q4_k_panel_rows.argtypes, lib.gq_q4_k_panel_rows.restype = [P, P, I64, P, I64, P], None
+    lib.q8_linear_seg.argtypes = [P, I64, I64, B, P, P, P, P, P, I64]
     lib.q8_linear_seg.restype = ctypes.c_int
-    lib.gq_linear.argtypes, lib.gq_linear.restype = [P, I, I, B, P, P, P, P, P, I], ctypes.c_int
+    lib.gq_linear.argtypes, lib.gq_linear.restype = [P, I64, I64, B, P, P, P, P, P, I64], ctypes.c_int
 
 
 def load() -> tuple[ctypes.CDLL | None, str | None]:
@@ -182,9 +184,18 @@ def q8_linear_segments(x: torch.Tensor, segments) -> torch.Tensor:
     n = sum(ns)
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
     P = ctypes.c_void_p * n_seg
-    if _LIB.q8_linear_seg(x.data_ptr(), m, k, n_seg, P(*[q.data_ptr() for q, _, _ in segments]),
-                          P(*[d.data_ptr() for _, d, _ in segments]), (ctypes.c_int64 * n_seg)(*ns),
-                          (ctypes.c_int * n_seg)(*[c for _, _, c in segments]), y.data_ptr(), n):
+    if _LIB.q8_linear_seg(
+        x.data_ptr(),
+        m,
+        k,
+        n_seg,
+        P(*[q.data_ptr() for q, _, _ in segments]),
+        P(*[d.data_ptr() for _, d, _ in segments]),
+        (ctypes.c_int64 * n_seg)(*ns),
+        (ctypes.c_int * n_seg)(*[c for _, _, c in segments]),
+        y.data_ptr(),
+        n,
+    ):
         raise MemoryError("q8: no scratch memory for the quantized activations")
     return y
 
@@ -205,8 +216,15 @@ def attention_lanes(cpu=None) -> int:
     return _LANES
 
 
-def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
-                     lens: torch.Tensor, scale: float, lanes: int | None = None) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    slots: torch.Tensor,
+    lens: torch.Tensor,
+    scale: float,
+    lanes: int | None = None,
+) -> torch.Tensor:
     """q [B, Hq, D] fp32; pools [slots, Hkv, D] fp32 or fp16; row i attends over slots[i, :lens[i]].
     `lanes` (8 | 16) picks the kernel's vector width; by default this CPU's widest that divides D."""
     q = q.contiguous()
@@ -221,8 +239,20 @@ def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
     if d % lanes:
         raise ValueError(f"decode attention at {lanes} lanes needs head_dim % {lanes} == 0, got {d}")
     fn = getattr(_LIB, f"decode_attention{'_f16' if k_pool.dtype == torch.float16 else ''}_{lanes}")
-    if fn(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), slots.data_ptr(), lens.data_ptr(),
-                             b, slots.shape[1], hq, hkv, d, scale, out.data_ptr()):
+    if fn(
+        q.data_ptr(),
+        k_pool.data_ptr(),
+        v_pool.data_ptr(),
+        slots.data_ptr(),
+        lens.data_ptr(),
+        b,
+        slots.shape[1],
+        hq,
+        hkv,
+        d,
+        scale,
+        out.data_ptr(),
+    ):
         raise MemoryError("decode attention: no scratch memory for the scores")
     return out
 
@@ -244,26 +274,57 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, out_dtype: torch.dtyp
     """RMSNorm(x) * w over the last dim, in `out_dtype` (default x's)."""
     x = x.contiguous()
     out = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
-    _LIB.rms_norm(x.data_ptr(), _is_bf16(x, "input"), x.numel() // x.shape[-1], x.shape[-1], w.data_ptr(), eps,
-                  out.data_ptr(), _is_bf16(out, "output"))
+    _LIB.rms_norm(
+        x.data_ptr(),
+        _is_bf16(x, "input"),
+        x.numel() // x.shape[-1],
+        x.shape[-1],
+        w.data_ptr(),
+        eps,
+        out.data_ptr(),
+        _is_bf16(out, "output"),
+    )
     return out
 
 
-def add_rms_norm_(h: torch.Tensor, a: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor | None,
-                  eps: float, out_dtype: torch.dtype | None = None) -> torch.Tensor | None:
+def add_rms_norm_(
+    h: torch.Tensor,
+    a: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor | None,
+    eps: float,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor | None:
     """h += RMSNorm(a) * w1 in place; then RMSNorm(h) * w2 in `out_dtype` (default h's), or None
     when w2 is None. h: [T, n] fp32; a: [T, n] fp32 or bf16."""
     a = a.contiguous()
     t, n = h.shape
     out = torch.empty(t, n, dtype=out_dtype or h.dtype, device=h.device) if w2 is not None else None
-    _LIB.add_rms_norm(h.data_ptr(), a.data_ptr(), _is_bf16(a, "input"), t, n, w1.data_ptr(),
-                      None if w2 is None else w2.data_ptr(), eps, None if out is None else out.data_ptr(),
-                      0 if out is None else _is_bf16(out, "output"))
+    _LIB.add_rms_norm(
+        h.data_ptr(),
+        a.data_ptr(),
+        _is_bf16(a, "input"),
+        t,
+        n,
+        w1.data_ptr(),
+        None if w2 is None else w2.data_ptr(),
+        eps,
+        None if out is None else out.data_ptr(),
+        0 if out is None else _is_bf16(out, "output"),
+    )
     return out
 
 
-def norm_rope(src: torch.Tensor, col: int, heads: int, d: int, w: torch.Tensor | None, eps: float,
-              cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def norm_rope(
+    src: torch.Tensor,
+    col: int,
+    heads: int,
+    d: int,
+    w: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> torch.Tensor:
     """Columns [col, col + heads * d) of src [T, C] (fp32 or bf16), as [T, heads, d]: per-head
     RMSNorm * w (none when w is None), then rotate-half RoPE with cos/sin [T, (1,) d]. Returns
     [T, heads, d] fp32."""
@@ -272,8 +333,19 @@ def norm_rope(src: torch.Tensor, col: int, heads: int, d: int, w: torch.Tensor |
     t = src.shape[0]
     out = torch.empty(t, heads, d, dtype=torch.float32, device=src.device)
     cos, sin = cos.contiguous(), sin.contiguous()
-    _LIB.norm_rope(src.data_ptr() + src.element_size() * col, _is_bf16(src, "input"), src.stride(0), t, heads, d,
-                   None if w is None else w.data_ptr(), eps, cos.data_ptr(), sin.data_ptr(), out.data_ptr())
+    _LIB.norm_rope(
+        src.data_ptr() + src.element_size() * col,
+        _is_bf16(src, "input"),
+        src.stride(0),
+        t,
+        heads,
+        d,
+        None if w is None else w.data_ptr(),
+        eps,
+        cos.data_ptr(),
+        sin.data_ptr(),
+        out.data_ptr(),
+    )
     return out
 
 
@@ -295,12 +367,18 @@ def kv_write_f16(pool: torch.Tensor, slots: torch.Tensor, src: torch.Tensor) -> 
     n = slots.shape[0]
     width = pool[0].numel()
     rows = src.reshape(n, -1) if src.dim() > 2 else src
-    if pool.dtype != torch.float16 or not pool.is_contiguous() or slots.dtype != torch.int64 \
-            or rows.shape != (n, width) or rows.stride(-1) != 1:
+    if (
+        pool.dtype != torch.float16
+        or not pool.is_contiguous()
+        or slots.dtype != torch.int64
+        or rows.shape != (n, width)
+        or rows.stride(-1) != 1
+    ):
         raise ValueError("kv_write_f16 writes [n, width] unit-stride rows into a contiguous fp16 pool by int64 slots")
     slots = slots.contiguous()
-    _LIB.kv_write_f16(pool.data_ptr(), width, slots.data_ptr(), n, rows.data_ptr(), rows.stride(0),
-                      _is_bf16(rows, "rows"))
+    _LIB.kv_write_f16(
+        pool.data_ptr(), width, slots.data_ptr(), n, rows.data_ptr(), rows.stride(0), _is_bf16(rows, "rows")
+    )
 
 
 def geglu(gu: torch.Tensor) -> torch.Tensor:

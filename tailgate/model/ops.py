@@ -11,6 +11,7 @@ Each set provides:
 - `geglu(gu)`: gelu_tanh(gate) * up over the fused gate/up output
 `out_dtype` (default: the input's, h's for add_rms_norm_) is what the next matmul reads (`takes`).
 """
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -33,7 +34,7 @@ def _add_rms_norm_(h, a, w1, w2, eps, out_dtype=None):
 
 
 def _norm_rope(src, col, heads, d, w, eps, cos, sin):
-    x = src[:, col:col + heads * d].view(src.shape[0], heads, d).to(cos.dtype)
+    x = src[:, col : col + heads * d].view(src.shape[0], heads, d).to(cos.dtype)
     return apply_rope(x if w is None else rms_norm(x, w, eps), cos, sin)
 
 
@@ -43,8 +44,9 @@ def _geglu(gu):
 
 
 TORCH = SimpleNamespace(rms_norm=_rms_norm, add_rms_norm_=_add_rms_norm_, norm_rope=_norm_rope, geglu=_geglu)
-NATIVE = SimpleNamespace(rms_norm=native.rms_norm, add_rms_norm_=native.add_rms_norm_, norm_rope=native.norm_rope,
-                         geglu=native.geglu)
+NATIVE = SimpleNamespace(
+    rms_norm=native.rms_norm, add_rms_norm_=native.add_rms_norm_, norm_rope=native.norm_rope, geglu=native.geglu
+)
 
 
 def ops(ctx: StepContext) -> SimpleNamespace:

@@ -23,6 +23,7 @@ mtime) under the cache directory (`TAILGATE_CACHE_DIR`, else ~/.cache/tailgate/p
 start reads it. Its cost, Gemma 3 270M on AMD EPYC Zen 5, 2 cores: 0.22-0.29 s, 4-5 % of a warm
 `tailgate serve` start (5.0-6.4 s to ready); 0 from the cache (docs/engine.md).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -72,19 +73,35 @@ class ProbeResult:
 
     def line(self) -> str:
         ms = {(r["decode_rows"], r["prompt_rows"]): r["ms"] for r in self.rows}
-        shown = ", ".join(f"{name} {ms[k]:.1f} ms" for k, name in (
-            ((1, 0), "decode 1"), ((8, 0), "decode 8"), ((8, 64), "walk 64+8"), ((0, 128), "prefill 128")) if k in ms)
+        shown = ", ".join(
+            f"{name} {ms[k]:.1f} ms"
+            for k, name in (
+                ((1, 0), "decode 1"),
+                ((8, 0), "decode 8"),
+                ((8, 64), "walk 64+8"),
+                ((0, 128), "prefill 128"),
+            )
+            if k in ms
+        )
         c = self.coefficients
         how = "read from the cache" if self.cached else f"measured in {self.seconds:.2f} s"
         cut = "" if self.layer_cut is None else f"layers' quantized kernel for calls of <= {self.layer_cut} rows; "
-        return (f"kernels measured here ({how}): {cut}{shown}; fit floor {1000 * c['floor']:.1f} ms + "
-                f"{1000 * c['prompt_row']:.2f} ms a prompt row + {1000 * (c['decode_row'] + c['sampled_row']):.2f} ms "
-                f"a decode row, worst error {100 * self.worst_error:.0f} %"
-                + ("" if self.trusted else " (over the target's trust bound: rounds start as the fixed walk)"))
+        return (
+            f"kernels measured here ({how}): {cut}{shown}; fit floor {1000 * c['floor']:.1f} ms + "
+            f"{1000 * c['prompt_row']:.2f} ms a prompt row + {1000 * (c['decode_row'] + c['sampled_row']):.2f} ms "
+            f"a decode row, worst error {100 * self.worst_error:.0f} %"
+            + ("" if self.trusted else " (over the target's trust bound: rounds start as the fixed walk)")
+        )
 
     def as_dict(self) -> dict:
-        return {"rows": self.rows, "fit": self.coefficients, "worst_error": self.worst_error,
-                "seconds": self.seconds, "cached": self.cached, "layer_cut": self.layer_cut}
+        return {
+            "rows": self.rows,
+            "fit": self.coefficients,
+            "worst_error": self.worst_error,
+            "seconds": self.seconds,
+            "cached": self.cached,
+            "layer_cut": self.layer_cut,
+        }
 
 
 def shape_segments(decode: int, prompt: int, seqs: list) -> list[Segment]:
@@ -122,8 +139,9 @@ def measure(runner, book, shapes=SHAPES, reps: int = REPS, clock=time.perf_count
                 t0 = clock()
                 runner.step(segs)
                 best = min(best, clock() - t0)
-            rows.append({"kind": f"{decode}+{prompt}", "n": prompt or decode, "ms": 1000 * best,
-                         **features(decode, prompt)})
+            rows.append(
+                {"kind": f"{decode}+{prompt}", "n": prompt or decode, "ms": 1000 * best, **features(decode, prompt)}
+            )
         return rows
     finally:
         for s in seqs:
@@ -153,7 +171,10 @@ def measure_layer_cut(w: dict, rows=CUT_ROWS, reps: int = 3, clock=time.perf_cou
     for m in rows:
         xs = [torch.randn(m, lin.q[0].shape[1], generator=g) for lin in mats]
         best = []
-        for run in (lambda lin, x: native.q8_linear(x, *lin.q), lambda lin, x: lin._dense(x.to(lin.dense_dtype or x.dtype))):
+        for run in (
+            lambda lin, x: native.q8_linear(x, *lin.q),
+            lambda lin, x: lin._dense(x.to(lin.dense_dtype or x.dtype)),
+        ):
             t = float("inf")
             for _ in range(reps):
                 t0 = clock()
@@ -183,8 +204,19 @@ def cache_key(plan, source) -> str:
         ident = f"{source.resolve()}:{st.st_size}:{int(st.st_mtime)}"
     except OSError:
         ident = str(source)
-    raw = "|".join([cpu.model, " ".join(sorted(cpu.flags)), plan.line(), torch.__version__, __version__, ident,
-                    repr(SHAPES), str(CONTEXT), str(torch.get_num_threads())])
+    raw = "|".join(
+        [
+            cpu.model,
+            " ".join(sorted(cpu.flags)),
+            plan.line(),
+            torch.__version__,
+            __version__,
+            ident,
+            repr(SHAPES),
+            str(CONTEXT),
+            str(torch.get_num_threads()),
+        ]
+    )
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
 

@@ -1,5 +1,6 @@
 """The executor's side of prompt logprobs (engine/prompt_logprobs.py): a step whose segments ask
 for every row's logits is scored here, and only the rows to sample go on to the sampler."""
+
 from __future__ import annotations
 
 import torch
@@ -40,7 +41,7 @@ def scoring(runner):
         for s in segments:
             rows = len(s.tokens) if s.all_logits else 1 if s.sample else 0
             if s.score is not None:
-                score_rows(logits[r:r + rows], s.score)
+                score_rows(logits[r : r + rows], s.score)
             if s.sample:
                 keep.append(r + rows - 1)
             r += rows

@@ -1,4 +1,5 @@
 """ModelRunner: owns weights and KV tensors; turns a list of Segments into one forward pass."""
+
 from __future__ import annotations
 
 import sys
@@ -37,6 +38,7 @@ def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, plan: KernelP
     dtype, device = plan.dtype, torch.device(plan.device)
     w = {}
     stored = plan.quant == "gguf"  # GGUF blocks stay as stored; any other plan widens them here
+
     def cast(t):  # a widened block matrix takes the plan's dtype like any other (bf16 plans included)
         if isinstance(t, Blocks):
             if stored:
@@ -79,14 +81,20 @@ def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, plan: KernelP
     if family.extra_weights is not None:  # e.g. Gemma 4's unit weights for its scale-free norms
         w.update(family.extra_weights(spec, device))
     mats = [k for k in w if k.rpartition(".")[2] in ("qkv", "o", "gate_up", "down") or k == "head"]
-    for k in tqdm(mats, desc="prepare kernels", unit="matrix", file=sys.stderr, disable=len(mats) < 64,
-                  mininterval=2):
+    for k in tqdm(mats, desc="prepare kernels", unit="matrix", file=sys.stderr, disable=len(mats) < 64, mininterval=2):
         group = "head" if k == "head" else "layers"
         b = biases.get(k)
         w[k] = Linear(w[k], plan, group) if b is None else BiasedLinear(w[k], plan, group, b.to(device))
     head = w["head"]
-    if stored and "lm_head" not in raw and isinstance(w.get("embed"), Blocks) and head.wide is not None \
-            and isinstance(head.wide, Panels) and head.wide.as_stored and head.wide[2] in (0, 4, 2, 3):
+    if (
+        stored
+        and "lm_head" not in raw
+        and isinstance(w.get("embed"), Blocks)
+        and head.wide is not None
+        and isinstance(head.wide, Panels)
+        and head.wide.as_stored
+        and head.wide[2] in (0, 4, 2, 3)
+    ):
         # A tied table whose head panels hold it as stored: lookups read them, not the file again.
         w["embed"] = PanelRows(head.wide)
     return w
@@ -103,15 +111,24 @@ def resident_bytes(w: dict) -> dict[str, int]:
             out["kernels"] += t.nbytes()
         elif isinstance(t, Blocks):
             out["mapped"] += t.nbytes
-        elif isinstance(t, torch.Tensor) and not (k == "embed" and w.get("head") is not None and
-                                                  getattr(w["head"], "w", None) is t):
+        elif isinstance(t, torch.Tensor) and not (
+            k == "embed" and w.get("head") is not None and getattr(w["head"], "w", None) is t
+        ):
             out["tensors"] += t.numel() * t.element_size()
     return out
 
 
 class ModelRunner:
-    def __init__(self, spec: ModelSpec, raw_weights: dict, pages: dict[str, int], dtype=None, device=None,
-                 kernels: str | None = None, plan: KernelPlan | None = None):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        raw_weights: dict,
+        pages: dict[str, int],
+        dtype=None,
+        device=None,
+        kernels: str | None = None,
+        plan: KernelPlan | None = None,
+    ):
         if spec.attn_softcap:
             raise ValueError("attention logit soft-capping (Gemma 2) is not supported")
         self.spec = spec
@@ -138,8 +155,14 @@ class ModelRunner:
                 raise ValueError(f"token id {bad[0]} outside the vocabulary (0..{self.spec.vocab_size - 1})")
             if s.pages.reserved < s.end:
                 raise RuntimeError(f"segment ends at {s.end} but only {s.pages.reserved} tokens have pages")
-        ctx = build_context(segments, self.windows, self.device, self.plan.attention == "native",
-                            self.plan.prompt_attention, self.plan.dtype)
+        ctx = build_context(
+            segments,
+            self.windows,
+            self.device,
+            self.plan.attention == "native",
+            self.plan.prompt_attention,
+            self.plan.dtype,
+        )
         return self._forward(self.w, self.spec, ctx, self.kv)
 
     def warm_up(self, book, rows: int = 64) -> float:

@@ -1,4 +1,5 @@
 """Sampling over a batch of rows: greedy, temperature, top-k, top-p, min-p, per-request seeds."""
+
 from __future__ import annotations
 
 import torch

@@ -2,6 +2,7 @@
 
 This is what the batched engine must match token for token; the CLI's `generate` uses it too.
 """
+
 from __future__ import annotations
 
 import torch
@@ -14,8 +15,16 @@ from .runner import ModelRunner
 from .sampler import SamplingParams, make_generator, sample
 
 
-def generate(runner: ModelRunner, book: KVBook, prompt: list[int], max_tokens: int,
-             params: SamplingParams | None = None, eos_ids=(), chunk: int | None = None, on_token=None) -> list[int]:
+def generate(
+    runner: ModelRunner,
+    book: KVBook,
+    prompt: list[int],
+    max_tokens: int,
+    params: SamplingParams | None = None,
+    eos_ids=(),
+    chunk: int | None = None,
+    on_token=None,
+) -> list[int]:
     params = params or SamplingParams()
     req = Request(prompt, max_tokens, params, eos_ids=frozenset(eos_ids))  # for the engine's stop rule
     gen = make_generator(params.seed)
@@ -26,7 +35,7 @@ def generate(runner: ModelRunner, book: KVBook, prompt: list[int], max_tokens: i
             raise RuntimeError("prompt does not fit the KV pools")
         step = chunk or len(prompt)
         for s in range(0, len(prompt), step):
-            piece = prompt[s:s + step]
+            piece = prompt[s : s + step]
             logits = runner.step([Segment(piece, s, seq)])
             book.advance(seq, len(piece))
         while True:
@@ -57,7 +66,7 @@ def teacher_forced_logits(runner: ModelRunner, book: KVBook, ids: list[int], chu
         out = []
         step = chunk or len(ids)
         for s in range(0, len(ids), step):
-            piece = ids[s:s + step]
+            piece = ids[s : s + step]
             out.append(runner.step([Segment(piece, s, seq, all_logits=True)]))
             book.advance(seq, len(piece))
         return torch.cat(out)

@@ -1,4 +1,5 @@
 """ModelSpec: the architecture facts the runtime needs, independent of the file format."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -60,7 +61,7 @@ class ModelSpec:
 
     @property
     def scale(self) -> float:
-        return self.query_scale if self.query_scale is not None else self.head_dim ** -0.5
+        return self.query_scale if self.query_scale is not None else self.head_dim**-0.5
 
     @property
     def has_sliding(self) -> bool:

@@ -9,6 +9,7 @@ with `trim_blocks` / `lstrip_blocks`, loop controls, `strftime_now`, its `tojson
 ~1 s (the `transformers` package, not torch), so it happens when a template is first compiled
 (`compile_chat_template`: the server does it at load, off the request path), never at import.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,19 @@ FALLBACK_TEMPLATES = {"gemma": GEMMA_TEMPLATE, "chatml": CHATML_TEMPLATE}  # by 
 # The named special tokens `apply_chat_template` hands every template (HF's SPECIAL_TOKENS_ATTRIBUTES).
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 # Variables the renderer binds itself: a request's chat_template_kwargs cannot set them.
-RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools", "documents", "chat_template", "conversations", "tokenize",
-                                    "return_assistant_tokens_mask", "add_generation_prompt", "continue_final_message"})
+RESERVED_TEMPLATE_VARS = frozenset(
+    {
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "conversations",
+        "tokenize",
+        "return_assistant_tokens_mask",
+        "add_generation_prompt",
+        "continue_final_message",
+    }
+)
 
 
 class ChatTemplateError(ValueError):
@@ -104,8 +116,9 @@ class Tokenizer:
         # Without a template of its own: the one its family names (families.Family.chat_fallback:
         # Gemma 3's turn format, ChatML for the Llama shapes, none for Gemma 4), ChatML when unknown.
         family = families.FAMILIES.get(meta.get("family") or "")
-        self.chat_template = _default_template(meta.get("chat_template")) or \
-            FALLBACK_TEMPLATES.get(family.chat_fallback if family is not None else "chatml")
+        self.chat_template = _default_template(meta.get("chat_template")) or FALLBACK_TEMPLATES.get(
+            family.chat_fallback if family is not None else "chatml"
+        )
         self._compiled: str | None = None  # the template text last compiled
         self._template_error: str | None = None  # why the model's own template cannot render
         self.special_tokens = self._special_tokens(path, meta)
@@ -160,8 +173,10 @@ class Tokenizer:
         import); returns why chat cannot be served (no template, or one that does not compile),
         or None. A model's own template that does not compile leaves completions served."""
         if self.chat_template is None:
-            return "this model's directory has no chat template (tokenizer_config.json chat_template or " \
-                   "chat_template.jinja); use /v1/completions or --chat-template"
+            return (
+                "this model's directory has no chat template (tokenizer_config.json chat_template or "
+                "chat_template.jinja); use /v1/completions or --chat-template"
+            )
         if self._compiled != self.chat_template:
             try:
                 compile_chat_template(self.chat_template)
@@ -171,9 +186,14 @@ class Tokenizer:
             self._compiled = self.chat_template
         return self._template_error
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    continue_final_message: bool = False, template_kwargs: dict | None = None,
-                    tools: list[dict] | None = None) -> str:
+    def render_chat(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        template_kwargs: dict | None = None,
+        tools: list[dict] | None = None,
+    ) -> str:
         """The prompt text for `messages`, byte-equal to HF's `apply_chat_template(messages,
         tokenize=False, add_generation_prompt=..., continue_final_message=..., tools=...,
         **template_kwargs)`."""
@@ -185,19 +205,25 @@ class Tokenizer:
         if reserved:
             raise ChatTemplateError(f"'chat_template_kwargs' cannot set {', '.join(reserved)}", "chat_template_kwargs")
         if continue_final_message and add_generation_prompt:
-            raise ChatTemplateError("'continue_final_message' and 'add_generation_prompt' cannot both be true",
-                                    "continue_final_message")
+            raise ChatTemplateError(
+                "'continue_final_message' and 'add_generation_prompt' cannot both be true", "continue_final_message"
+            )
         from transformers.utils.chat_template_utils import render_jinja_template
 
         try:
             rendered, _ = render_jinja_template(
-                conversations=[messages], tools=tools, chat_template=self.chat_template,
+                conversations=[messages],
+                tools=tools,
+                chat_template=self.chat_template,
                 add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message, **{**self.special_tokens, **kwargs})
+                continue_final_message=continue_final_message,
+                **{**self.special_tokens, **kwargs},
+            )
         except Exception as e:  # raise_exception(), a template bug this conversation hits, an undefined call
             if continue_final_message and "continue_final_message" in str(e):
-                raise ChatTemplateError(f"'continue_final_message': {str(e).split(chr(10))[0]}",
-                                        "continue_final_message") from e
+                raise ChatTemplateError(
+                    f"'continue_final_message': {str(e).split(chr(10))[0]}", "continue_final_message"
+                ) from e
             raise ChatTemplateError(f"chat template failed: {e}") from e
         return rendered[0]
 

@@ -6,6 +6,7 @@ metadata (a tokenizer.json from Gemma 3's 262k-entry vocab: ~20 s, once per file
 the runtime reads, keyed by the file's size, mtime and a hash of its header (not of the whole file:
 hashing 253 MB cost every start about a second).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,7 +17,6 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
 from . import gguf_loader, hf_loader
@@ -52,7 +52,8 @@ def resolve_model_path(model: str) -> Path:
     if p.is_dir() and (p / "config.json").exists():
         return p
     raise FileNotFoundError(
-        f"--model {model!r}: not a short name ({', '.join(SHORT_NAMES)}), a .gguf file, or an HF directory with config.json")
+        f"--model {model!r}: not a short name ({', '.join(SHORT_NAMES)}), a .gguf file, or an HF directory with config.json"
+    )
 
 
 def served_name(model: str) -> str:
@@ -127,7 +128,11 @@ def _load_gguf(path: Path, log) -> LoadedModel:
     tok = Tokenizer(str(cdir / "tokenizer.json"), tok_meta)
     release_free_heap()
     weights = gguf_loader.read_stored(
-        path, layout, spec, progress=lambda it: tqdm(it, desc="map tensors", unit="tensor", file=sys.stderr, mininterval=2))
+        path,
+        layout,
+        spec,
+        progress=lambda it: tqdm(it, desc="map tensors", unit="tensor", file=sys.stderr, mininterval=2),
+    )
     return LoadedModel(spec, weights, tok, path)
 
 
@@ -156,4 +161,6 @@ def load_model(model: str, log=lambda m: print(m, file=sys.stderr)) -> LoadedMod
         return _load_gguf(path, log)
     spec = hf_loader.read_spec(path)
     weights = hf_loader.read_tensors(path, spec)
-    return LoadedModel(spec, weights, Tokenizer(str(path / "tokenizer.json"), hf_loader.read_tokenizer_meta(path, spec)), path)
+    return LoadedModel(
+        spec, weights, Tokenizer(str(path / "tokenizer.json"), hf_loader.read_tokenizer_meta(path, spec)), path
+    )

@@ -1,6 +1,7 @@
 """The FastAPI app: one APIRouter per concern (`routes/`), errors as OpenAI error bodies, the
 engine's summary at shutdown, `/openapi.json` with the request schemas the routes validate
 against, and the Host check in front."""
+
 from __future__ import annotations
 
 import contextlib
@@ -49,9 +50,16 @@ async def _lifespan(app):
         m = state.engine.snapshot.metrics
         logging.getLogger("tailgate").info(
             "stopping after %d steps: door releases %s, %d held (mean %.1f ms), prefix cache hits %d of %d "
-            "prompt tokens, %d preemptions, %d lane prefills", m.steps, dict(m.door_releases), m.door_hold.n,
-            1000 * m.door_hold.total / max(1, m.door_hold.n), m.prefix_hits, m.prefix_queries, m.preemptions,
-            m.lane_prefills)
+            "prompt tokens, %d preemptions, %d lane prefills",
+            m.steps,
+            dict(m.door_releases),
+            m.door_hold.n,
+            1000 * m.door_hold.total / max(1, m.door_hold.n),
+            m.prefix_hits,
+            m.prefix_queries,
+            m.preemptions,
+            m.lane_prefills,
+        )
 
 
 def below(n: int) -> str:
@@ -76,8 +84,14 @@ def _served_bounds(node, vocab: int | None, context: int | None, names: list[str
         if node.pop("x-tailgate-writable", None) and writable is not None:
             node["pattern"] = writable
         props = node.get("properties")
-        if isinstance(props, dict) and "model" in props and "messages" in props or \
-                isinstance(props, dict) and "model" in props and "prompt" in props:
+        if (
+            isinstance(props, dict)
+            and "model" in props
+            and "messages" in props
+            or isinstance(props, dict)
+            and "model" in props
+            and "prompt" in props
+        ):
             props["model"] = {"anyOf": [{"type": "string", "enum": names}, {"type": "null"}], "title": "Model"}
         for v in node.values():
             _served_bounds(v, vocab, context, names, writable)
@@ -104,14 +118,24 @@ def _openapi(app: FastAPI):
                 return doc
             app.openapi_schema = doc
         return app.openapi_schema
+
     return build
 
 
 def create_app(state: ServerState):
     # Every route raises ApiError for what a client did wrong; one handler turns it into the body.
-    app = FastAPI(title="tailgate", version=__version__, docs_url=None, redoc_url=None, lifespan=_lifespan,
-                  exception_handlers={ApiError: lambda req, exc: _error(exc), HTTPException: _http_error,
-                      Exception: lambda req, exc: _error(ApiError(500, f"internal error: {exc!r}"))})
+    app = FastAPI(
+        title="tailgate",
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
+        lifespan=_lifespan,
+        exception_handlers={
+            ApiError: lambda req, exc: _error(exc),
+            HTTPException: _http_error,
+            Exception: lambda req, exc: _error(ApiError(500, f"internal error: {exc!r}")),
+        },
+    )
     app.state.tailgate = state
     app.state.registry = registry_for(state)
     app.state.methods = {}  # path -> the methods its routes take (a 405's Allow)
@@ -122,8 +146,13 @@ def create_app(state: ServerState):
     app.include_router(web.router)  # the playground and the dashboard (docs/web.md)
     app.openapi = _openapi(app)
     if state.allowed_origins:  # off by default: a browser page on another origin gets no answer it can read
-        app.add_middleware(CORSMiddleware, allow_origins=list(state.allowed_origins), allow_methods=["*"],
-                           allow_headers=["*"], expose_headers=["Retry-After"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(state.allowed_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["Retry-After"],
+        )
     return HostCheck(app, state.allowed_hosts) if state.allowed_hosts is not None else app
 
 

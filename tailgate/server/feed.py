@@ -8,6 +8,7 @@ ticks. The observer is attached by the first dashboard that connects, so a serve
 pays nothing; every other figure is read from `Engine.snapshot`, which the engine thread replaces
 whole after each step (no reader ever sees a half-updated one).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -70,10 +71,21 @@ def tick(state, window: ItlWindow, since: int) -> dict:
     snap = state.engine.snapshot
     m = snap.metrics
     steps = [s.as_dict() for s in snap.steps if s.seq > since]
-    return {"now": state.engine.clock(), "running": snap.running, "waiting": snap.waiting, "held": snap.held,
-            "kv_usage": snap.kv_usage, "kv_pages_used": snap.kv_pages_used, "prefix_hits": m.prefix_hits,
-            "prefix_queries": m.prefix_queries, "preemptions": m.preemptions, "steps_total": m.steps,
-            "generation_tokens": m.generation_tokens, "itl": window.stats(state.engine.clock()), "steps": steps}
+    return {
+        "now": state.engine.clock(),
+        "running": snap.running,
+        "waiting": snap.waiting,
+        "held": snap.held,
+        "kv_usage": snap.kv_usage,
+        "kv_pages_used": snap.kv_pages_used,
+        "prefix_hits": m.prefix_hits,
+        "prefix_queries": m.prefix_queries,
+        "preemptions": m.preemptions,
+        "steps_total": m.steps,
+        "generation_tokens": m.generation_tokens,
+        "itl": window.stats(state.engine.clock()),
+        "steps": steps,
+    }
 
 
 async def events(state, window: ItlWindow, since: int):

@@ -1,6 +1,7 @@
 """Per-request generation lifecycle: one HTTP generation fans out into engine requests (n choices per
 prompt), hears their events on one queue, and delivers them collected or streamed; what the
 responses look like is its `Shape`'s (shapes.py)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -57,21 +58,34 @@ class Generation:
         ceiling = st.cfg.max_context
         for name, v in g.max_tokens_asked.items():  # /openapi.json's maximum: no prompt would leave room
             if v >= ceiling:
-                raise bad(f"'{name}' is {v}, but this model's maximum context length is {ceiling} tokens "
-                          f"(a prompt takes at least one): at most {ceiling - 1}", name)
+                raise bad(
+                    f"'{name}' is {v}, but this model's maximum context length is {ceiling} tokens "
+                    f"(a prompt takes at least one): at most {ceiling - 1}",
+                    name,
+                )
         for p in g.prompts:
             if len(p) >= ceiling:
-                raise bad(f"This model's maximum context length is {ceiling} tokens, but the prompt contains "
-                          f"{len(p)} tokens (at least one token must be left for the completion)", "prompt")
+                raise bad(
+                    f"This model's maximum context length is {ceiling} tokens, but the prompt contains "
+                    f"{len(p)} tokens (at least one token must be left for the completion)",
+                    "prompt",
+                )
         waiting_tokens = sum(st.pending.values())
         new, new_tokens = len(g.prompts) * g.n, self.prompt_tokens * g.n
         if new > st.max_queued_requests or new_tokens > st.max_queued_tokens:
             # Even an empty queue could not take it: a 429 would ask the client to retry forever.
-            raise bad(f"this request needs {new} queue entries and {new_tokens} prompt tokens; the "
-                      f"server queues at most {st.max_queued_requests} and {st.max_queued_tokens}", "n")
+            raise bad(
+                f"this request needs {new} queue entries and {new_tokens} prompt tokens; the "
+                f"server queues at most {st.max_queued_requests} and {st.max_queued_tokens}",
+                "n",
+            )
         if len(st.pending) + new > st.max_queued_requests or waiting_tokens + new_tokens > st.max_queued_tokens:
-            raise ApiError(429, f"the waiting queue is full ({len(st.pending)} requests, {waiting_tokens} tokens "
-                                "waiting); retry shortly", headers={"Retry-After": "1"})
+            raise ApiError(
+                429,
+                f"the waiting queue is full ({len(st.pending)} requests, {waiting_tokens} tokens "
+                "waiting); retry shortly",
+                headers={"Retry-After": "1"},
+            )
         for pi, p in enumerate(g.prompts):
             for j in range(g.n):
                 params = g.params
@@ -82,15 +96,24 @@ class Generation:
                 # (finish "length"). A schema cannot say how many tokens a prompt is, so a value the
                 # schema takes is served rather than refused for this prompt (schemathesis' ST202).
                 cap = clamp_max_tokens(g.max_tokens, len(p), ceiling)
-                r = Request(prompt=p, max_tokens=cap, params=params, eos_ids=frozenset(tok.eos_ids),
-                            stop_token_ids=frozenset(g.stop_token_ids), ignore_eos=g.ignore_eos,
-                            min_tokens=g.min_tokens, logprobs=g.logprobs, prompt_logprobs=g.score_prompt)
+                r = Request(
+                    prompt=p,
+                    max_tokens=cap,
+                    params=params,
+                    eos_ids=frozenset(tok.eos_ids),
+                    stop_token_ids=frozenset(g.stop_token_ids),
+                    ignore_eos=g.ignore_eos,
+                    min_tokens=g.min_tokens,
+                    logprobs=g.logprobs,
+                    prompt_logprobs=g.score_prompt,
+                )
                 if g.max_tokens == 0:  # the prompt's echo and logprobs only: one token runs and is dropped
                     r.max_tokens, r.min_tokens = 1, 0
                 idx = len(self.choices)
                 r.sink = lambda ev, idx=idx: loop.call_soon_threadsafe(self.queue.put_nowait, (idx, ev))
-                self.choices.append(Choice(idx, r, TextStream(tok, g.stop, g.skip_special_tokens,
-                                                              g.include_stop_str_in_output)))
+                self.choices.append(
+                    Choice(idx, r, TextStream(tok, g.stop, g.skip_special_tokens, g.include_stop_str_in_output))
+                )
         for c in self.choices:
             st.pending[c.req.id] = len(c.req.prompt)
             st.engine.submit(c.req)
@@ -153,24 +176,45 @@ class Generation:
     def _finish(self, c: Choice, reason: str, at: float) -> None:
         c.finish = reason
         self.state.e2e.observe(at - c.req.arrival)
-        log.info("request %s finished %s prompt=%d completion=%d e2e=%.3fs", c.req.id, reason, len(c.req.prompt),
-                 c.tokens, at - c.req.arrival)
+        log.info(
+            "request %s finished %s prompt=%d completion=%d e2e=%.3fs",
+            c.req.id,
+            reason,
+            len(c.req.prompt),
+            c.tokens,
+            at - c.req.arrival,
+        )
 
     def usage(self) -> dict:
         comp = sum(c.tokens for c in self.choices)
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": comp,
-                "total_tokens": self.prompt_tokens + comp, "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": comp,
+            "total_tokens": self.prompt_tokens + comp,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
 
     # ---- response shapes (the Shape's) ------------------------------------------------------
     def chunk(self, c: Choice, text: str, items: list, finish: str | None, first: bool = False) -> dict:
-        return {"id": self.id, "object": self.shape.object_chunk, "created": self.created,
-                "model": self.state.served_name, "choices": [self.shape.chunk_choice(c, text, items, finish, first)],
-                **self.shape.chunk_extra(c)}
+        return {
+            "id": self.id,
+            "object": self.shape.object_chunk,
+            "created": self.created,
+            "model": self.state.served_name,
+            "choices": [self.shape.chunk_choice(c, text, items, finish, first)],
+            **self.shape.chunk_extra(c),
+        }
 
     def full(self) -> dict:
-        return {"id": self.id, "object": self.shape.object_full, "created": self.created,
-                "model": self.state.served_name, "choices": [self.shape.full_choice(c) for c in self.choices],
-                "usage": self.usage(), **self.shape.full_extra(self.choices)}
+        return {
+            "id": self.id,
+            "object": self.shape.object_full,
+            "created": self.created,
+            "model": self.state.served_name,
+            "choices": [self.shape.full_choice(c) for c in self.choices],
+            "usage": self.usage(),
+            **self.shape.full_extra(self.choices),
+        }
 
     # ---- delivery ---------------------------------------------------------------------------
     async def collect(self, is_disconnected) -> bool:
@@ -244,8 +288,16 @@ class Generation:
                     yield sse(failed.body())
                     break
             if self.g.include_usage:
-                yield sse({"id": self.id, "object": self.shape.object_chunk, "created": self.created, "model": self.state.served_name,
-                           "choices": [], "usage": self.usage()})
+                yield sse(
+                    {
+                        "id": self.id,
+                        "object": self.shape.object_chunk,
+                        "created": self.created,
+                        "model": self.state.served_name,
+                        "choices": [],
+                        "usage": self.usage(),
+                    }
+                )
             yield "data: [DONE]\n\n"
         finally:
             self.abort_all()  # a client that went away frees its pages at once

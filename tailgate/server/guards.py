@@ -8,6 +8,7 @@ not JSON, and every failure has to be an OpenAI error body rather than FastAPI's
 request schemas are still published (`openapi_body`), from the same pydantic models that validate
 them (`schema.py`).
 """
+
 from __future__ import annotations
 
 import hmac
@@ -32,8 +33,12 @@ def _no_constant(name: str):
 
 def openapi_body(model) -> dict:
     """OpenAPI for a route that parses its own body as `model`."""
-    return {"requestBody": {"required": True, "content": {"application/json": {
-        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+        }
+    }
 
 
 ERRORS = {code: {"model": schema.ErrorResponse} for code in (400, 401, 413, 415, 429, 503)}
@@ -45,14 +50,18 @@ async def read_body(req: Request, state: ServerState) -> dict:
         raise ApiError(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
     declared = req.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > state.max_body_bytes:
-        raise ApiError(413, f"request body of {declared} bytes exceeds the server's {state.max_body_bytes} "
-                            "(tailgate serve --max-body-mb)")
+        raise ApiError(
+            413,
+            f"request body of {declared} bytes exceeds the server's {state.max_body_bytes} "
+            "(tailgate serve --max-body-mb)",
+        )
     raw = bytearray()
     async for part in req.stream():  # a chunked body without Content-Length is bounded too
         raw += part
         if len(raw) > state.max_body_bytes:
-            raise ApiError(413, f"request body exceeds the server's {state.max_body_bytes} bytes "
-                                "(tailgate serve --max-body-mb)")
+            raise ApiError(
+                413, f"request body exceeds the server's {state.max_body_bytes} bytes (tailgate serve --max-body-mb)"
+            )
     try:
         body = json.loads(bytes(raw), parse_constant=_no_constant)
         json.dumps(body, ensure_ascii=False).encode("utf-8")  # lone surrogates ("\\ud800") cannot

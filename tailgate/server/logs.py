@@ -1,6 +1,7 @@
 """Log lines: `--log-format text` (the default) or `json` (one object per line, for log shippers),
 and the access line every finished generation request writes (request id, status, tokens, timings).
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,12 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per record: time, level, logger, message, and an access line's fields."""
 
     def format(self, record: logging.LogRecord) -> str:
-        out = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
-               "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
+        out = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
         fields = getattr(record, "access", None)
         if fields:
             out.update(fields)
@@ -44,14 +49,30 @@ def log_request(gen, method: str, path: str, status: int, started: float) -> Non
     now = time.monotonic()
     firsts = [c.first_at for c in gen.choices if c.first_at is not None]
     u = gen.usage()
-    fields = {"request_id": gen.id, "method": method, "path": path, "status": status,
-              "prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"],
-              "cached_tokens": u["prompt_tokens_details"]["cached_tokens"],
-              "finish_reasons": [c.finish for c in gen.choices], "stream": bool(gen.g.stream),
-              # engine clock = time.monotonic (engine/loop.py): first token against arrival
-              "ttft_s": round(min(firsts) - min(c.req.arrival for c in gen.choices), 4) if firsts else None,
-              "e2e_s": round(now - started, 4)}
-    access.info("%s %s %d %s prompt=%d completion=%d cached=%d ttft=%s e2e=%.3fs", method, path, status, gen.id,
-                fields["prompt_tokens"], fields["completion_tokens"], fields["cached_tokens"],
-                "-" if fields["ttft_s"] is None else f"{fields['ttft_s']:.3f}s", fields["e2e_s"],
-                extra={"access": fields})
+    fields = {
+        "request_id": gen.id,
+        "method": method,
+        "path": path,
+        "status": status,
+        "prompt_tokens": u["prompt_tokens"],
+        "completion_tokens": u["completion_tokens"],
+        "cached_tokens": u["prompt_tokens_details"]["cached_tokens"],
+        "finish_reasons": [c.finish for c in gen.choices],
+        "stream": bool(gen.g.stream),
+        # engine clock = time.monotonic (engine/loop.py): first token against arrival
+        "ttft_s": round(min(firsts) - min(c.req.arrival for c in gen.choices), 4) if firsts else None,
+        "e2e_s": round(now - started, 4),
+    }
+    access.info(
+        "%s %s %d %s prompt=%d completion=%d cached=%d ttft=%s e2e=%.3fs",
+        method,
+        path,
+        status,
+        gen.id,
+        fields["prompt_tokens"],
+        fields["completion_tokens"],
+        fields["cached_tokens"],
+        "-" if fields["ttft_s"] is None else f"{fields['ttft_s']:.3f}s",
+        fields["e2e_s"],
+        extra={"access": fields},
+    )

@@ -1,5 +1,6 @@
 """`tailgate serve`: knobs and the model's shapes first, then the HTTP server, then the model (health
 says 503 meanwhile; a load failure ends the process non-zero)."""
+
 from __future__ import annotations
 
 import logging
@@ -23,11 +24,14 @@ def state_settings(args, environ) -> dict:
     """The `ServerState` settings the serve flags give, in one place: the single server and every
     replica of a fleet (fleet/launch.py's spec) build their app's state from the same dict (issue
     37: --allowed-origins and --sse-keep-alive never reached the replicas; a CORS preflight got 405)."""
-    return {"api_key": api_key(args.api_key, environ),
-            "max_queued_requests": args.max_queued_requests, "max_queued_tokens": args.max_queued_tokens,
-            "max_body_bytes": args.max_body_mb << 20,
-            "allowed_origins": tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip()),
-            "keep_alive_s": args.sse_keep_alive}
+    return {
+        "api_key": api_key(args.api_key, environ),
+        "max_queued_requests": args.max_queued_requests,
+        "max_queued_tokens": args.max_queued_tokens,
+        "max_body_bytes": args.max_body_mb << 20,
+        "allowed_origins": tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip()),
+        "keep_alive_s": args.sse_keep_alive,
+    }
 
 
 def exposure_warning(host: str, key: str | None) -> str | None:
@@ -35,8 +39,10 @@ def exposure_warning(host: str, key: str | None) -> str | None:
     to say). It still starts: a trusted network or a proxy in front may be the point."""
     if host.strip("[]").lower() in LOOPBACK or key:
         return None
-    return (f"binding {host} without an API key: anyone who can reach this port can use the model "
-            "(set --api-key or TAILGATE_API_KEY)")
+    return (
+        f"binding {host} without an API key: anyone who can reach this port can use the model "
+        "(set --api-key or TAILGATE_API_KEY)"
+    )
 
 
 def chat_template(cli_value: str | None, environ) -> str | None:
@@ -45,8 +51,11 @@ def chat_template(cli_value: str | None, environ) -> str | None:
     for a file that cannot be read or a template that does not compile."""
     from ..model.tokenizer import compile_chat_template, load_chat_template
 
-    name, raw = ("--chat-template", cli_value) if cli_value is not None else \
-        ("TAILGATE_CHAT_TEMPLATE", environ.get("TAILGATE_CHAT_TEMPLATE") or None)
+    name, raw = (
+        ("--chat-template", cli_value)
+        if cli_value is not None
+        else ("TAILGATE_CHAT_TEMPLATE", environ.get("TAILGATE_CHAT_TEMPLATE") or None)
+    )
     if raw is None:
         return None
     try:
@@ -99,9 +108,12 @@ def serve(args, lookup) -> int:
     configure(args.log_level, args.log_format)
     if (why := exposure_warning(args.host, api_key(args.api_key, os.environ))) is not None:
         logging.getLogger("tailgate").warning(why)
-    state = ServerState(served_name=args.served_model_name or name,
-                        allowed_hosts=allowed_hosts(args.host, args.allowed_hosts), kernels=plan.as_dict(),
-                        **state_settings(args, os.environ))
+    state = ServerState(
+        served_name=args.served_model_name or name,
+        allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
+        kernels=plan.as_dict(),
+        **state_settings(args, os.environ),
+    )
     app = create_app(state)
     failed: list[BaseException] = []
 
@@ -117,8 +129,14 @@ def serve(args, lookup) -> int:
 
             if args.threads:
                 torch.set_num_threads(args.threads)
-            engine, model, settled = build_engine(args.model, cfg, dtype=args.dtype, device=args.device,
-                                                   kernels=args.kernels, log=logging.getLogger("tailgate").info)
+            engine, model, settled = build_engine(
+                args.model,
+                cfg,
+                dtype=args.dtype,
+                device=args.device,
+                kernels=args.kernels,
+                log=logging.getLogger("tailgate").info,
+            )
             warm.join()
             if template is not None:
                 model.tokenizer.set_chat_template(template)
@@ -131,10 +149,16 @@ def serve(args, lookup) -> int:
             engine.start()
             state.engine = engine
             url = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{args.port}"
-            logging.getLogger("tailgate").info("ready: open %s/ (chat playground) and %s/dashboard (the engine "
-                                               "live); serving %s (max_context=%d, slots=%d, door=%s)", url, url,
-                                               state.served_name, settled.max_context, settled.decode_slots,
-                                               settled.admit_coalesce_ms or "off")
+            logging.getLogger("tailgate").info(
+                "ready: open %s/ (chat playground) and %s/dashboard (the engine "
+                "live); serving %s (max_context=%d, slots=%d, door=%s)",
+                url,
+                url,
+                state.served_name,
+                settled.max_context,
+                settled.decode_slots,
+                settled.admit_coalesce_ms or "off",
+            )
         except Exception as e:
             # Like vLLM: a model that cannot load ends the process non-zero (after the traceback),
             # so a supervisor restarts or reports it instead of polling a server that never serves.
@@ -144,10 +168,16 @@ def serve(args, lookup) -> int:
             failed.append(e)
             server.should_exit = True
 
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=args.drain_timeout, access_log=False,
-                            # json: uvicorn's own lines go through the root logger's JSON handler too
-                            **({"log_config": None} if args.log_format == "json" else {}))
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=args.drain_timeout,
+        access_log=False,
+        # json: uvicorn's own lines go through the root logger's JSON handler too
+        **({"log_config": None} if args.log_format == "json" else {}),
+    )
     server = uvicorn.Server(config)
 
     def died(e: BaseException) -> None:

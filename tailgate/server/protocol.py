@@ -4,6 +4,7 @@ ranges; this adds what depends on the model (vocabulary, chat template) and on w
 Fail closed: a field we would silently drop is refused with a 400; harmless extras that common
 clients send are accepted and ignored.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -19,17 +20,38 @@ from .schema import MAX_STOP, MAX_STOP_CHARS, ChatCompletionRequest, ChatMessage
 # silently ignoring them. Set means anything but null / an empty string, list or object: 0 and
 # false are values (`prompt_logprobs: 0` asks for something).
 # (response_format, structured_outputs, guided_*, logit_bias: server/structured.py; tools: server/tools.py.)
-_REFUSED_IF_SET = ("suffix", "guided_decoding_backend", "guided_whitespace_pattern",
-                   "prompt_logprobs", "audio", "prediction", "lora_request",
-                   "bad_words", "allowed_token_ids", "truncate_prompt_tokens", "chat_template",
-                   "documents", "mm_processor_kwargs", "logits_processors", "priority",
-                   "kv_transfer_params", "vllm_xargs", "cache_salt", "modalities", "reasoning_effort",
-                   "web_search_options")
+_REFUSED_IF_SET = (
+    "suffix",
+    "guided_decoding_backend",
+    "guided_whitespace_pattern",
+    "prompt_logprobs",
+    "audio",
+    "prediction",
+    "lora_request",
+    "bad_words",
+    "allowed_token_ids",
+    "truncate_prompt_tokens",
+    "chat_template",
+    "documents",
+    "mm_processor_kwargs",
+    "logits_processors",
+    "priority",
+    "kv_transfer_params",
+    "vllm_xargs",
+    "cache_salt",
+    "modalities",
+    "reasoning_effort",
+    "web_search_options",
+)
 # Chat's template and tool fields mean nothing to a completion: refused there like the above.
 _CHAT_ONLY = ("chat_template_kwargs", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls")
 # Fields we accept only at the value that means what we do.
-_REFUSED_UNLESS = {"use_beam_search": False, "length_penalty": 1, "spaces_between_special_tokens": True,
-                   "return_tokens_as_token_ids": False}
+_REFUSED_UNLESS = {
+    "use_beam_search": False,
+    "length_penalty": 1,
+    "spaces_between_special_tokens": True,
+    "return_tokens_as_token_ids": False,
+}
 _COMPLETION_UNLESS = {"continue_final_message": False}
 # add_special_tokens: completions add the model's BOS, chat relies on the template (vLLM's defaults).
 _SPECIAL_TOKENS = {"completion": True, "chat": False}
@@ -88,8 +110,11 @@ def parse_common(body: dict, kind: str, vocab_size: int) -> tuple[GenRequest, Ba
             continue
         if _is_set(body.get(k)):
             raise bad(f"'{k}' is not supported by this server", k)
-    unless = {**_REFUSED_UNLESS, **(_COMPLETION_UNLESS if kind == "completion" else {}),
-              "add_special_tokens": _SPECIAL_TOKENS[kind]}
+    unless = {
+        **_REFUSED_UNLESS,
+        **(_COMPLETION_UNLESS if kind == "completion" else {}),
+        "add_special_tokens": _SPECIAL_TOKENS[kind],
+    }
     for k, ok in unless.items():
         v = body.get(k)
         if v is not None and (isinstance(v, bool) != isinstance(ok, bool) or v != ok):
@@ -98,11 +123,15 @@ def parse_common(body: dict, kind: str, vocab_size: int) -> tuple[GenRequest, Ba
         raise bad("'best_of' other than n is not supported", "best_of")
     m = validate(CompletionRequest if kind == "completion" else ChatCompletionRequest, body)
     params = SamplingParams(
-        temperature=float(_pick(m.temperature, default=1.0)), top_k=max(0, _pick(m.top_k, default=0)),
-        top_p=float(_pick(m.top_p, default=1.0)), min_p=float(_pick(m.min_p, default=0.0)), seed=m.seed,
+        temperature=float(_pick(m.temperature, default=1.0)),
+        top_k=max(0, _pick(m.top_k, default=0)),
+        top_p=float(_pick(m.top_p, default=1.0)),
+        min_p=float(_pick(m.min_p, default=0.0)),
+        seed=m.seed,
         presence_penalty=float(_pick(m.presence_penalty, default=0.0)),
         frequency_penalty=float(_pick(m.frequency_penalty, default=0.0)),
-        repetition_penalty=float(_pick(m.repetition_penalty, default=1.0)))
+        repetition_penalty=float(_pick(m.repetition_penalty, default=1.0)),
+    )
     from .structured import logit_bias
 
     params.logit_bias = logit_bias(body, vocab_size)
@@ -121,13 +150,23 @@ def parse_common(body: dict, kind: str, vocab_size: int) -> tuple[GenRequest, Ba
     # stream_options without stream=true has nothing to act on and is ignored: /openapi.json cannot
     # say "only with stream" in a way schema fuzzers honour, and a schema-valid body is served.
     g = GenRequest(
-        kind=kind, model=m.model, prompts=[], prompt_texts=[], max_tokens=_pick(m.max_completion_tokens, m.max_tokens),
+        kind=kind,
+        model=m.model,
+        prompts=[],
+        prompt_texts=[],
+        max_tokens=_pick(m.max_completion_tokens, m.max_tokens),
         max_tokens_asked={k: v for k in ("max_tokens", "max_completion_tokens") if (v := getattr(m, k)) is not None},
-        n=_pick(m.n, default=1), params=params, stop=stop, stop_token_ids=stop_ids, ignore_eos=bool(m.ignore_eos),
-        min_tokens=_pick(m.min_tokens, default=0), stream=stream,
+        n=_pick(m.n, default=1),
+        params=params,
+        stop=stop,
+        stop_token_ids=stop_ids,
+        ignore_eos=bool(m.ignore_eos),
+        min_tokens=_pick(m.min_tokens, default=0),
+        stream=stream,
         include_usage=bool(m.stream_options is not None and m.stream_options.include_usage),
         skip_special_tokens=_pick(m.skip_special_tokens, default=True),
-        include_stop_str_in_output=bool(m.include_stop_str_in_output))
+        include_stop_str_in_output=bool(m.include_stop_str_in_output),
+    )
     return g, m
 
 
@@ -185,6 +224,7 @@ def _message_text(m: ChatMessage) -> str:
 @dataclass
 class TemplateOptions:
     """How a request asks its messages to be rendered (vLLM's fields)."""
+
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     kwargs: dict = field(default_factory=dict)  # chat_template_kwargs: extra variables for the template
@@ -195,8 +235,9 @@ def template_options(m, rendered: bool = True) -> TemplateOptions:
     may also carry add_generation_prompt / continue_final_message, and then they win. `rendered`
     False (a /tokenize `prompt`, which no template renders): the flags' types are checked, as the
     schema declares them everywhere, but not their pairing, which binds only with messages."""
-    o = TemplateOptions(_pick(m.add_generation_prompt, default=True), bool(m.continue_final_message),
-                        dict(m.chat_template_kwargs or {}))
+    o = TemplateOptions(
+        _pick(m.add_generation_prompt, default=True), bool(m.continue_final_message), dict(m.chat_template_kwargs or {})
+    )
     for name in ("add_generation_prompt", "continue_final_message"):
         if name in o.kwargs:
             v = o.kwargs.pop(name)
@@ -204,13 +245,16 @@ def template_options(m, rendered: bool = True) -> TemplateOptions:
                 raise bad(f"'chat_template_kwargs.{name}': Input should be a valid boolean", "chat_template_kwargs")
             setattr(o, name, v)
     if rendered and o.add_generation_prompt and o.continue_final_message:
-        raise bad("'continue_final_message' needs 'add_generation_prompt': false (they cannot both be true)",
-                  "continue_final_message")
+        raise bad(
+            "'continue_final_message' needs 'add_generation_prompt': false (they cannot both be true)",
+            "continue_final_message",
+        )
     return o
 
 
-def chat_prompt(messages: list[ChatMessage], tokenizer,
-                options: TemplateOptions | None = None, tools=None) -> tuple[str, list[int]]:
+def chat_prompt(
+    messages: list[ChatMessage], tokenizer, options: TemplateOptions | None = None, tools=None
+) -> tuple[str, list[int]]:
     """The chat template's text for `messages` and its token ids; `tools`: the request's
     ToolPlan (server/tools.py), rendered by the template or as the family's system prompt."""
     from .tool_formats import format_for
@@ -230,9 +274,13 @@ def chat_prompt(messages: list[ChatMessage], tokenizer,
     clean = template_messages(clean, tools, fmt)
     native = [t for t in tools.tools] if tools is not None and tools.template_tools else None
     try:
-        text = tokenizer.render_chat(clean, add_generation_prompt=o.add_generation_prompt,
-                                     continue_final_message=o.continue_final_message, template_kwargs=o.kwargs,
-                                     tools=native)
+        text = tokenizer.render_chat(
+            clean,
+            add_generation_prompt=o.add_generation_prompt,
+            continue_final_message=o.continue_final_message,
+            template_kwargs=o.kwargs,
+            tools=native,
+        )
     except ValueError as e:  # ChatTemplateError names its field; anything else is the messages'
         raise bad(str(e), getattr(e, "param", "messages")) from e
     return text, tokenizer.encode(text, add_bos=tokenizer.add_bos)

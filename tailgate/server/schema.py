@@ -7,6 +7,7 @@ The response models document `/openapi.json`; the routes build the same shapes a
 (one pass, no re-validation on the hot path), and the tests hold the two together. What a model
 cannot say (fields read from the raw body, rules across fields) is added from `schema_rules.py`.
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
@@ -24,7 +25,7 @@ MAX_STOP, MAX_STOP_CHARS = 16, 256  # stop strings: each token re-scans a hold-b
 
 def _integral(v):
     """JSON Schema counts 5.0 as an integer, so we do too (but not 5.5, "5" or true)."""
-    return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 63 else v
+    return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2**63 else v
 
 
 def Int(**bounds):
@@ -50,6 +51,7 @@ class StreamOptions(_Strict):
 
 class _Sampling(_Strict):
     """Fields both generation endpoints share."""
+
     model: str | None = None
     max_tokens: Int(ge=1, json_schema_extra=CONTEXT) | None = None
     max_completion_tokens: Int(ge=1, json_schema_extra=CONTEXT) | None = None
@@ -62,9 +64,11 @@ class _Sampling(_Strict):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0, le=10)
-    stop: Annotated[str, Field(max_length=MAX_STOP_CHARS)] | Annotated[
-        list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOP)] | None = Field(
-        None, description="empty strings stop nothing (they still count toward the 16)")
+    stop: (
+        Annotated[str, Field(max_length=MAX_STOP_CHARS)]
+        | Annotated[list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOP)]
+        | None
+    ) = Field(None, description="empty strings stop nothing (they still count toward the 16)")
     stop_token_ids: list[TokenId] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -77,14 +81,20 @@ class _Sampling(_Strict):
 
 class CompletionRequest(_Sampling):
     model_config = ConfigDict(json_schema_extra=schema_rules.completion_extra)
-    prompt: Text | Annotated[list[Text], Field(min_length=1)] | Annotated[list[TokenId], Field(min_length=1)] | \
-        Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
+    prompt: (
+        Text
+        | Annotated[list[Text], Field(min_length=1)]
+        | Annotated[list[TokenId], Field(min_length=1)]
+        | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
+    )
     logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
     echo: bool | None = None
     max_tokens: Int(ge=0, json_schema_extra=CONTEXT) | None = Field(
-        None, description="0: no completion, only the prompt's echo and logprobs")
+        None, description="0: no completion, only the prompt's echo and logprobs"
+    )
     prompt_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = Field(
-        None, description="vLLM's: each prompt token's logprob and rank, with the top k")
+        None, description="vLLM's: each prompt token's logprob and rank, with the top k"
+    )
 
 
 class TextPart(_Strict):
@@ -113,6 +123,7 @@ class ChatMessage(_Strict):
 
 class _ChatTemplateFields(_Strict):
     """vLLM's chat-template fields (chat and tokenize)."""
+
     add_generation_prompt: bool | None = Field(None, description="default true")
     continue_final_message: bool | None = Field(None, description="needs add_generation_prompt false")
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="extra variables for the chat template")
@@ -124,11 +135,13 @@ class ChatCompletionRequest(_Sampling, _ChatTemplateFields):
     logprobs: bool | None = None
     top_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
     prompt_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = Field(
-        None, description="vLLM's: each prompt token's logprob and rank, with the top k (beside the choices)")
+        None, description="vLLM's: each prompt token's logprob and rank, with the top k (beside the choices)"
+    )
 
 
 class TokenizeRequest(_ChatTemplateFields):
     """`prompt` or `messages`."""
+
     model_config = ConfigDict(json_schema_extra=schema_rules.tokenize_extra)
     # Either may be left out, but not sent as null: the schema says string / array, and the
     # server holds to it (schemathesis' negative cases check that it refuses what the schema does).
@@ -192,8 +205,11 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
-    prompt_logprobs: list | None = Field(None, description="vLLM's, when asked: per prompt token (the first null) "
-                                         "a map of token id to logprob, rank and decoded_token")
+    prompt_logprobs: list | None = Field(
+        None,
+        description="vLLM's, when asked: per prompt token (the first null) "
+        "a map of token id to logprob, rank and decoded_token",
+    )
 
 
 class CompletionChunkChoice(BaseModel):
@@ -206,6 +222,7 @@ class CompletionChunkChoice(BaseModel):
 class CompletionChunk(BaseModel):
     """One event of a streamed completion (`data: {chunk}`); the last, with
     `stream_options.include_usage`, has no choices and the usage."""
+
     id: str
     object: Literal["text_completion"]
     created: int
@@ -229,6 +246,7 @@ class ChatChunkChoice(BaseModel):
 
 class ChatCompletionChunk(BaseModel):
     """One event of a streamed chat completion (`data: {chunk}`)."""
+
     id: str
     object: Literal["chat.completion.chunk"]
     created: int

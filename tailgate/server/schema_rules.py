@@ -17,6 +17,7 @@ is still sound (a body it admits is served), and the field's description says th
 One gap is the other way: any object is declared where a JSON schema goes, and the server refuses
 one that uses a keyword llguidance cannot enforce (a 400 naming it); no schema lists those.
 """
+
 from __future__ import annotations
 
 import copy
@@ -25,15 +26,28 @@ from ..model.tokenizer import RESERVED_TEMPLATE_VARS
 
 NULL = {"type": "null"}
 OFF = {"enum": [None, False]}  # structured_outputs' "not asked"
-JSON_SCHEMA = {"anyOf": [{"type": "object"}, {"const": True}],
-               "description": "a JSON schema: an object, or true for any JSON value (as JSON text too, not declared)"}
-REGEX = {"type": "string", "minLength": 1, "format": "regex",
-         "description": "the whole answer matches it (llguidance's regex syntax: Rust's regex crate)"}
+JSON_SCHEMA = {
+    "anyOf": [{"type": "object"}, {"const": True}],
+    "description": "a JSON schema: an object, or true for any JSON value (as JSON text too, not declared)",
+}
+REGEX = {
+    "type": "string",
+    "minLength": 1,
+    "format": "regex",
+    "description": "the whole answer matches it (llguidance's regex syntax: Rust's regex crate)",
+}
 # app.py bounds each choice by the characters the served vocabulary can write (structured.unwritable)
-CHOICE = {"type": "array", "minItems": 1, "items": {"type": "string", "x-tailgate-writable": True},
-          "description": "the answer is one of these"}
-GRAMMAR = {"type": "null", "description": "a Lark grammar (llguidance's dialect) or llama.cpp's GBNF; JSON Schema "
-           "cannot say which strings parse, so only null is declared (a grammar that does not is a 400)"}
+CHOICE = {
+    "type": "array",
+    "minItems": 1,
+    "items": {"type": "string", "x-tailgate-writable": True},
+    "description": "the answer is one of these",
+}
+GRAMMAR = {
+    "type": "null",
+    "description": "a Lark grammar (llguidance's dialect) or llama.cpp's GBNF; JSON Schema "
+    "cannot say which strings parse, so only null is declared (a grammar that does not is a 400)",
+}
 SO_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 SO_DECLARED = {"json": JSON_SCHEMA, "regex": REGEX, "choice": CHOICE, "json_object": {"type": "boolean"}}
 
@@ -45,42 +59,76 @@ def nullable(s: dict) -> dict:
 _RF_KINDS = [
     {"type": "object", "required": ["type"], "properties": {"type": {"const": "text"}}},
     {"type": "object", "required": ["type"], "properties": {"type": {"const": "json_object"}}},
-    {"type": "object", "required": ["type", "json_schema"], "properties": {
-        "type": {"const": "json_schema"},
-        "json_schema": {"type": "object", "required": ["schema"], "properties": {
-            "name": {"type": "string"}, "schema": JSON_SCHEMA}}}},
+    {
+        "type": "object",
+        "required": ["type", "json_schema"],
+        "properties": {
+            "type": {"const": "json_schema"},
+            "json_schema": {
+                "type": "object",
+                "required": ["schema"],
+                "properties": {"name": {"type": "string"}, "schema": JSON_SCHEMA},
+            },
+        },
+    },
 ]
-_SO = {"type": "object",
-       "properties": {**{k: {"anyOf": [s, OFF]} for k, s in SO_DECLARED.items()},
-                      "grammar": {**OFF, "description": GRAMMAR["description"]}},
-       # vLLM's other StructuredOutputsParams fields at their defaults; set, they are refused.
-       "additionalProperties": {"anyOf": [{"enum": [None, False, ""]}, {"type": "array", "maxItems": 0},
-                                          {"type": "object", "maxProperties": 0}]},
-       "anyOf": [{"properties": {k: OFF for k in SO_KINDS if k != free}} for free in SO_KINDS],  # one kind
-       "description": "vLLM's: one of json, regex, choice, grammar, json_object"}
-_TOOL = {"type": "object", "required": ["function"], "properties": {
-    "type": {"const": "function"},
-    "function": {"type": "object", "required": ["name"], "properties": {
-        "name": {"type": "string", "minLength": 1}, "description": nullable({"type": "string"}),
-        "parameters": nullable({"type": "object", "description": "a JSON schema of its arguments"})}}}}
+_SO = {
+    "type": "object",
+    "properties": {
+        **{k: {"anyOf": [s, OFF]} for k, s in SO_DECLARED.items()},
+        "grammar": {**OFF, "description": GRAMMAR["description"]},
+    },
+    # vLLM's other StructuredOutputsParams fields at their defaults; set, they are refused.
+    "additionalProperties": {
+        "anyOf": [{"enum": [None, False, ""]}, {"type": "array", "maxItems": 0}, {"type": "object", "maxProperties": 0}]
+    },
+    "anyOf": [{"properties": {k: OFF for k in SO_KINDS if k != free}} for free in SO_KINDS],  # one kind
+    "description": "vLLM's: one of json, regex, choice, grammar, json_object",
+}
+_TOOL = {
+    "type": "object",
+    "required": ["function"],
+    "properties": {
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "minLength": 1},
+                "description": nullable({"type": "string"}),
+                "parameters": nullable({"type": "object", "description": "a JSON schema of its arguments"}),
+            },
+        },
+    },
+}
 
 COMMON = {
-    "logit_bias": nullable({
-        "type": "object", "maxProperties": 300,
-        # app.py bounds the key by the served vocabulary (as token ids elsewhere)
-        "propertyNames": {"type": "string", "pattern": "^[0-9]+$", "x-tailgate-token-key": True},
-        "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
-        "description": "token id (a decimal string) to a bias added to its logit"}),
+    "logit_bias": nullable(
+        {
+            "type": "object",
+            "maxProperties": 300,
+            # app.py bounds the key by the served vocabulary (as token ids elsewhere)
+            "propertyNames": {"type": "string", "pattern": "^[0-9]+$", "x-tailgate-token-key": True},
+            "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+            "description": "token id (a decimal string) to a bias added to its logit",
+        }
+    ),
     "response_format": nullable({"anyOf": _RF_KINDS}),
     "structured_outputs": nullable(_SO),
-    "guided_json": nullable(JSON_SCHEMA), "guided_regex": nullable(REGEX), "guided_choice": nullable(CHOICE),
+    "guided_json": nullable(JSON_SCHEMA),
+    "guided_regex": nullable(REGEX),
+    "guided_choice": nullable(CHOICE),
     "guided_grammar": GRAMMAR,
 }
 CHAT = {
     "tools": nullable({"type": "array", "minItems": 1, "items": _TOOL}),
-    "tool_choice": {"anyOf": [NULL, {"enum": ["none", "auto", "required"]}], "description": (
-        'or {"type": "function", "function": {"name": ...}} naming one of `tools`: JSON Schema cannot tie a '
-        "name to the request's tools, so that form is described, not declared")},
+    "tool_choice": {
+        "anyOf": [NULL, {"enum": ["none", "auto", "required"]}],
+        "description": (
+            'or {"type": "function", "function": {"name": ...}} naming one of `tools`: JSON Schema cannot tie a '
+            "name to the request's tools, so that form is described, not declared"
+        ),
+    },
     "parallel_tool_calls": nullable({"type": "boolean"}),
     "functions": {**NULL, "description": "legacy `tools` (a list of functions): described, not declared"},
     "function_call": {**NULL, "description": "legacy `tool_choice` with `functions`: described, not declared"},
@@ -91,7 +139,9 @@ CHAT = {
 _NOT_ASKING = {
     "response_format": nullable({"type": "object", "properties": {"type": {"const": "text"}}}),
     "structured_outputs": nullable({"type": "object", "properties": {k: OFF for k in SO_KINDS}}),
-    "guided_json": NULL, "guided_regex": NULL, "guided_choice": NULL,
+    "guided_json": NULL,
+    "guided_regex": NULL,
+    "guided_choice": NULL,
 }
 _NOT_FORCING = {"tool_choice": {"enum": [None, "none", "auto"]}}
 
@@ -103,10 +153,14 @@ def _one_shape(chat: bool) -> list[dict]:
 
 # ---- the chat template's fields (chat and /tokenize; protocol.template_options) -------------
 TEMPLATE_FLAGS = ("add_generation_prompt", "continue_final_message")
-TEMPLATE_KWARGS = nullable({
-    "type": "object", "description": "extra variables for the chat template; the two flags here win",
-    "properties": {k: {"type": "boolean"} for k in TEMPLATE_FLAGS},
-    "propertyNames": {"not": {"enum": sorted(RESERVED_TEMPLATE_VARS - set(TEMPLATE_FLAGS))}}})
+TEMPLATE_KWARGS = nullable(
+    {
+        "type": "object",
+        "description": "extra variables for the chat template; the two flags here win",
+        "properties": {k: {"type": "boolean"} for k in TEMPLATE_FLAGS},
+        "propertyNames": {"not": {"enum": sorted(RESERVED_TEMPLATE_VARS - set(TEMPLATE_FLAGS))}},
+    }
+)
 
 
 def _flag_off(name: str, top: dict, required: bool) -> dict:
@@ -114,13 +168,21 @@ def _flag_off(name: str, top: dict, required: bool) -> dict:
     Sound, not whole: a true at the top that the kwargs turn false is served but not declared
     (one branch per flag keeps the rules few enough for schemathesis' generator to expand them
     all together: with a branch for each place a flag can be set, it gave up on chat's body)."""
-    off = {"properties": {name: top, "chat_template_kwargs": nullable(
-        {"type": "object", "properties": {name: {"const": False}}})}}
+    off = {
+        "properties": {
+            name: top,
+            "chat_template_kwargs": nullable({"type": "object", "properties": {name: {"const": False}}}),
+        }
+    }
     return {**off, "required": [name]} if required else off
 
 
-TEMPLATE_RULE = {"anyOf": [_flag_off("continue_final_message", OFF, False),
-                           _flag_off("add_generation_prompt", {"const": False}, True)]}
+TEMPLATE_RULE = {
+    "anyOf": [
+        _flag_off("continue_final_message", OFF, False),
+        _flag_off("add_generation_prompt", {"const": False}, True),
+    ]
+}
 
 
 def add(schema: dict, chat: bool) -> None:
@@ -128,8 +190,14 @@ def add(schema: dict, chat: bool) -> None:
     schema["properties"].update(copy.deepcopy({**COMMON, **(CHAT if chat else {})}))
     rules = [{"anyOf": _one_shape(chat)}]
     if chat:  # tool_choice other than none needs tools
-        rules.append({"anyOf": [{"properties": {"tool_choice": {"enum": [None, "none"]}}},
-                                {"required": ["tools"], "properties": {"tools": {"type": "array"}}}]})
+        rules.append(
+            {
+                "anyOf": [
+                    {"properties": {"tool_choice": {"enum": [None, "none"]}}},
+                    {"required": ["tools"], "properties": {"tools": {"type": "array"}}},
+                ]
+            }
+        )
         template(schema, rules)
     schema["allOf"] = copy.deepcopy(rules)
 

@@ -6,6 +6,7 @@ The scheduler's knobs (config.py) keep their own table and reader; this model is
 flags. Integers are read as the knobs are (ASCII digits only), and a value that does not parse
 refuses the start before any weights load, naming where it came from, the value and the grammar.
 """
+
 from __future__ import annotations
 
 import os
@@ -62,15 +63,19 @@ class ServeSettings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     # 15 s: under the 30-60 s idle timeouts of common proxies and load balancers (nginx's
     # proxy_read_timeout is 60 s), so a stream queued behind a long batch is not cut.
-    sse_keep_alive: Annotated[int | None, Field(ge=1, le=3600, json_schema_extra={"grammar": KEEP_ALIVE_GRAMMAR}),
-                              BeforeValidator(_off_or_seconds)] = 15
+    sse_keep_alive: Annotated[
+        int | None,
+        Field(ge=1, le=3600, json_schema_extra={"grammar": KEEP_ALIVE_GRAMMAR}),
+        BeforeValidator(_off_or_seconds),
+    ] = 15
     replicas: UInt(1) = 1
     ray_address: str | None = None
     router: Literal["prefix", "least-loaded", "random", "pow2"] | None = None
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
-                                   file_secret_settings) -> tuple[PydanticBaseSettingsSource, ...]:
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
         toml = settings_cls.model_config.get("toml_file")
         return (init_settings, env_settings) + ((TomlConfigSettingsSource(settings_cls, toml),) if toml else ())
 
@@ -99,9 +104,11 @@ def load(cli: dict, config: str | None = None) -> ServeSettings:
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
         name = str(err["loc"][0]) if err["loc"] else "?"
-        raise SettingsError(_where(name, given, environ, config, err.get("input")) + f" not recognized (accepted: {_grammar(name)})"
-                            if name in FIELDS else f"{config or 'settings'}: unknown setting {name!r} "
-                            f"(known: {', '.join(FIELDS)})") from None
+        raise SettingsError(
+            _where(name, given, environ, config, err.get("input")) + f" not recognized (accepted: {_grammar(name)})"
+            if name in FIELDS
+            else f"{config or 'settings'}: unknown setting {name!r} (known: {', '.join(FIELDS)})"
+        ) from None
     except Exception as e:  # a config file that is not TOML
         raise SettingsError(f"config file {config!r}: {e}") from None
 

@@ -2,6 +2,7 @@
 in their object names, their choice and delta shapes, their logprobs blocks and what a stream opens
 with. `Generation` (the request lifecycle) asks its shape and never branches on the kind itself,
 so a new response field touches one class here."""
+
 from __future__ import annotations
 
 from .token_bytes import token_bytes
@@ -68,16 +69,23 @@ class ChatShape(Shape):
     def logprobs(self, c, items):
         if c.req.logprobs is None:
             return None
-        return {"content": [{**self.entry(t, lp), "top_logprobs": [self.entry(a, b) for a, b in top]}
-                            for t, lp, top in items]}
+        return {
+            "content": [
+                {**self.entry(t, lp), "top_logprobs": [self.entry(a, b) for a, b in top]} for t, lp, top in items
+            ]
+        }
 
     def chunk_choice(self, c, text, items, finish, first):
         delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
         return {"index": c.index, "delta": delta, "logprobs": self.logprobs(c, items), "finish_reason": finish}
 
     def full_choice(self, c):
-        return {"index": c.index, "message": {"role": "assistant", "content": c.stream.final_text},
-                "logprobs": self.logprobs(c, c.logprobs), "finish_reason": c.finish}
+        return {
+            "index": c.index,
+            "message": {"role": "assistant", "content": c.stream.final_text},
+            "logprobs": self.logprobs(c, c.logprobs),
+            "finish_reason": c.finish,
+        }
 
     def opening(self, c):
         return "", True  # the assistant's role, before its first token

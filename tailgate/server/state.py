@@ -1,5 +1,6 @@
 """The server-wide state every route shares: what is served, its limits, the engine once loaded,
 and the latency histograms /metrics reads."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -6,6 +6,7 @@ One constraint per request: two fields that each ask for one are refused, as is 
 grammar engine cannot enforce (the 400 names the keyword), so an answer is never free-form when
 its client asked for a shape.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,13 @@ from .errors import bad
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 SO_KINDS = ("json", "regex", "choice", "grammar", "json_object")
-WHAT = {"json": "the JSON schema", "regex": "the regex", "choice": "the choices", "grammar": "the grammar",
-        "json_object": "a JSON object"}
+WHAT = {
+    "json": "the JSON schema",
+    "regex": "the regex",
+    "choice": "the choices",
+    "grammar": "the grammar",
+    "json_object": "a JSON object",
+}
 MAX_BIAS_ENTRIES = 300  # OpenAI's documented ceiling for logit_bias
 
 
@@ -80,8 +86,13 @@ def requested(body: dict) -> tuple[str, str, str] | None:
                 raise bad("'response_format.json_schema' must be an object with a 'schema'", "response_format")
             if "name" in js and not isinstance(js["name"], str):
                 raise bad("'response_format.json_schema.name' must be a string", "response_format")
-            asks.append((schema_grammar(js["schema"], "response_format.json_schema.schema"), "the JSON schema",
-                         "response_format"))
+            asks.append(
+                (
+                    schema_grammar(js["schema"], "response_format.json_schema.schema"),
+                    "the JSON schema",
+                    "response_format",
+                )
+            )
     so = body.get("structured_outputs")
     if so is not None:
         if not isinstance(so, dict):
@@ -92,11 +103,13 @@ def requested(body: dict) -> tuple[str, str, str] | None:
         if unknown:
             raise bad(f"'structured_outputs.{unknown[0]}' is not supported by this server", "structured_outputs")
         if len(given) > 1:
-            raise bad(f"'structured_outputs' takes one of {', '.join(SO_KINDS)}; got {', '.join(given)}",
-                      "structured_outputs")
+            raise bad(
+                f"'structured_outputs' takes one of {', '.join(SO_KINDS)}; got {', '.join(given)}", "structured_outputs"
+            )
         if given:
-            asks.append((_one(given[0], so[given[0]], f"structured_outputs.{given[0]}"), WHAT[given[0]],
-                         "structured_outputs"))
+            asks.append(
+                (_one(given[0], so[given[0]], f"structured_outputs.{given[0]}"), WHAT[given[0]], "structured_outputs")
+            )
     for k in GUIDED:
         if body.get(k) is not None:
             asks.append((_one(k.removeprefix("guided_"), body[k], k), WHAT[k.removeprefix("guided_")], k))
@@ -143,8 +156,11 @@ def unwritable(tokenizer) -> str | None:
                 spans.append(((b & 0x07) << 18, min(0x10FFFF, ((b & 0x07) << 18) + 0x3FFFF)))
         # surrogates cannot reach here (malformed JSON): keep them out of the class
         spans = [(lo, hi) for lo, hi in spans if not (0xD800 <= lo and hi <= 0xDFFF)]
-        _unwritable[tokenizer] = "^[^" + "".join(chr(lo) if lo == hi else f"{chr(lo)}-{chr(hi)}" for lo, hi in spans) + \
-            "]*$" if spans else None
+        _unwritable[tokenizer] = (
+            "^[^" + "".join(chr(lo) if lo == hi else f"{chr(lo)}-{chr(hi)}" for lo, hi in spans) + "]*$"
+            if spans
+            else None
+        )
     return _unwritable[tokenizer]
 
 
@@ -176,12 +192,16 @@ def check_writable(body: dict, tokenizer) -> None:
     import re
 
     so = body.get("structured_outputs")
-    for param, choices in (("guided_choice", body.get("guided_choice")),
-                           ("structured_outputs.choice", so.get("choice") if isinstance(so, dict) else None)):
+    for param, choices in (
+        ("guided_choice", body.get("guided_choice")),
+        ("structured_outputs.choice", so.get("choice") if isinstance(so, dict) else None),
+    ):
         for c in choices if isinstance(choices, list) else ():
             if isinstance(c, str) and not re.search(pattern, c):
-                raise bad(f"'{param}' holds {c!r}, which has a character this model's vocabulary cannot write",
-                          param.split(".")[0])
+                raise bad(
+                    f"'{param}' holds {c!r}, which has a character this model's vocabulary cannot write",
+                    param.split(".")[0],
+                )
 
 
 def compile_for(tokenizer, grammar: str, what: str, param: str):

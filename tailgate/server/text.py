@@ -1,4 +1,5 @@
 """Turning a growing list of token ids into text deltas, with stop strings applied."""
+
 from __future__ import annotations
 
 
@@ -55,16 +56,16 @@ class TextStream:
         """Append the text of ids[read:] to `text`; False while it ends in a partial character."""
         if self.read == len(self.ids):
             return False
-        before = self.tok.decode(self.ids[self.prefix:self.read], skip_special=self.skip_special)
-        after = self.tok.decode(self.ids[self.prefix:], skip_special=self.skip_special)
+        before = self.tok.decode(self.ids[self.prefix : self.read], skip_special=self.skip_special)
+        after = self.tok.decode(self.ids[self.prefix :], skip_special=self.skip_special)
         if len(after) <= len(before) or (after.endswith("\ufffd") and not final):
             return False
-        self.text += after[len(before):]
+        self.text += after[len(before) :]
         self.prefix, self.read = self.read, len(self.ids)
         return True
 
     def _release(self, end: int) -> str:
-        out = self.text[self.sent:end] if end > self.sent else ""
+        out = self.text[self.sent : end] if end > self.sent else ""
         self.sent = max(self.sent, end)
         if self.stopped:
             self.text = self.text[:end]
@@ -72,4 +73,4 @@ class TextStream:
 
     @property
     def final_text(self) -> str:
-        return self.text[:self.sent] if self.stopped else self.text
+        return self.text[: self.sent] if self.stopped else self.text

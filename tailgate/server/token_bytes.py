@@ -1,6 +1,7 @@
 """A token's own bytes, for logprobs' `bytes` field: a byte-fallback token (SentencePiece's
 `<0xE2>`, or a byte-level BPE token holding part of a UTF-8 character) decodes alone to U+FFFD,
 whose bytes are not the token's; its raw byte(s) are read from its vocabulary entry instead."""
+
 from __future__ import annotations
 
 import functools
@@ -12,8 +13,9 @@ _HEX = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 @functools.lru_cache(maxsize=1)
 def _byte_level_inverse() -> dict[str, int]:
     """GPT-2's byte-to-printable-character table, inverted (the one every byte-level BPE uses)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    keep = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars, n = {}, 0
     for b in range(256):
         if b in keep:

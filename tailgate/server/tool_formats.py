@@ -11,6 +11,7 @@ format). No universal regex: each family parses its own shape with a JSON decode
 - SmolLM2: `<tool_call>[{"name": ..., "arguments": {...}}, ...]</tool_call>` (its function-calling
   training format: one JSON list of calls).
 """
+
 from __future__ import annotations
 
 import json
@@ -42,9 +43,17 @@ def call_schema(tools: list[dict], key: str, only: str | None) -> dict:
         f = t["function"]
         if only is not None and f["name"] != only:
             continue
-        alts.append({"type": "object", "additionalProperties": False, "required": ["name", key],
-                     "properties": {"name": {"const": f["name"]},
-                                    key: f.get("parameters") or {"type": "object", "properties": {}}}})
+        alts.append(
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", key],
+                "properties": {
+                    "name": {"const": f["name"]},
+                    key: f.get("parameters") or {"type": "object", "properties": {}},
+                },
+            }
+        )
     return alts[0] if len(alts) == 1 else {"anyOf": alts}
 
 
@@ -59,8 +68,10 @@ class ToolFormat:
 
     def system_prompt(self, tools: list[dict]) -> str:
         listing = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
-        return ("You can call these functions; each is described as JSON:\n" + listing + "\n\n"
-                "To call one, answer with nothing but " + self.example() + ". Otherwise answer in plain text.")
+        return (
+            "You can call these functions; each is described as JSON:\n" + listing + "\n\n"
+            "To call one, answer with nothing but " + self.example() + ". Otherwise answer in plain text."
+        )
 
     def example(self) -> str:
         raise NotImplementedError
@@ -142,8 +153,10 @@ class SmolLM2(Hermes):
         return "<|im_start|>" in template
 
     def example(self):
-        return ('<tool_call>[{"name": <function name>, "arguments": <its arguments as a JSON object>}]</tool_call> '
-                "(several calls: several objects in the list)")
+        return (
+            '<tool_call>[{"name": <function name>, "arguments": <its arguments as a JSON object>}]</tool_call> '
+            "(several calls: several objects in the list)"
+        )
 
     def lark(self, call, parallel):
         return f'start: "<tool_call>[" {call}' + (f' (", " {call})*' if parallel else "") + ' "]</tool_call>"'
@@ -196,8 +209,10 @@ class Gemma(ToolFormat):
         return family == "gemma3" or "<start_of_turn>" in template
 
     def example(self):
-        return '```tool_code\n{"name": <function name>, "parameters": <its arguments as a JSON object>}\n``` ' \
-               "(several calls: one object per line)"
+        return (
+            '```tool_code\n{"name": <function name>, "parameters": <its arguments as a JSON object>}\n``` '
+            "(several calls: one object per line)"
+        )
 
     def lark(self, call, parallel):
         return f'start: "```tool_code\\n" {call}' + (f' ("\\n" {call})*' if parallel else "") + ' "\\n```"'

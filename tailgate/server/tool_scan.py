@@ -10,6 +10,7 @@ answer *is* a call (the family's parser does that on the whole text at the end),
 what has been written so far. A value it cannot finish yet (a string still open, a number that
 may go on) ends the scan until more text comes.
 """
+
 from __future__ import annotations
 
 import json

@@ -4,6 +4,7 @@ parsed back into OpenAI's `tool_calls`, whole or as streamed deltas. The text of
 template family's (`tool_formats.py`); `required` and a named function are forced by a grammar
 (model/constraint.py), so their arguments always validate against the function's schema.
 """
+
 from __future__ import annotations
 
 import json
@@ -89,16 +90,25 @@ def plan(body: dict, tokenizer) -> ToolPlan | None:
     elif isinstance(choice, dict):
         fn = choice.get("function")
         if choice.get("type", "function") != "function" or not isinstance(fn, dict) or fn.get("name") not in names:
-            raise bad("'tool_choice' must name one of the request's tools: "
-                      '{"type": "function", "function": {"name": ...}}', "tool_choice")
+            raise bad(
+                "'tool_choice' must name one of the request's tools: "
+                '{"type": "function", "function": {"name": ...}}',
+                "tool_choice",
+            )
         choice, named = "named", fn["name"]
     elif choice not in ("none", "auto", "required"):
         raise bad(f"'tool_choice' must be none, auto, required or a named function; got {choice!r}", "tool_choice")
     if choice == "none":
         return None
     template = tokenizer.chat_template or ""
-    p = ToolPlan(fns, choice, format_for(template, None), named, parallel is not False and named is None,
-                 template_tools="tools" in template)
+    p = ToolPlan(
+        fns,
+        choice,
+        format_for(template, None),
+        named,
+        parallel is not False and named is None,
+        template_tools="tools" in template,
+    )
     if choice in ("required", "named"):
         p.grammar = p.fmt.grammar(fns, named, p.parallel)
     return p
@@ -116,9 +126,14 @@ def template_messages(messages: list[dict], p: ToolPlan | None, fmt: ToolFormat)
         if calls:
             parsed = [{"name": c["function"]["name"], "arguments": _args(c["function"]["arguments"])} for c in calls]
             if native:
-                m["tool_calls"] = [{"id": c.get("id"), "type": "function",
-                                    "function": {"name": x["name"], "arguments": x["arguments"]}}
-                                   for c, x in zip(calls, parsed)]
+                m["tool_calls"] = [
+                    {
+                        "id": c.get("id"),
+                        "type": "function",
+                        "function": {"name": x["name"], "arguments": x["arguments"]},
+                    }
+                    for c, x in zip(calls, parsed)
+                ]
             else:
                 m["content"] = ((m.get("content") or "") + "\n" + fmt.render(parsed)).strip()
         out.append(m)
@@ -155,6 +170,7 @@ class ToolStream:
     name, empty arguments) once its name has closed and names one of the request's functions,
     then its arguments follow as the model writes them (`tool_scan.py`). What only looked like a
     call (no offered name ever closed) is given back as text at the end."""
+
     plan: ToolPlan
     held: str = ""
     calling: bool = False
@@ -190,9 +206,10 @@ class ToolStream:
             self.calling = True
             out, self.held = self.held[:at], self.held[at:]
             return out
-        keep = next((k for k in range(min(len(opener) - 1, len(self.held)), 0, -1)
-                     if opener.startswith(self.held[-k:])), 0)
-        out, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
+        keep = next(
+            (k for k in range(min(len(opener) - 1, len(self.held)), 0, -1) if opener.startswith(self.held[-k:])), 0
+        )
+        out, self.held = self.held[: len(self.held) - keep], self.held[len(self.held) - keep :]
         return out
 
     def _body(self) -> str:
@@ -200,7 +217,7 @@ class ToolStream:
         if not opener:
             return self.held.lstrip()
         at = self.held.find(opener)
-        return self.held[at + len(opener):] if at >= 0 else ""
+        return self.held[at + len(opener) :] if at >= 0 else ""
 
     def _emit(self, delta: dict) -> None:
         self._pending.append(delta)
@@ -216,10 +233,16 @@ class ToolStream:
                     return  # not (yet) a call of this request's: nothing goes out
                 self.opened.append("call_" + uuid.uuid4().hex[:24])
                 self.sent.append(0)
-                self._emit({"index": i, "id": self.opened[i], "type": "function",
-                            "function": {"name": pc.name, "arguments": ""}})
+                self._emit(
+                    {
+                        "index": i,
+                        "id": self.opened[i],
+                        "type": "function",
+                        "function": {"name": pc.name, "arguments": ""},
+                    }
+                )
             if pc.args_object and self.sent[i] >= 0 and len(pc.args) > self.sent[i]:
-                self._emit({"index": i, "function": {"arguments": pc.args[self.sent[i]:]}})
+                self._emit({"index": i, "function": {"arguments": pc.args[self.sent[i] :]}})
                 self.sent[i] = len(pc.args)
 
     def take(self) -> list[dict]:
@@ -245,14 +268,24 @@ class ToolStream:
             out, self.held = self.held, ""
             return out
         content, calls = got
-        self.calls = [{"id": self.opened[i] if i < len(self.opened) else "call_" + uuid.uuid4().hex[:24],
-                       "type": "function",
-                       "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
-                      for i, c in enumerate(calls)]
+        self.calls = [
+            {
+                "id": self.opened[i] if i < len(self.opened) else "call_" + uuid.uuid4().hex[:24],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)},
+            }
+            for i, c in enumerate(calls)
+        ]
         for i, c in enumerate(self.calls):
             if i >= len(self.opened):
-                self._emit({"index": i, "id": c["id"], "type": "function",
-                            "function": {"name": c["function"]["name"], "arguments": ""}})
+                self._emit(
+                    {
+                        "index": i,
+                        "id": c["id"],
+                        "type": "function",
+                        "function": {"name": c["function"]["name"], "arguments": ""},
+                    }
+                )
             if i >= len(self.opened) or self.sent[i] == 0:  # arguments not streamed (e.g. written as a string)
                 self._emit({"index": i, "function": {"arguments": c["function"]["arguments"]}})
         self.held = ""

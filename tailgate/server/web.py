@@ -7,6 +7,7 @@ comes from calls that need it when one is set (the /v1 endpoints and the feed), 
 page's JS as `Authorization: Bearer` from the key field (the feed is read with fetch, not
 EventSource, for that reason: EventSource cannot send headers).
 """
+
 from __future__ import annotations
 
 from importlib import resources
@@ -21,15 +22,19 @@ from .protocol import ApiError
 router = APIRouter(include_in_schema=False)  # pages, not API: kept out of /openapi.json (and its fuzzing)
 
 STATIC = resources.files(__package__) / "static"
-TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-         ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
+TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+}
 # The files are read once, at first request: a page load then costs no disk read.
 _cache: dict[str, tuple[bytes, str]] = {}
 
 
 def _file(name: str) -> Response:
     if name not in _cache:
-        suffix = name[name.rfind("."):] if "." in name else ""
+        suffix = name[name.rfind(".") :] if "." in name else ""
         path = STATIC / name
         # Only plain names of files we ship: no "..", no sub-folders, no other types.
         if "/" in name or "\\" in name or name.startswith(".") or suffix not in TYPES or not path.is_file():
@@ -70,5 +75,8 @@ async def dashboard_feed(req: Request):
     window = getattr(req.app.state, "itl_window", None)
     if window is None:  # one per app: every dashboard shares the gaps it has gathered
         window = req.app.state.itl_window = feed.ItlWindow()
-    return StreamingResponse(feed.events(state, window, since), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        feed.events(state, window, since),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

@@ -8,6 +8,7 @@ one-token segment; sampled rows go through the LM head; query-key pairs price at
 context. Presets live in `presets.json` with the source of every number; `local` is fitted from
 `tailgate bench step` on the machine that ran `tailgate sim calibrate`.
 """
+
 from __future__ import annotations
 
 import json
@@ -73,8 +74,16 @@ def fit(rows: list[dict], window: int | None, source: str) -> tuple[CostModel, l
     full = np.zeros(X.shape[1])
     full[keep] = np.maximum(coef, 0)
     model = CostModel(*map(float, full), window=window, source=source)
-    errors = [{"kind": r["kind"], "n": r["n"], "ms": r["ms"], "fit_ms": 1000 * float(X[i] @ full),
-               "error_pct": 100 * (float(X[i] @ full) - y[i]) / y[i]} for i, r in enumerate(rows)]
+    errors = [
+        {
+            "kind": r["kind"],
+            "n": r["n"],
+            "ms": r["ms"],
+            "fit_ms": 1000 * float(X[i] @ full),
+            "error_pct": 100 * (float(X[i] @ full) - y[i]) / y[i],
+        }
+        for i, r in enumerate(rows)
+    ]
     return model, errors
 
 

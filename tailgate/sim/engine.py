@@ -3,6 +3,7 @@ an executor that moves it by a cost model's price of each step (`SimExecutor`), 
 share of the machine and the page book `assemble.build_engine` would give. Shared by one engine's
 run (`sim/run.py`) and a fleet's (`sim/fleet.py`), which import it and not each other.
 """
+
 from __future__ import annotations
 
 import random
@@ -47,8 +48,9 @@ class SimExecutor:
     lane is done. Linear in the share: an assumption (a decode step bound by memory bandwidth loses
     less than its share of the cores or SMs), not a fit."""
 
-    def __init__(self, cost: CostModel, clock: VirtualClock, jitter: float = 0.0, seed: int = 0,
-                 lane_share: float = 0.0):
+    def __init__(
+        self, cost: CostModel, clock: VirtualClock, jitter: float = 0.0, seed: int = 0, lane_share: float = 0.0
+    ):
         self.cost, self.clock, self.jitter = cost, clock, jitter
         self.rng = random.Random(seed)
         self.steps = 0
@@ -96,8 +98,14 @@ def lane_share(lane: str | None, cores: int | None = None) -> float:
     return int(n) / (usable_cores() if cores is None else cores) if kind == "cpu" else int(n) / 100
 
 
-def build(cfg: ServingConfig, cost: CostModel, clock: VirtualClock, jitter: float = 0.0, seed: int = 0,
-          cores: int | None = None) -> Scheduler:
+def build(
+    cfg: ServingConfig,
+    cost: CostModel,
+    clock: VirtualClock,
+    jitter: float = 0.0,
+    seed: int = 0,
+    cores: int | None = None,
+) -> Scheduler:
     """The real scheduler with the page book `assemble.build_engine` would give it: every slot's
     full context, or with `KV_CACHE_MB=N` the pools that N MiB hold at the cost model's K+V bytes
     per token (live rows are then preempted as on the real engine). `auto` settles a budget
@@ -106,10 +114,18 @@ def build(cfg: ServingConfig, cost: CostModel, clock: VirtualClock, jitter: floa
     pages = pool_pages(cfg.max_context, cfg.decode_slots, cost.window, transient_prompts=cfg.mix_max_prompts)
     if isinstance(cfg.kv_cache_mb, int):
         if not cost.kv_token_bytes:
-            raise ValueError(f"KV_CACHE_MB={cfg.kv_cache_mb} needs the cost model's kv_token_bytes "
-                             "(K+V bytes per token per pool); this one has none")
-        pages = budget_pool_pages(cfg.kv_cache_mb << 20, cost.kv_token_bytes, cfg.max_context, cfg.decode_slots,
-                                  cost.window, transient_prompts=cfg.mix_max_prompts)
+            raise ValueError(
+                f"KV_CACHE_MB={cfg.kv_cache_mb} needs the cost model's kv_token_bytes "
+                "(K+V bytes per token per pool); this one has none"
+            )
+        pages = budget_pool_pages(
+            cfg.kv_cache_mb << 20,
+            cost.kv_token_bytes,
+            cfg.max_context,
+            cfg.decode_slots,
+            cost.window,
+            transient_prompts=cfg.mix_max_prompts,
+        )
     book = KVBook(pages["global"], pages.get("local"), cost.window)
     ex = SimExecutor(cost, clock, jitter, seed, lane_share(cfg.async_prefill, cores))
     return Scheduler(ex, book, cfg, VOCAB, clock=clock)

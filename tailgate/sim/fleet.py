@@ -12,22 +12,24 @@ next request leaves at its previous one's finish, on whichever replica that was.
 Prompts are token lists here (not lengths), so requests that share a system prompt share tokens
 and each replica's real prefix cache (PREFIX_CACHE) hits exactly as the engine's would.
 """
+
 from __future__ import annotations
 
-import heapq
 import random
 
 from ..bench.workload import Result, gamma_offsets
 from ..config import ServingConfig
-from ..engine.request import Finished, Rejected, Request, Scheduled, Token
+from ..engine.request import Request
 from ..engine.stop import clamp_max_tokens
 from ..fleet.policy import RouterPolicy
+from .clients import Clients
 from .cost import CostModel
 from .engine import VirtualClock, build
 
 
-def prefix_workload(n: int, input_len: int, output_len: int, prefix_len: int, groups: int,
-                    seed: int) -> list[tuple[list[int], int]]:
+def prefix_workload(
+    n: int, input_len: int, output_len: int, prefix_len: int, groups: int, seed: int
+) -> list[tuple[list[int], int]]:
     """(prompt tokens, output length) per request: `groups` system prompts of `prefix_len` tokens
     (0 groups: none shared), each request under one drawn uniformly, then its own tokens up to
     `input_len`, distinct from every other request's from its first own token."""
@@ -41,10 +43,19 @@ def prefix_workload(n: int, input_len: int, output_len: int, prefix_len: int, gr
     return out
 
 
-def simulate_fleet(cfg: ServingConfig, cost: CostModel, jobs: list[tuple[list[int], int]], replicas: int,
-                   policy: RouterPolicy, rate: float = float("inf"), burstiness: float = 1.0,
-                   concurrency: int | None = None, seed: int = 0, offsets: list[float] | None = None,
-                   jitter: float = 0.0) -> tuple[list[Result], dict]:
+def simulate_fleet(
+    cfg: ServingConfig,
+    cost: CostModel,
+    jobs: list[tuple[list[int], int]],
+    replicas: int,
+    policy: RouterPolicy,
+    rate: float = float("inf"),
+    burstiness: float = 1.0,
+    concurrency: int | None = None,
+    seed: int = 0,
+    offsets: list[float] | None = None,
+    jitter: float = 0.0,
+) -> tuple[list[Result], dict]:
     """Run `jobs` through `replicas` schedulers behind `policy`; returns per-request results
     (virtual seconds) and fleet figures: the replica and cached prompt tokens of each request,
     requests per replica, the router's reasons."""
@@ -54,47 +65,25 @@ def simulate_fleet(cfg: ServingConfig, cost: CostModel, jobs: list[tuple[list[in
     results = [Result(prompt_len=len(p), output_len=ol, probe=False) for p, ol in jobs]
     where: list[int | None] = [None] * len(jobs)
     cached = [0] * len(jobs)
-    due: list[tuple[float, int]] = []
-    free = [0.0] * (concurrency or len(jobs))
-    nxt = 0
-
-    def release() -> None:
-        nonlocal nxt
-        while nxt < len(jobs) and free:
-            heapq.heappush(due, (max(offsets[nxt], heapq.heappop(free)), nxt))
-            nxt += 1
-
-    def sink_for(i: int):
-        res, times = results[i], results[i].chunk_times
-
-        def sink(ev):
-            if type(ev) is Token:
-                times.append(ev.at)
-                res.output_tokens += 1
-            elif isinstance(ev, Scheduled):
-                cached[i] = ev.cached_tokens
-            elif isinstance(ev, (Finished, Rejected)):
-                res.success = isinstance(ev, Finished) and ev.reason == "length"
-                res.finish_reasons.append(ev.reason)
-                heapq.heappush(free, ev.at)
-                release()
-        return sink
-
-    release()
+    clients = Clients(offsets, concurrency)
     while True:
         busy = [k for k in range(replicas) if scheds[k].has_work()]
         t_step = min((clocks[k].t for k in busy), default=float("inf"))
-        if due and due[0][0] <= t_step:
-            at, i = heapq.heappop(due)
+        if (nxt := clients.next_due(t_step)) is not None:
+            at, i = nxt
             prompt, ol = jobs[i]
             loads = {k: scheds[k].running + len(scheds[k].queue) for k in range(replicas)}
             k, _ = policy.choose(prompt, loads)
             where[i] = k
             clocks[k].t = max(clocks[k].t, at)
             results[i].send = at
-            req = Request(prompt=prompt, max_tokens=max(1, clamp_max_tokens(ol, len(prompt), cfg.max_context)), arrival=at,
-                          ignore_eos=True)
-            req.sink = sink_for(i)
+            req = Request(
+                prompt=prompt,
+                max_tokens=max(1, clamp_max_tokens(ol, len(prompt), cfg.max_context)),
+                arrival=at,
+                ignore_eos=True,
+            )
+            req.sink = clients.sink(results[i], lambda ev, i=i: cached.__setitem__(i, ev.cached_tokens))
             scheds[k].submit(req)
         elif busy:
             k = min(busy, key=lambda j: clocks[j].t)
@@ -105,10 +94,16 @@ def simulate_fleet(cfg: ServingConfig, cost: CostModel, jobs: list[tuple[list[in
     for k in where:
         per[k] += 1
     prompt_tokens = sum(len(p) for p, _ in jobs)
-    return results, {"replicas": replicas, "router": policy.kind, "replica_of": where, "cached_tokens": cached,
-                     "requests_per_replica": per, "route_reasons": dict(sorted(policy.reasons.items())),
-                     "prefix_hit_ratio": sum(cached) / max(1, prompt_tokens),
-                     "steps": sum(s.executor.steps for s in scheds),
-                     "iterations": sum(s.metrics.steps for s in scheds),
-                     "preemptions": sum(s.metrics.preemptions for s in scheds),
-                     "virtual_s": max(c.t for c in clocks)}
+    return results, {
+        "replicas": replicas,
+        "router": policy.kind,
+        "replica_of": where,
+        "cached_tokens": cached,
+        "requests_per_replica": per,
+        "route_reasons": dict(sorted(policy.reasons.items())),
+        "prefix_hit_ratio": sum(cached) / max(1, prompt_tokens),
+        "steps": sum(s.executor.steps for s in scheds),
+        "iterations": sum(s.metrics.steps for s in scheds),
+        "preemptions": sum(s.metrics.preemptions for s in scheds),
+        "virtual_s": max(c.t for c in clocks),
+    }

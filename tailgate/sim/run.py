@@ -7,20 +7,22 @@ gamma open loop), and the results go through the same metrics code (`bench.workl
 The loop mirrors the engine thread (`engine/loop.py`): deliver every arrival due by now, run one
 scheduler iteration, repeat; an idle scheduler jumps the clock to the next arrival.
 """
+
 from __future__ import annotations
 
-import heapq
 import json
 import random
 import sys
 import time
 
-from ..bench.workload import Result, add_workload_args, compute_metrics, gamma_offsets, print_table
+from ..bench.workload import Result, add_workload_args, compute_metrics, draw_lengths, gamma_offsets, print_table
 from ..config import ServingConfig, cli_lookup, resolve
-from ..engine.request import Finished, Rejected, Request, Scheduled, Token
+from ..engine.request import Request
 from ..engine.stop import clamp_max_tokens
 from ..engine.scheduler import Scheduler  # noqa: F401  (what it runs, unmodified: tests check the identity)
+from .clients import Clients
 from .cost import CostModel, resolve_cost
+
 # The simulated engine (sim/engine.py), named here too: this module is the simulator's face.
 from .engine import SAMPLED, TOKEN, VOCAB, SimExecutor, SimFlight, VirtualClock, build, lane_share  # noqa: F401
 
@@ -28,19 +30,20 @@ from .engine import SAMPLED, TOKEN, VOCAB, SimExecutor, SimFlight, VirtualClock,
 def workload(n: int, input_len: int, output_len: int, range_ratio: float, seed: int) -> list[tuple[int, int]]:
     """(prompt length, output length) per request, drawn as `bench serve --dataset-name random`."""
     rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        il = rng.randint(int(input_len * (1 - range_ratio)), int(input_len * (1 + range_ratio))) if range_ratio \
-            else input_len
-        ol = rng.randint(max(1, int(output_len * (1 - range_ratio))), int(output_len * (1 + range_ratio))) \
-            if range_ratio else output_len
-        out.append((il, ol))
-    return out
+    return [draw_lengths(rng, input_len, output_len, range_ratio) for _ in range(n)]
 
 
-def simulate(cfg: ServingConfig, cost: CostModel, jobs: list[tuple[int, int]], rate: float = float("inf"),
-             burstiness: float = 1.0, concurrency: int | None = None, seed: int = 0,
-             offsets: list[float] | None = None, jitter: float = 0.0) -> tuple[list[Result], dict]:
+def simulate(
+    cfg: ServingConfig,
+    cost: CostModel,
+    jobs: list[tuple[int, int]],
+    rate: float = float("inf"),
+    burstiness: float = 1.0,
+    concurrency: int | None = None,
+    seed: int = 0,
+    offsets: list[float] | None = None,
+    jitter: float = 0.0,
+) -> tuple[list[Result], dict]:
     """Run `jobs` through the scheduler; returns per-request results (virtual seconds) and
     scheduler figures (steps, door releases, when each request was scheduled). Arrivals: `offsets`
     when given (sorted), else `bench serve`'s gamma arrivals at `rate`; at most `concurrency` in
@@ -50,49 +53,25 @@ def simulate(cfg: ServingConfig, cost: CostModel, jobs: list[tuple[int, int]], r
     offsets = offsets if offsets is not None else gamma_offsets(len(jobs), rate, burstiness, seed)
     scheduled: list[float | None] = [None] * len(jobs)
     results = [Result(prompt_len=il, output_len=ol, probe=False) for il, ol in jobs]
-    due: list[tuple[float, int]] = []  # (arrival time, job index) of released requests
-    free = [0.0] * (concurrency or len(jobs))  # when each client slot came free (a heap)
-    nxt = 0  # the next job to release
-
-    def release() -> None:
-        """Every job a free client can send: it arrives at its offset, or when its client came free."""
-        nonlocal nxt
-        while nxt < len(jobs) and free:
-            heapq.heappush(due, (max(offsets[nxt], heapq.heappop(free)), nxt))
-            nxt += 1
-
-    def sink_for(i: int):
-        res = results[i]
-        times = res.chunk_times
-
-        def sink(ev):
-            if type(ev) is Token:  # the common case first (once per simulated token)
-                times.append(ev.at)
-                res.output_tokens += 1
-            elif isinstance(ev, Scheduled):
-                scheduled[i] = ev.at
-            elif isinstance(ev, (Finished, Rejected)):
-                res.success = isinstance(ev, Finished) and ev.reason == "length"
-                res.finish_reasons.append(ev.reason)
-                heapq.heappush(free, ev.at)  # a closed-loop client sends its next request at once
-                release()
-        return sink
-
+    clients = Clients(offsets, concurrency)
     filler = list(range(60000, 60000 + max((il for il, _ in jobs), default=1)))
     reqs = []
-    release()
-    while due or sched.has_work():
-        if not sched.has_work() and due[0][0] > clock.t:
-            clock.t = due[0][0]  # idle: jump to the next arrival
-        while due and due[0][0] <= clock.t:
-            at, i = heapq.heappop(due)
+    while clients.due or sched.has_work():
+        if not sched.has_work() and clients.due[0][0] > clock.t:
+            clock.t = clients.due[0][0]  # idle: jump to the next arrival
+        while (nxt := clients.next_due(clock.t)) is not None:
+            at, i = nxt
             il, ol = jobs[i]
             results[i].send = at
             # As the server does (`Generation.start`): at most what the context leaves after the prompt.
             # Distinct from the first token on (no two requests share a prefix), sliced, not built.
-            req = Request(prompt=[1000 + i % 50000] + filler[:il - 1],
-                          max_tokens=max(1, clamp_max_tokens(ol, il, cfg.max_context)), arrival=at, ignore_eos=True)
-            req.sink = sink_for(i)
+            req = Request(
+                prompt=[1000 + i % 50000] + filler[: il - 1],
+                max_tokens=max(1, clamp_max_tokens(ol, il, cfg.max_context)),
+                arrival=at,
+                ignore_eos=True,
+            )
+            req.sink = clients.sink(results[i], lambda ev, i=i: scheduled.__setitem__(i, ev.at))
             sched.submit(req)
             reqs.append(req)
         sched.step(clock.t)
@@ -100,23 +79,36 @@ def simulate(cfg: ServingConfig, cost: CostModel, jobs: list[tuple[int, int]], r
     # The most times one request was preempted (bounded: engine/preemption.py MAX_PREEMPTIONS).
     most_preempted = max((r.preemptions for r in reqs), default=0)
     extra = {"itl_target": target_summary(m)} if sched.pace is not None else {}
-    return results, {**extra, "iterations": m.steps, "steps": sched.executor.steps, "door_releases": dict(m.door_releases),
-                     "door_holds": m.door_hold.n,
-                     "door_mean_hold_ms": 1000 * m.door_hold.total / max(1, m.door_hold.n),
-                     "preemptions": m.preemptions, "most_preempted": most_preempted, "kv_pages": {"global": sched.book.glob.capacity,
-                                                                "local": sched.book.local.capacity if sched.book.local else 0},
-                     "virtual_s": clock.t, "scheduled_at": scheduled}
+    return results, {
+        **extra,
+        "iterations": m.steps,
+        "steps": sched.executor.steps,
+        "door_releases": dict(m.door_releases),
+        "door_holds": m.door_hold.n,
+        "door_mean_hold_ms": 1000 * m.door_hold.total / max(1, m.door_hold.n),
+        "preemptions": m.preemptions,
+        "most_preempted": most_preempted,
+        "kv_pages": {"global": sched.book.glob.capacity, "local": sched.book.local.capacity if sched.book.local else 0},
+        "virtual_s": clock.t,
+        "scheduled_at": scheduled,
+    }
 
 
 def target_summary(m) -> dict:
     """ITL_TARGET_MS's figures for a run: the prompt rows its walk rounds took, how often a step's
     predicted time was within 5 / 15 % of its measured one, and the model's last fit."""
     err, rows = m.step_cost_error, m.step_prompt_rows
-    within = {f"within_{int(b * 100)}pct": sum(err.counts[:err.buckets.index(b) + 1]) / max(1, err.n)
-              for b in (0.05, 0.15)}
-    return {"target_ms": 1000 * m.step_cost.get("target_s", 0.0), "rounds": rows.n,
-            "mean_round_rows": rows.total / max(1, rows.n), "priced_steps": err.n, **within,
-            "fit": {k: v for k, v in m.step_cost.items() if k not in ("target_s", "predicted_s", "actual_s")}}
+    within = {
+        f"within_{int(b * 100)}pct": sum(err.counts[: err.buckets.index(b) + 1]) / max(1, err.n) for b in (0.05, 0.15)
+    }
+    return {
+        "target_ms": 1000 * m.step_cost.get("target_s", 0.0),
+        "rounds": rows.n,
+        "mean_round_rows": rows.total / max(1, rows.n),
+        "priced_steps": err.n,
+        **within,
+        "fit": {k: v for k, v in m.step_cost.items() if k not in ("target_s", "predicted_s", "actual_s")},
+    }
 
 
 def metrics(results: list[Result], percentiles=(50, 90, 99)) -> dict:
@@ -137,27 +129,48 @@ def run(args) -> dict:
 
         cost = replace(cost, **{t: getattr(cost, t) * args.cost_scale for t in TERMS})
     cfg = cfg.with_model_limit(args.model_max_context)
-    jobs = workload(args.num_prompts, args.random_input_len, args.random_output_len, args.random_range_ratio,
-                    args.seed)
+    jobs = workload(args.num_prompts, args.random_input_len, args.random_output_len, args.random_range_ratio, args.seed)
     t0 = time.perf_counter()
     if args.replicas > 1 or args.random_prefix_len:  # a fleet (sim/fleet.py); prompts that share tokens
         from ..fleet.policy import RouterPolicy
         from .fleet import prefix_workload, simulate_fleet
 
-        fjobs = prefix_workload(args.num_prompts, args.random_input_len, args.random_output_len,
-                                args.random_prefix_len, args.prefix_groups, args.seed)
-        results, sched = simulate_fleet(cfg, cost, fjobs, args.replicas, RouterPolicy(args.router, seed=args.seed),
-                                        args.request_rate, args.burstiness, args.max_concurrency, args.seed,
-                                        jitter=args.jitter)
+        fjobs = prefix_workload(
+            args.num_prompts,
+            args.random_input_len,
+            args.random_output_len,
+            args.random_prefix_len,
+            args.prefix_groups,
+            args.seed,
+        )
+        results, sched = simulate_fleet(
+            cfg,
+            cost,
+            fjobs,
+            args.replicas,
+            RouterPolicy(args.router, seed=args.seed),
+            args.request_rate,
+            args.burstiness,
+            args.max_concurrency,
+            args.seed,
+            jitter=args.jitter,
+        )
         sched["scheduled_at"] = None
     else:
-        results, sched = simulate(cfg, cost, jobs, args.request_rate, args.burstiness, args.max_concurrency,
-                                  args.seed, jitter=args.jitter)
+        results, sched = simulate(
+            cfg, cost, jobs, args.request_rate, args.burstiness, args.max_concurrency, args.seed, jitter=args.jitter
+        )
     wall = time.perf_counter() - t0
     pcts = tuple(float(p) for p in args.metric_percentiles.split(","))
     sched.pop("scheduled_at")
-    out = {"cost": args.cost, "jitter": args.jitter, "seed": args.seed, "knobs": dict(vars(cfg)),
-           **metrics(results, pcts), **sched}
+    out = {
+        "cost": args.cost,
+        "jitter": args.jitter,
+        "seed": args.seed,
+        "knobs": dict(vars(cfg)),
+        **metrics(results, pcts),
+        **sched,
+    }
     out["sim_wall_s"] = round(wall, 3)
     return out
 
@@ -175,22 +188,39 @@ def calibrate(args) -> int:
 
     m = load_model(args.calibrate_model)
     rows = step_run(args.calibrate_model, loaded=m, compare=False, reps=3)
-    rows += step_run(args.calibrate_model, loaded=m, compare=False, reps=3, decode_batches=(4, 16), prefill_rows=(),
-                     context=480, mixed=())
+    rows += step_run(
+        args.calibrate_model,
+        loaded=m,
+        compare=False,
+        reps=3,
+        decode_batches=(4, 16),
+        prefill_rows=(),
+        context=480,
+        mixed=(),
+    )
     cpu = this_cpu()
     from ..model.kernels import choose
     from ..model.kv_cache import token_bytes
 
     model, errors = fit(rows, m.spec.sliding_window, "")
     worst = max(abs(e["error_pct"]) for e in errors)
-    source = (f"`tailgate sim calibrate`: least squares over `tailgate bench step` ({args.calibrate_model}, chosen "
-              f"kernels) on {cpu.model} ({cpu.isa}), torch {torch.__version__}, {time.strftime('%Y-%m-%d')}; "
-              f"worst fit error {worst:.0f} % over {len(rows)} steps")
+    source = (
+        f"`tailgate sim calibrate`: least squares over `tailgate bench step` ({args.calibrate_model}, chosen "
+        f"kernels) on {cpu.model} ({cpu.isa}), torch {torch.__version__}, {time.strftime('%Y-%m-%d')}; "
+        f"worst fit error {worst:.0f} % over {len(rows)} steps"
+    )
     kv = token_bytes(m.spec, choose("auto", "auto", "cpu").kv)
-    model = CostModel(**{**vars(model), "source": source + "; kv_token_bytes: this model's KV at the plan's dtype",
-                         "kv_token_bytes": kv})
+    model = CostModel(
+        **{
+            **vars(model),
+            "source": source + "; kv_token_bytes: this model's KV at the plan's dtype",
+            "kv_token_bytes": kv,
+        }
+    )
     for e in errors:
-        print(f"{e['kind']:9s} {e['n']:5d}  measured {e['ms']:8.1f} ms  fit {e['fit_ms']:8.1f} ms  {e['error_pct']:+6.1f} %")
+        print(
+            f"{e['kind']:9s} {e['n']:5d}  measured {e['ms']:8.1f} ms  fit {e['fit_ms']:8.1f} ms  {e['error_pct']:+6.1f} %"
+        )
     save_preset("local", model)
     print(f"local preset: {model}")
     return 0
@@ -206,18 +236,24 @@ def main(args) -> int:
         return 2
     print_table(out, tuple(float(p) for p in args.metric_percentiles.split(",")))
     if "replicas" in out:  # a fleet
-        print(f"{out['replicas']} replicas, router {out['router']}: requests per replica {out['requests_per_replica']}, "
-              f"reasons {out['route_reasons']}, prefix cache served {100 * out['prefix_hit_ratio']:.1f} % of prompt "
-              f"tokens, preemptions {out['preemptions']}; simulated {out['virtual_s']:.1f} s in {out['sim_wall_s']} s")
+        print(
+            f"{out['replicas']} replicas, router {out['router']}: requests per replica {out['requests_per_replica']}, "
+            f"reasons {out['route_reasons']}, prefix cache served {100 * out['prefix_hit_ratio']:.1f} % of prompt "
+            f"tokens, preemptions {out['preemptions']}; simulated {out['virtual_s']:.1f} s in {out['sim_wall_s']} s"
+        )
     else:
-        print(f"{out['steps']} model steps in {out['iterations']} iterations, door releases {out['door_releases']}, holds {out['door_holds']} "
-              f"(mean {out['door_mean_hold_ms']:.1f} ms), preemptions {out['preemptions']}; simulated {out['virtual_s']:.1f} s in {out['sim_wall_s']} s")
+        print(
+            f"{out['steps']} model steps in {out['iterations']} iterations, door releases {out['door_releases']}, holds {out['door_holds']} "
+            f"(mean {out['door_mean_hold_ms']:.1f} ms), preemptions {out['preemptions']}; simulated {out['virtual_s']:.1f} s in {out['sim_wall_s']} s"
+        )
     if "itl_target" in out:
         t = out["itl_target"]
         fit = ", ".join(f"{k} {v:.3g}" if k == "pace" else f"{k} {1000 * v:.4g} ms" for k, v in t["fit"].items())
-        print(f"ITL target {t['target_ms']:.0f} ms: {t['rounds']} walk rounds of {t['mean_round_rows']:.1f} prompt rows on "
-              f"average; step time predicted within 5 % / 15 % for {100 * t['within_5pct']:.0f} % / "
-              f"{100 * t['within_15pct']:.0f} % of {t['priced_steps']} priced steps; fit: {fit}")
+        print(
+            f"ITL target {t['target_ms']:.0f} ms: {t['rounds']} walk rounds of {t['mean_round_rows']:.1f} prompt rows on "
+            f"average; step time predicted within 5 % / 15 % for {100 * t['within_5pct']:.0f} % / "
+            f"{100 * t['within_15pct']:.0f} % of {t['priced_steps']} priced steps; fit: {fit}"
+        )
     if args.save_result:
         with open(args.save_result, "w") as f:
             json.dump({k: v for k, v in out.items() if k != "sim_wall_s"}, f, indent=1, sort_keys=True)
@@ -227,8 +263,13 @@ def main(args) -> int:
 def add_args(p) -> None:
     from ..config import add_knob_args
 
-    p.add_argument("action", nargs="?", default="run", choices=["run", "calibrate"],
-                   help="run a workload (default), or refit the `local` cost preset from `bench step` here")
+    p.add_argument(
+        "action",
+        nargs="?",
+        default="run",
+        choices=["run", "calibrate"],
+        help="run a workload (default), or refit the `local` cost preset from `bench step` here",
+    )
     p.add_argument("--calibrate-model", default="gemma3-270m")
     p.add_argument("--cost", default="local", help="a preset of sim/presets.json, or a cost-model JSON file")
     p.add_argument("--model-max-context", type=int, default=32768, help="the simulated model's position limit")
@@ -238,12 +279,25 @@ def add_args(p) -> None:
 
     fl = p.add_argument_group("fleet (sim/fleet.py)")
     fl.add_argument("--replicas", type=uint_arg(1), default=1, help="engine replicas behind the router")
-    fl.add_argument("--router", default="prefix", choices=["prefix", "least-loaded", "random"],
-                    help="the fleet's routing policy (fleet/policy.py, what serve --replicas runs)")
+    fl.add_argument(
+        "--router",
+        default="prefix",
+        choices=["prefix", "least-loaded", "random"],
+        help="the fleet's routing policy (fleet/policy.py, what serve --replicas runs)",
+    )
     fl.add_argument("--random-prefix-len", type=uint_arg(), default=0, help="tokens of shared system prompt")
-    fl.add_argument("--prefix-groups", type=uint_arg(1), default=1, help="distinct system prompts, each request "
-                    "under one drawn uniformly")
-    fl.add_argument("--cost-scale", type=float, default=1.0, help="multiply every step's price: N replicas "
-                    "splitting one machine's cores take ~N times as long a step (linear: an assumption)")
+    fl.add_argument(
+        "--prefix-groups",
+        type=uint_arg(1),
+        default=1,
+        help="distinct system prompts, each request under one drawn uniformly",
+    )
+    fl.add_argument(
+        "--cost-scale",
+        type=float,
+        default=1.0,
+        help="multiply every step's price: N replicas "
+        "splitting one machine's cores take ~N times as long a step (linear: an assumption)",
+    )
     p.add_argument("--save-result", default=None, help="the metrics as JSON (sorted keys; same seed, same bytes)")
     add_knob_args(p)

@@ -9,6 +9,7 @@ A field config.json omits means what it means to HF: each family's defaults belo
 transformers 5.24 config class's (they differ: Qwen's KV heads default to 32, Mistral's to 8),
 except the model's shape, which must be given.
 """
+
 from __future__ import annotations
 
 from ..spec import ModelSpec
@@ -17,8 +18,13 @@ from .registry import HF_LAYER, Family, register
 LLAMA_LAYER = {**HF_LAYER, "post_attention_layernorm": "ffn_norm"}  # Llama's pre-MLP norm
 # The shape (vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads) is
 # required: a config.json without it is broken, and refusing (KeyError) beats serving HF's 7B default.
-_BASE = {"num_key_value_heads": None, "head_dim": None, "rms_norm_eps": 1e-6, "max_position_embeddings": 2048,
-         "tie_word_embeddings": False}
+_BASE = {
+    "num_key_value_heads": None,
+    "head_dim": None,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+}
 _QWEN = {**_BASE, "num_key_value_heads": 32, "max_position_embeddings": 32768}
 DEFAULTS = {
     "llama": _BASE,
@@ -53,8 +59,9 @@ def _window(arch: str, rule: str, cfg: dict, n: int) -> tuple[int | None, tuple[
         w = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window", False) else None
         if w is None:
             return None, ()
-        types = cfg.get("layer_types") or ["sliding_attention" if i >= cfg.get("max_window_layers", 28)
-                                           else "full_attention" for i in range(n)]
+        types = cfg.get("layer_types") or [
+            "sliding_attention" if i >= cfg.get("max_window_layers", 28) else "full_attention" for i in range(n)
+        ]
         sliding = tuple(t == "sliding_attention" for t in types)
         return (w, sliding) if any(sliding) else (None, ())
     return None, ()  # Llama has no window
@@ -71,22 +78,39 @@ def read_llama_like(arch: str, cfg: dict, window_rule: str = "none") -> ModelSpe
     if rtype == "linear":
         scaling = float(rope["factor"])
     elif rtype == "llama3":
-        missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-                   if k not in rope]
+        missing = [
+            k
+            for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+            if k not in rope
+        ]
         if missing:
             raise ValueError(f"{arch} config: llama3 RoPE without {', '.join(missing)}")
-        llama3 = (float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"]),
-                  float(rope["original_max_position_embeddings"]))
+        llama3 = (
+            float(rope["factor"]),
+            float(rope["low_freq_factor"]),
+            float(rope["high_freq_factor"]),
+            float(rope["original_max_position_embeddings"]),
+        )
     elif rtype != "default":
         raise _refuse(arch, f"rope_type {rtype!r} (supported: default, linear, llama3)")
     window, sliding = _window(arch, window_rule, cfg, n)
     return ModelSpec(
-        arch=arch, vocab_size=cfg["vocab_size"], hidden=hidden, n_layers=n, n_heads=n_heads,
-        n_kv_heads=cfg["num_key_value_heads"] or n_heads, head_dim=cfg["head_dim"] or hidden // n_heads,
-        ffn=cfg["intermediate_size"], eps=float(cfg["rms_norm_eps"]), max_position=cfg["max_position_embeddings"],
+        arch=arch,
+        vocab_size=cfg["vocab_size"],
+        hidden=hidden,
+        n_layers=n,
+        n_heads=n_heads,
+        n_kv_heads=cfg["num_key_value_heads"] or n_heads,
+        head_dim=cfg["head_dim"] or hidden // n_heads,
+        ffn=cfg["intermediate_size"],
+        eps=float(cfg["rms_norm_eps"]),
+        max_position=cfg["max_position_embeddings"],
         tie_embeddings=bool(cfg["tie_word_embeddings"]),
-        rope_theta=float(rope["rope_theta"]), rope_scaling_factor=scaling, rope_llama3=llama3,
-        sliding_window=window, layer_sliding=sliding,
+        rope_theta=float(rope["rope_theta"]),
+        rope_scaling_factor=scaling,
+        rope_llama3=llama3,
+        sliding_window=window,
+        layer_sliding=sliding,
     )
 
 
@@ -99,21 +123,34 @@ def read_llama_like_gguf(arch: str):
         # which the forward applies; no metadata says it.
         factor = g("rope.scaling.factor") if kind == "linear" else None
         return ModelSpec(arch=arch, **common, rope_scaling_factor=float(factor or 1.0))
+
     return read
 
 
 def _family(name: str, hf_types, gguf_archs=(), window_rule="none", **kw) -> Family:
-    return register(Family(
-        name=name, forward="llama", hf_types=hf_types, hf_layer=LLAMA_LAYER, gguf_archs=gguf_archs,
-        read_hf=lambda cfg: read_llama_like(name, cfg, window_rule),
-        read_gguf=read_llama_like_gguf(name) if gguf_archs else None, **kw))
+    return register(
+        Family(
+            name=name,
+            forward="llama",
+            hf_types=hf_types,
+            hf_layer=LLAMA_LAYER,
+            gguf_archs=gguf_archs,
+            read_hf=lambda cfg: read_llama_like(name, cfg, window_rule),
+            read_gguf=read_llama_like_gguf(name) if gguf_archs else None,
+            **kw,
+        )
+    )
 
 
 # llama.cpp's Llama (and Mistral, which it converts as arch "llama") permutes q/k for its interleaved
 # RoPE; its Qwen models use rotate-half (NEOX) RoPE and are stored as HF has them.
-LLAMA = _family("llama", ("llama",), ("llama",), gguf_unpermute=True,
-                gguf_top={"token_embd": "embed", "output_norm": "final_norm", "output": "lm_head",
-                          "rope_freqs": "rope_freqs"})
+LLAMA = _family(
+    "llama",
+    ("llama",),
+    ("llama",),
+    gguf_unpermute=True,
+    gguf_top={"token_embd": "embed", "output_norm": "final_norm", "output": "lm_head", "rope_freqs": "rope_freqs"},
+)
 QWEN2 = _family("qwen2", ("qwen2",), ("qwen2",), window_rule="qwen")
 QWEN3 = _family("qwen3", ("qwen3",), ("qwen3",), window_rule="qwen")
 MISTRAL = _family("mistral", ("mistral",), window_rule="every")

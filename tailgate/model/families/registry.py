@@ -1,5 +1,6 @@
 """The family registry itself (see the package's docstring); the family modules import this,
 not the package, so the package can import them without a cycle."""
+
 from __future__ import annotations
 
 import importlib
@@ -10,15 +11,32 @@ from ..spec import ModelSpec
 
 # HF module paths inside `model.layers.N.` -> our names, shared by every family (a family adds its own).
 HF_LAYER = {
-    "self_attn.q_proj": "q", "self_attn.k_proj": "k", "self_attn.v_proj": "v", "self_attn.o_proj": "o",
-    "self_attn.q_norm": "q_norm", "self_attn.k_norm": "k_norm", "input_layernorm": "attn_norm",
-    "mlp.gate_proj": "gate", "mlp.up_proj": "up", "mlp.down_proj": "down",
+    "self_attn.q_proj": "q",
+    "self_attn.k_proj": "k",
+    "self_attn.v_proj": "v",
+    "self_attn.o_proj": "o",
+    "self_attn.q_norm": "q_norm",
+    "self_attn.k_norm": "k_norm",
+    "input_layernorm": "attn_norm",
+    "mlp.gate_proj": "gate",
+    "mlp.up_proj": "up",
+    "mlp.down_proj": "down",
 }
 # GGUF names inside `blk.N.` -> ours (llama.cpp uses one vocabulary for every architecture).
 GGUF_LAYER = {
-    "attn_norm": "attn_norm", "attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o",
-    "attn_q_norm": "q_norm", "attn_k_norm": "k_norm", "post_attention_norm": "post_attn_norm",
-    "ffn_norm": "ffn_norm", "ffn_gate": "gate", "ffn_up": "up", "ffn_down": "down", "post_ffw_norm": "post_ffn_norm",
+    "attn_norm": "attn_norm",
+    "attn_q": "q",
+    "attn_k": "k",
+    "attn_v": "v",
+    "attn_output": "o",
+    "attn_q_norm": "q_norm",
+    "attn_k_norm": "k_norm",
+    "post_attention_norm": "post_attn_norm",
+    "ffn_norm": "ffn_norm",
+    "ffn_gate": "gate",
+    "ffn_up": "up",
+    "ffn_down": "down",
+    "post_ffw_norm": "post_ffn_norm",
 }
 GGUF_TOP = {"token_embd": "embed", "output_norm": "final_norm", "output": "lm_head"}
 # Matrices whose bias, when a checkpoint has one (Qwen2's q/k/v), rides with them (`.bias` suffix).

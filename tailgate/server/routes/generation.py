@@ -1,4 +1,5 @@
 """OpenAI's completions and chat completions: parse, admit, stream or collect."""
+
 from __future__ import annotations
 
 import time
@@ -22,13 +23,27 @@ def sse(chunk) -> dict:
     (schemathesis reads it so: ST108): its `data` is a chunk of this endpoint's kind as JSON text,
     an error body (a request whose row fails mid-stream), or the closing `[DONE]`."""
     ref = lambda m: {"$ref": f"#/components/schemas/{m.__name__}"}  # noqa: E731
-    return {"text/event-stream": {"schema": {
-        "type": "object", "required": ["data"], "description": "one event: data: {chunk} ..., then data: [DONE]",
-        "properties": {"data": {"type": "string", "anyOf": [
-            {"const": "[DONE]"},
-            {"contentMediaType": "application/json",
-             "contentSchema": {"anyOf": [ref(chunk), ref(schema.ErrorResponse)]}}]}}}}}
-
+    return {
+        "text/event-stream": {
+            "schema": {
+                "type": "object",
+                "required": ["data"],
+                "description": "one event: data: {chunk} ..., then data: [DONE]",
+                "properties": {
+                    "data": {
+                        "type": "string",
+                        "anyOf": [
+                            {"const": "[DONE]"},
+                            {
+                                "contentMediaType": "application/json",
+                                "contentSchema": {"anyOf": [ref(chunk), ref(schema.ErrorResponse)]},
+                            },
+                        ],
+                    }
+                },
+            }
+        }
+    }
 
 
 async def generate(req: Request, kind: str):
@@ -43,6 +58,7 @@ async def generate(req: Request, kind: str):
     gen.start()
     started, path = time.monotonic(), req.url.path
     if g.stream:
+
         async def logged():
             try:
                 async for event in gen.sse():
@@ -50,8 +66,9 @@ async def generate(req: Request, kind: str):
             finally:  # streamed out, or cut by its client
                 log_request(gen, "POST", path, 200 if not gen.live() else 499, started)
 
-        return StreamingResponse(logged(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            logged(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
     if not await gen.collect(req.is_disconnected):
         log_request(gen, "POST", path, 499, started)
         return Response(status_code=499)
@@ -60,13 +77,19 @@ async def generate(req: Request, kind: str):
     return JSONResponse(body)
 
 
-@router.post("/v1/completions", openapi_extra=openapi_body(schema.CompletionRequest),
-             responses={200: {"model": schema.CompletionResponse, "content": sse(schema.CompletionChunk)}, **ERRORS})
+@router.post(
+    "/v1/completions",
+    openapi_extra=openapi_body(schema.CompletionRequest),
+    responses={200: {"model": schema.CompletionResponse, "content": sse(schema.CompletionChunk)}, **ERRORS},
+)
 async def completions(req: Request):
     return await generate(req, "completion")
 
 
-@router.post("/v1/chat/completions", openapi_extra=openapi_body(schema.ChatCompletionRequest),
-             responses={200: {"model": schema.ChatCompletionResponse, "content": sse(schema.ChatCompletionChunk)}, **ERRORS})
+@router.post(
+    "/v1/chat/completions",
+    openapi_extra=openapi_body(schema.ChatCompletionRequest),
+    responses={200: {"model": schema.ChatCompletionResponse, "content": sse(schema.ChatCompletionChunk)}, **ERRORS},
+)
 async def chat(req: Request):
     return await generate(req, "chat")

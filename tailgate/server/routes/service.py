@@ -1,5 +1,6 @@
 """What operators and clients ask of the service itself: /v1/models, /health, /version, /metrics.
 Each answers HEAD as GET does; the HEAD routes stay out of the schema (one operation a path)."""
+
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
@@ -15,10 +16,12 @@ router = APIRouter()
 
 def get_and_head(path: str, **doc):
     """Register a GET route (documented) and the same handler for HEAD (not)."""
+
     def register(fn):
         router.get(path, **doc)(fn)
         router.head(path, include_in_schema=False)(fn)
         return fn
+
     return register
 
 
@@ -26,8 +29,13 @@ def get_and_head(path: str, **doc):
 async def models(req: Request):
     check_auth(req)
     state = server_state(req)
-    card = {"id": state.served_name, "object": "model", "created": 0, "owned_by": "tailgate",
-            "max_model_len": state.cfg.max_context if state.cfg and state.cfg.max_context else None}
+    card = {
+        "id": state.served_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "tailgate",
+        "max_model_len": state.cfg.max_context if state.cfg and state.cfg.max_context else None,
+    }
     return JSONResponse({"object": "list", "data": [card]})
 
 
@@ -46,8 +54,15 @@ async def version(req: Request):
     return JSONResponse({"version": __version__, "kernels": server_state(req).kernels})
 
 
-@get_and_head("/metrics", response_class=PlainTextResponse,
-              responses={200: {"description": "Prometheus text exposition format 0.0.4",
-                               "content": {"text/plain": {"schema": {"type": "string"}}}}})
+@get_and_head(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={
+        200: {
+            "description": "Prometheus text exposition format 0.0.4",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
+    },
+)
 async def metrics(req: Request):
     return Response(render(req.app.state.registry), media_type=CONTENT_TYPE)

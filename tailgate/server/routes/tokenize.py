@@ -1,4 +1,5 @@
 """vLLM's /tokenize and /detokenize: the served tokenizer (and chat template) over HTTP."""
+
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
@@ -12,8 +13,11 @@ from ..protocol import bad, chat_prompt, template_options, validate
 router = APIRouter()
 
 
-@router.post("/tokenize", openapi_extra=openapi_body(schema.TokenizeRequest),
-             responses={200: {"model": schema.TokenizeResponse}, **ERRORS})
+@router.post(
+    "/tokenize",
+    openapi_extra=openapi_body(schema.TokenizeRequest),
+    responses={200: {"model": schema.TokenizeResponse}, **ERRORS},
+)
 async def tokenize(req: Request):
     m = validate(schema.TokenizeRequest, await admitted_body(req))
     state = server_state(req)
@@ -31,8 +35,11 @@ async def tokenize(req: Request):
     return JSONResponse({"count": len(ids), "max_model_len": state.cfg.max_context, "tokens": ids})
 
 
-@router.post("/detokenize", openapi_extra=openapi_body(schema.DetokenizeRequest),
-             responses={200: {"model": schema.DetokenizeResponse}, **ERRORS})
+@router.post(
+    "/detokenize",
+    openapi_extra=openapi_body(schema.DetokenizeRequest),
+    responses={200: {"model": schema.DetokenizeResponse}, **ERRORS},
+)
 async def detokenize(req: Request):
     ids = validate(schema.DetokenizeRequest, await admitted_body(req)).tokens
     state = server_state(req)

@@ -1,0 +1,47 @@
+"""How requests end outside a step's tokens: cancelled ones retire at the top of a plan (live rows
+and walkers always; queued ones when `Engine.abort` flagged the queue), and the fatal path fails
+everything. Functions over the scheduler's state; `Scheduler.finish` / `close` / `reject` do the
+ending itself."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from .admission import admissible, pop
+from .request import Finished, Status
+
+
+def retire_cancelled(s, plan) -> None:
+    for r in [r for r in (*s.roster, *s.walk) if r.cancelled]:
+        s.finish(r, r.cancel_as)  # pages return at once
+        plan.finished.append((r, r.cancel_as))
+    if s.cancels_queued:  # set by Engine.abort: a queued request retires now, not at the queue head
+        s.cancels_queued = False
+        dead = [r for r in s.queue if r.cancelled]
+        if dead:
+            s.queue = deque(r for r in s.queue if not r.cancelled)
+            for r in dead:
+                r.passed = False
+                if r.held_at is not None:
+                    s.metrics.door_hold.observe(s.clock() - r.held_at)
+                    r.held_at = None
+                admissible(s, plan, r)  # a cancelled request is never admissible: it finishes here
+
+
+def fail_all(s, message: str) -> None:
+    """Finish every queued and live request with an error and deliver it."""
+    if s.flight is not None:  # its pages come back only once the lane worker stops writing them
+        r, flight = s.flight
+        s.flight = None
+        try:
+            s.executor.join(flight)
+        except Exception:
+            pass  # it failed too: its pages are not written any more either
+        s.close(r, "error", message)
+    for r in [*s.roster, *s.walk]:
+        s.finish(r, "error", message)
+    while s.queue:
+        r = pop(s)
+        r.status = Status.FINISHED
+        s.emit(r, Finished(r.id, s.clock(), reason="error", prompt_tokens=len(r.prompt), message=message))
+    s.deliver()
