@@ -14,8 +14,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default="gemma3-270m",
-        help="gemma3-270m | smollm2-135m | path to a .gguf file | HF checkpoint directory",
+        help="gemma3-270m | smollm2-135m | path to a .gguf file | HF checkpoint directory | "
+        "Hugging Face Hub id ORG/NAME[@REVISION] (the hub cache first, then a download)",
     )
+    p.add_argument("--gguf-file", default=None, help="with a hub id (or a directory) holding several GGUF files: which")
     p.add_argument("--dtype", default="auto", help="auto | bf16 | fp32 | fp16 (auto: bf16 where the CPU has it)")
     p.add_argument(
         "--kernels",
@@ -124,13 +126,36 @@ def cmd_bench_kernels(args) -> int:
     return 0
 
 
+def local_model(args) -> None:
+    """A hub id (or --gguf-file) resolved once to the local path every later step reads; it is
+    served under the repository id unless --served-model-name says otherwise."""
+    from .model.hub import is_hub_id
+    from .model.weights import resolve_model_path, served_name
+
+    if args.gguf_file is not None and not (is_hub_id(args.model) or os.path.isdir(args.model)):
+        raise FileNotFoundError(
+            f"--gguf-file {args.gguf_file!r} picks a file of a hub id or a directory, not of --model {args.model!r}"
+        )
+    if is_hub_id(args.model) or args.gguf_file is not None:
+        path = (
+            resolve_model_path(args.model, args.gguf_file)
+            if is_hub_id(args.model)
+            else os.path.join(args.model, args.gguf_file)
+        )
+        if not os.path.isfile(path) and not os.path.isdir(path):
+            raise FileNotFoundError(f"--gguf-file: no {path}")
+        args.served_model_name = getattr(args, "served_model_name", None) or served_name(args.model)
+        args.model = str(path)
+
+
 def cmd_serve(args) -> int:
     from .config import cli_lookup
     from .server.settings import SettingsError, apply
 
     try:  # flags, TAILGATE_<NAME>, --config: one resolved value each, before anything loads
         apply(args)
-    except SettingsError as e:
+        local_model(args)
+    except (SettingsError, FileNotFoundError) as e:
         print(f"tailgate: {e}", file=sys.stderr)
         return 2
 
@@ -305,6 +330,8 @@ def main(argv=None) -> int:
     from .model.cpu import KernelError
 
     try:
+        if args.fn is not cmd_serve and hasattr(args, "gguf_file"):  # serve resolves it after its settings
+            local_model(args)
         return args.fn(args)
     except (KnobError, KernelError, FileNotFoundError) as e:
         print(f"tailgate: {e}", file=sys.stderr)

@@ -279,14 +279,18 @@ class ServingConfig:
         return self
 
 
-def env_lookup(cli: dict[str, str | None] | None = None, environ=None) -> Callable[[str], str | None]:
-    """CLI value first, then TAILGATE_<NAME> from the environment."""
+def env_lookup(
+    cli: dict[str, str | None] | None = None, environ=None, file: dict[str, str] | None = None
+) -> Callable[[str], str | None]:
+    """CLI value first, then TAILGATE_<NAME> from the environment, then the config file's key."""
     environ = os.environ if environ is None else environ
-    cli = cli or {}
+    cli, file = cli or {}, file or {}
 
     def lookup(name: str) -> str | None:
         v = cli.get(name)
-        return v if v is not None else environ.get(PREFIX + name)
+        if v is None:
+            v = environ.get(PREFIX + name)
+        return v if v is not None else file.get(name)
 
     return lookup
 
@@ -401,8 +405,11 @@ def add_knob_args(parser) -> None:
 
 
 def cli_lookup(args) -> Callable[[str], str | None]:
-    """The knobs' lookup for parsed `add_knob_args` flags (flag first, then the environment)."""
-    return env_lookup({name: getattr(args, "knob_" + name) for name in KNOB_NAMES})
+    """The knobs' lookup for parsed `add_knob_args` flags (flag first, then the environment, then
+    a `serve --config` file's keys, which server/settings.py put on `args.knob_file`)."""
+    return env_lookup(
+        {name: getattr(args, "knob_" + name) for name in KNOB_NAMES}, file=getattr(args, "knob_file", None)
+    )
 
 
 def knob_table_markdown() -> str:

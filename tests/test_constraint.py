@@ -167,7 +167,7 @@ TOOL = {
 }
 
 
-@pytest.mark.parametrize("family", ["hermes", "llama3", "gemma", "smollm2"])
+@pytest.mark.parametrize("family", ["hermes", "llama3", "gemma", "smollm2", "mistral"])
 def test_each_family_reads_back_its_own_call_text_and_its_forced_grammar_accepts_it(smol, family):
     from tailgate.server.tool_formats import FORMATS
 

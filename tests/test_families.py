@@ -199,3 +199,51 @@ def test_every_family_is_registered_once_and_runs_a_forward():
         from tailgate.model.gguf_loader import internal_name
 
         internal_name("rope_freqs.weight", families.get("qwen2"))
+
+
+def test_a_mistral_format_tool_call_over_http_comes_back_as_tool_calls(tiny, tmp_path):
+    """Mistral's `[TOOL_CALLS][...]` (server/tool_formats.py), on the tiny Mistral checkpoint given a
+    template that writes it: a forced call is written in that format under its grammar and parsed
+    back into `tool_calls` (issue 37: it fell back to the Hermes parser and came back as text)."""
+    import shutil
+
+    import httpx
+
+    from live import start_server, stop_server
+    from test_tool_stream import MISTRAL_TEMPLATE
+
+    d = tmp_path / "mistral-tools"
+    shutil.copytree(tiny("mistral"), d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": MISTRAL_TEMPLATE}))
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"enum": ["Paris", "Oslo"]}},  # short: a random model writes it whole
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    p, base, _ = start_server(args=["--model", str(d)])
+    try:
+        body = {
+            "model": d.name,
+            "messages": [{"role": "user", "content": "Weather in Paris?"}],
+            "tools": [tool],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "max_tokens": 64,
+        }
+        r = httpx.post(base + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        msg = r.json()["choices"][0]
+        assert msg["finish_reason"] == "stop", msg  # a named tool_choice ends "stop", as OpenAI's does
+        (call,) = msg["message"]["tool_calls"]
+        assert call["function"]["name"] == "get_weather"
+        assert json.loads(call["function"]["arguments"])["city"] in ("Paris", "Oslo")
+        assert not msg["message"]["content"]
+    finally:
+        stop_server(p)

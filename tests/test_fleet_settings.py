@@ -53,3 +53,36 @@ def test_every_app_setting_of_the_serve_flags_reaches_a_replica_and_the_log_form
         assert getattr(state, k) == v, k
     assert state.served_name == "mine" and state.allowed_hosts is None and state.kernels == choose().as_dict()
     assert spec["log_format"] == "json" and spec["log_level"] == args.log_level
+
+
+# Every serve setting and how a replica gets it: a spec key (compared with the resolved value),
+# the app state (compared above), or the front alone (it binds, checks Host, drains and routes).
+SPEC = {
+    "model": "model",
+    "dtype": "dtype",
+    "device": "device",
+    "kernels": "kernels",
+    "log_level": "log_level",
+    "log_format": "log_format",
+    "grammar_warmup": "grammar_warmup",
+    "served_model_name": "served_name",
+}
+STATE = {"api_key", "allowed_origins", "max_queued_requests", "max_queued_tokens", "max_body_mb", "sse_keep_alive"}
+FRONT = {"host", "port", "allowed_hosts", "drain_timeout", "replicas", "ray_address", "router"}
+OTHER = {
+    "gguf_file": "resolved into `model` before the fleet starts (cli.local_model)",
+    "threads": "a replica's own cores/N unless given (spec threads)",
+    "chat_template": "spec chat_template",
+}
+
+
+def test_every_serve_setting_is_accounted_for_on_its_way_to_a_replica():
+    from tailgate.server.settings import FIELDS
+
+    assert set(SPEC) | STATE | FRONT | set(OTHER) == set(FIELDS)
+    args = build_parser().parse_args(FLAGS + ["--grammar-warmup", "false", "--threads", "1"])
+    apply(args)
+    spec = replica_spec(args, resolve(lambda k: None), choose(), "{{ messages }}")
+    for field, key in SPEC.items():
+        assert spec[key] == getattr(args, field), field
+    assert spec["threads"] == 1 and spec["chat_template"] == "{{ messages }}"

@@ -11,6 +11,7 @@ import threading
 import httpx
 import pytest
 
+from tailgate.config import KNOB_NAMES
 from tailgate.server.settings import FIELDS, SettingsError, load
 from live import log_tail, start_server, stop_server, until
 
@@ -20,10 +21,10 @@ def test_a_flag_beats_its_env_var_which_beats_the_config_file(tmp_path, monkeypa
     cfg.write_text('port = 7001\nhost = "0.0.0.0"\nmax_queued_requests = 12\nsse_keep_alive = "off"\n')
     monkeypatch.setenv("TAILGATE_PORT", "7002")
     monkeypatch.setenv("TAILGATE_HOST", "::1")
-    s = load({"port": 7003}, config=str(cfg))
+    s, _ = load({"port": 7003}, config=str(cfg))
     assert (s.port, s.host, s.max_queued_requests, s.sse_keep_alive, s.log_format) == (7003, "::1", 12, None, "text")
     monkeypatch.setenv("TAILGATE_CONFIG", str(cfg))
-    assert load({}).port == 7002
+    assert load({})[0].port == 7002
 
 
 @pytest.mark.parametrize(
@@ -77,19 +78,97 @@ def test_serve_refuses_a_bad_setting_before_any_weights_load(tmp_path):
     assert "TAILGATE_SSE_KEEP_ALIVE='0' not recognized" in p.stderr and "missing.gguf" not in p.stderr, p.stderr
 
 
+# Every scheduler knob as a config file key (issue 37), each off its default.
+KNOBS_TOML = """
+max_context = 2048
+decode_slots = 4
+mix_gather_rows = 256
+mix_max_prompts = 1
+mix_chunk_tokens = 96
+async_prefill = "off"
+prefix_cache = 8
+admit_coalesce_ms = 250
+itl_target_ms = 80
+ttft_target_ms = 1500
+default_max_tokens = 300
+kv_cache_mb = 256
+"""
+# What the configured server runs: the file's values, except where an env var beats it (DECODE_SLOTS
+# below; MAX_CONTEXT 512 and DEFAULT_MAX_TOKENS 24 from every test server's env, live.ENV).
+KNOBS_SERVED = {
+    "max_context": 512,
+    "decode_slots": 1,
+    "mix_gather_rows": 256,
+    "mix_max_prompts": 1,
+    "mix_chunk_tokens": 96,
+    "async_prefill": None,
+    "prefix_cache": 8,
+    "admit_coalesce_ms": 250,
+    "itl_target_ms": 80,
+    "ttft_target_ms": 1500,
+    "default_max_tokens": 24,
+    "kv_cache_mb": 256,
+}
+
+
+def test_a_config_file_knob_is_read_beneath_its_flag_and_env_var(tmp_path, monkeypatch):
+    from tailgate.config import cli_lookup, resolve
+    from tailgate.cli import build_parser
+    from tailgate.server.settings import apply
+
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text(KNOBS_TOML)
+    monkeypatch.setenv("TAILGATE_DECODE_SLOTS", "2")
+    args = build_parser().parse_args(["serve", "--config", str(cfg), "--mix-max-prompts", "2"])
+    apply(args)
+    got = resolve(cli_lookup(args))
+    assert (got.max_context, got.decode_slots, got.mix_max_prompts, got.itl_target_ms) == (2048, 2, 2, 80)
+    assert {k.upper() for k in KNOBS_SERVED} == set(KNOB_NAMES)  # every knob is a key
+
+
+def test_a_config_file_knob_of_the_wrong_type_or_value_refuses_naming_it(tmp_path):
+    from tailgate.config import KnobError, cli_lookup, resolve
+    from tailgate.cli import build_parser
+    from tailgate.server.settings import apply
+
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text("decode_slots = [4]\n")
+    with pytest.raises(SettingsError, match="decode_slots = \\[4\\]: a knob is a string or an integer"):
+        load({}, config=str(cfg))
+    cfg.write_text("decode_slots = 0\n")
+    args = build_parser().parse_args(["serve", "--config", str(cfg)])
+    apply(args)
+    with pytest.raises(KnobError, match="DECODE_SLOTS"):
+        resolve(cli_lookup(args))
+
+
 @pytest.fixture(scope="module")
 def configured(tmp_path_factory):
-    """A server given one setting per source: keep-alive from the config file, CORS from the
-    environment, JSON logs from a flag; one decode slot, so a second stream waits in the queue."""
+    """A server given one setting per source: keep-alive and every scheduler knob from the config
+    file, CORS from the environment, JSON logs from a flag; one decode slot (the env var beats
+    the file's 4), so a second stream waits in the queue."""
     cfg = tmp_path_factory.mktemp("cfg") / "serve.toml"
-    cfg.write_text("sse_keep_alive = 1\n")
+    cfg.write_text("sse_keep_alive = 1\n" + KNOBS_TOML)
     p, base, _ = start_server(
-        args=["--config", str(cfg), "--log-format", "json", "--log-level", "info"],
+        args=["--config", str(cfg), "--log-format", "json", "--log-level", "info", "--grammar-warmup", "true"],
         TAILGATE_ALLOWED_ORIGINS="http://app.example",
         TAILGATE_DECODE_SLOTS="1",
     )
     yield p, base
     stop_server(p)
+
+
+def test_a_config_file_with_every_knob_starts_a_server_with_those_values(configured):
+    _, base = configured
+    assert httpx.get(f"{base}/version").json()["knobs"] == KNOBS_SERVED
+
+
+def test_the_grammar_vocabulary_is_built_before_ready_when_asked(configured):
+    p, _ = configured
+    lines = open(p.log_path).read().splitlines()
+    built = next(i for i, x in enumerate(lines) if "the grammar engine's vocabulary built in" in x)
+    ready = next(i for i, x in enumerate(lines) if '"ready: open' in x or "ready: open" in x)
+    assert built < ready
 
 
 def test_a_stream_waiting_in_the_queue_gets_keep_alive_comments(configured):

@@ -159,3 +159,31 @@ def test_tools_that_share_a_name_are_served_as_vllm_serves_them():
 
     p = plan({"tools": [FN, FN], "tool_choice": "required"}, load_tokenizer("smollm2-135m"))
     assert p is not None
+
+
+MISTRAL_TEMPLATE = (
+    "{{ bos_token }}{% if tools %}[AVAILABLE_TOOLS] {{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+    "{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+    "{% elif m.tool_calls %}[TOOL_CALLS] {{ m.tool_calls | tojson }}</s>{% else %}{{ m['content'] }}</s>{% endif %}"
+    "{% endfor %}"
+)
+
+
+def test_a_mistral_template_is_read_as_mistral_and_both_its_call_shapes_parse():
+    fmt = format_for(MISTRAL_TEMPLATE, None)
+    assert fmt.name == "mistral" and fmt.keeps_special
+    v03 = '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "f", "arguments": {}}]</s>'
+    v11 = '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]f[ARGS]{}'
+    want = [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "f", "arguments": {}}]
+    assert fmt.parse(v03) == ("", want) and fmt.parse(v11) == ("", want)
+    assert fmt.parse("Checking. " + v11) == ("Checking.", want)
+    assert fmt.parse("[TOOL_CALLS]get_weather{no args}") is None and fmt.parse("no call here") is None
+
+
+def test_a_mistral_call_streams_as_deltas_after_its_control_token():
+    sent, rest, ts = stream(
+        MISTRAL_TEMPLATE, ["Sure. [TOOL_", 'CALLS][{"name": "get_weather", ', '"arguments": {"city": "Oslo"}}]']
+    )
+    assert "".join(sent) + rest == "Sure. "
+    assert [c["function"]["name"] for c in ts.calls] == ["get_weather"]
+    assert json.loads(ts.calls[0]["function"]["arguments"]) == {"city": "Oslo"}

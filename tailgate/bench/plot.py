@@ -17,7 +17,11 @@ CAUSE_COLORS = {
 
 
 def main(args) -> int:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print("tailgate bench plot: needs matplotlib, the `plots` extra: pip install 'tailgate[plots]'")
+        return 2
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

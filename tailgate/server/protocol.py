@@ -291,6 +291,8 @@ def parse_chat(body: dict, tokenizer, vocab_size: int) -> GenRequest:
 
     g, m = parse_common(body, "chat", vocab_size)
     g.tools = plan(body, tokenizer)
+    if g.tools is not None and g.tools.fmt.keeps_special:  # its calls open with a control token
+        g.skip_special_tokens = False
     text, ids = chat_prompt(m.messages, tokenizer, template_options(m), g.tools)
     g.prompts, g.prompt_texts = [ids], [text]
     constrain(g, body, tokenizer)

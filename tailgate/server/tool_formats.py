@@ -10,11 +10,16 @@ format). No universal regex: each family parses its own shape with a JSON decode
   prompt-based function-calling format for Gemma 3, which has no tool tokens).
 - SmolLM2: `<tool_call>[{"name": ..., "arguments": {...}}, ...]</tool_call>` (its function-calling
   training format: one JSON list of calls).
+- Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (v0.3 tokenizers), or
+  `[TOOL_CALLS]name[ARGS]{...}` per call (v11+ tokenizers); `[TOOL_CALLS]` is a control token, so
+  the text is decoded with special tokens kept (`keeps_special`), as vLLM's Mistral parser does.
 """
 
 from __future__ import annotations
 
 import json
+
+from .structured import JSON_OPTIONS
 
 _decoder = json.JSONDecoder()
 
@@ -61,6 +66,7 @@ class ToolFormat:
     name = ""
     key = "arguments"  # the call object's arguments field
     opener = ""  # text that starts a call where the output may also be plain content
+    keeps_special = False  # its opener is a special token: decode calls with special tokens kept
 
     @staticmethod
     def matches(template: str, family: str | None) -> bool:
@@ -82,7 +88,9 @@ class ToolFormat:
         raise NotImplementedError
 
     def grammar(self, tools: list[dict], only: str | None, parallel: bool) -> str:
-        schema = json.dumps(call_schema(tools, self.key, only))
+        # Compact JSON, as structured outputs write it (structured.JSON_OPTIONS): free whitespace
+        # let a weak model loop on blanks inside a forced call until max_tokens (a tiny Mistral did).
+        schema = json.dumps({**call_schema(tools, self.key, only), "x-guidance": JSON_OPTIONS})
         return self.lark("call", parallel) + f"\ncall: %json {schema}\n"
 
     def render(self, calls: list[dict]) -> str:
@@ -228,8 +236,49 @@ class Gemma(ToolFormat):
         return (head.strip(), calls) if calls else None
 
 
+class Mistral(ToolFormat):
+    name, opener, keeps_special = "mistral", "[TOOL_CALLS]", True
+
+    @staticmethod
+    def matches(template, family):
+        return "[TOOL_CALLS]" in template
+
+    def example(self):
+        return (
+            '[TOOL_CALLS][{"name": <function name>, "arguments": <its arguments as a JSON object>}] '
+            "(several calls: several objects in the list)"
+        )
+
+    def lark(self, call, parallel):
+        return f'start: "[TOOL_CALLS][" {call}' + (f' (", " {call})*' if parallel else "") + ' "]"'
+
+    def render(self, calls):
+        return "[TOOL_CALLS][" + ", ".join(self._obj(c) for c in calls) + "]"
+
+    def parse(self, text):
+        head, sep, rest = text.partition("[TOOL_CALLS]")
+        if not sep:
+            return None
+        body = rest.strip()
+        if body.startswith(("[", "{")):  # v0.3: one JSON list of calls (or a lone object)
+            got = _objects(body.removesuffix("</s>"))
+            if got is None or len(got) != 1:
+                return None
+            objs = got[0] if isinstance(got[0], list) else [got[0]]
+        else:  # v11+: name[ARGS]{...}, each call after its own [TOOL_CALLS]
+            objs = []
+            for part in body.split("[TOOL_CALLS]"):
+                name, has_args, args = part.partition("[ARGS]")
+                got = _objects(args) if has_args else None
+                if not name.strip() or got is None or len(got) != 1:
+                    return None
+                objs.append({"name": name.strip(), "arguments": got[0]})
+        calls = self._calls(objs)
+        return (head.strip(), calls) if calls else None
+
+
 # Most specific first: a template that writes <tool_call> is Hermes even when it is ChatML.
-FORMATS = (Hermes(), Llama3(), Gemma(), SmolLM2())
+FORMATS = (Hermes(), Mistral(), Llama3(), Gemma(), SmolLM2())
 
 
 def format_for(template: str | None, family: str | None) -> ToolFormat:

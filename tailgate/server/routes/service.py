@@ -3,6 +3,8 @@ Each answers HEAD as GET does; the HEAD routes stay out of the schema (one opera
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
@@ -51,7 +53,11 @@ async def health(req: Request):
 
 @get_and_head("/version")
 async def version(req: Request):
-    return JSONResponse({"version": __version__, "kernels": server_state(req).kernels})
+    """The package version, the kernels this CPU runs (and what the probe measured), and the
+    scheduler's knobs as resolved (flags, env vars, config file, defaults)."""
+    state = server_state(req)
+    knobs = asdict(state.cfg) if state.cfg is not None else {}
+    return JSONResponse({"version": __version__, "kernels": state.kernels, "knobs": knobs})
 
 
 @get_and_head(
