@@ -275,3 +275,26 @@ def test_a_choice_is_declared_and_served_exactly_when_the_model_can_write_it(smo
         with pytest.raises(ApiError) as e:
             check_writable({"structured_outputs": {"choice": ["ok", choice]}}, smol)
         assert e.value.status == 400 and "cannot write" in str(e.value.body())
+
+
+@pytest.mark.parametrize("family", ["hermes", "gemma", "smollm2", "mistral", "llama3"])
+def test_auto_tool_grammar_takes_text_or_valid_calls_and_no_broken_call(smol, family):
+    """tool_choice "auto" (issue 37): free text, text then calls, or calls alone pass; once the
+    opener is written, a half-formed call or arguments the schema refuses cannot be. Llama 3's
+    calls are the whole answer, so text that merely holds one is text there."""
+    from tailgate.server.tool_formats import FORMATS
+
+    fmt = next(f for f in FORMATS if f.name == family)
+    g = book_for(smol).compile(fmt.auto_grammar([TOOL], True), "auto tools")
+
+    def whole(text: str) -> bool:
+        c = g.start()
+        return bool(c.matcher.consume_tokens(smol.encode(text, add_bos=False))) and c.matcher.is_accepting()
+
+    call = fmt.render([{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}])
+    assert whole("It is sunny, I think.") and whole(call)
+    assert whole("Let me check. " + call)  # text, then the call (Llama 3: all of it text)
+    assert not whole(fmt.render([{"name": "get_weather", "arguments": {"city": "Paris", "days": 9}}]))
+    if fmt.opener:
+        assert not whole("Sure " + call[: len(call) // 2])  # an opener starts a call that must finish
+        assert not whole(fmt.opener + " not a call")

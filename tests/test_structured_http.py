@@ -217,3 +217,40 @@ def test_an_ask_the_server_cannot_enforce_is_a_400_naming_it_and_the_server_serv
     assert wait_idle(base) == 0
     ok = post(base, "/v1/chat/completions", {"messages": ASK, "max_tokens": 1})
     assert ok.status_code == 200
+
+
+AUTO_ASKS = [
+    "What is the weather in Paris?",
+    "Is it raining in Oslo right now? Use the tool.",
+    "Tell me a joke about cats.",
+    "Get the weather for Rome in fahrenheit.",
+    "What is 2 + 2?",
+    "Check the forecast for Madrid, please.",
+]
+
+
+def test_tool_choice_auto_answers_text_or_a_schema_valid_call_never_a_broken_call(smol):
+    """`auto` under its grammar (issue 37): each answer, sampled, is plain text that holds no call
+    opener, or calls whose arguments validate; a half-formed call is never handed back as content."""
+    c, model, _ = smol
+    called = 0
+    for i, ask in enumerate(AUTO_ASKS):
+        r = c.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": ask}],
+            tools=[WEATHER],
+            tool_choice="auto",
+            temperature=1.0,
+            seed=i,
+            max_tokens=80,
+        )
+        ch = r.choices[0]
+        if ch.message.tool_calls:
+            called += 1
+            assert ch.finish_reason == "tool_calls", ch
+            for call in ch.message.tool_calls:
+                assert call.function.name == "get_weather"
+                jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+        else:
+            assert "<tool_call>" not in (ch.message.content or ""), ch  # SmolLM2's opener
+    print(f"{called} of {len(AUTO_ASKS)} answers called the tool")

@@ -207,9 +207,10 @@ def constrain(g: GenRequest, body: dict, tokenizer) -> None:
     if ask is not None:
         check_writable(body, tokenizer)
     if g.tools is not None and g.tools.grammar is not None:
-        if ask is not None:
+        if ask is None:
+            ask = (g.tools.grammar, "the tools' call grammar", "tools")
+        elif g.tools.choice != "auto":  # auto's grammar only guards calls: the asked shape wins
             raise bad(f"a forced tool call ('tool_choice') and '{ask[2]}' cannot both shape the answer", ask[2])
-        ask = (g.tools.grammar, "the tools' call grammar", "tools")
     if ask is not None:
         g.params = replace(g.params, grammar=compile_for(tokenizer, *ask))
 

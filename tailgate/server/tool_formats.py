@@ -18,6 +18,7 @@ format). No universal regex: each family parses its own shape with a JSON decode
 from __future__ import annotations
 
 import json
+import re
 
 from .structured import JSON_OPTIONS
 
@@ -92,6 +93,27 @@ class ToolFormat:
         # let a weak model loop on blanks inside a forced call until max_tokens (a tiny Mistral did).
         schema = json.dumps({**call_schema(tools, self.key, only), "x-guidance": JSON_OPTIONS})
         return self.lark("call", parallel) + f"\ncall: %json {schema}\n"
+
+    def auto_grammar(self, tools: list[dict], parallel: bool) -> str:
+        """`tool_choice: "auto"`: plain text that never writes this family's call opener, or text
+        up to the opener (a lazy lexeme: it ends at the opener's first appearance) and then calls
+        the schema allows: the moment the model writes the opener it is held to well-formed calls,
+        so a half-formed call never comes back as content. A family whose calls are the whole
+        answer (Llama 3's bare JSON) takes text that does not start with `{`, or calls alone."""
+        schema = json.dumps({**call_schema(tools, self.key, None), "x-guidance": JSON_OPTIONS})
+        calls = self.lark("call", parallel)
+        if not self.opener:
+            plain = "PLAIN: /(?s:.*)/ & ~/\\s*\\{(?s:.*)/"
+            return f"start: PLAIN | calls\n{plain}\n{calls.replace('start:', 'calls:', 1)}\ncall: %json {schema}\n"
+        first = f'start: "{self.opener}'
+        if not calls.startswith(first):
+            raise ValueError(f"{self.name}'s call grammar does not open with {self.opener!r}")
+        after = 'after: "' + calls[len(first) :]  # the call grammar past its opener
+        opener = re.escape(self.opener)
+        return (
+            f"start: PLAIN | head after\nPLAIN: /(?s:.*)/ & ~/(?s:.*){opener}(?s:.*)/\n"
+            f"head[lazy]: /(?s:.*){opener}/\n{after}\ncall: %json {schema}\n"
+        )
 
     def render(self, calls: list[dict]) -> str:
         """An assistant turn's calls (name, arguments as an object) as this family writes them."""
@@ -284,3 +306,8 @@ FORMATS = (Hermes(), Mistral(), Llama3(), Gemma(), SmolLM2())
 def format_for(template: str | None, family: str | None) -> ToolFormat:
     t = template or ""
     return next((f for f in FORMATS if f.matches(t, family)), FORMATS[0])
+
+
+def format_known(template: str | None, family: str | None) -> bool:
+    """Whether the template names its family's call format (else format_for's Hermes is a guess)."""
+    return any(f.matches(template or "", family) for f in FORMATS)

@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from .errors import bad
-from .tool_formats import ToolFormat, format_for
+from .tool_formats import ToolFormat, format_for, format_known
 from .tool_scan import scan
 
 
@@ -111,6 +111,8 @@ def plan(body: dict, tokenizer) -> ToolPlan | None:
     )
     if choice in ("required", "named"):
         p.grammar = p.fmt.grammar(fns, named, p.parallel)
+    elif format_known(template, None):  # auto, in a format we know: text, or a call the schema allows
+        p.grammar = p.fmt.auto_grammar(fns, p.parallel)
     return p
 
 
