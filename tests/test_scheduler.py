@@ -605,3 +605,36 @@ def test_a_request_cancelled_in_the_queue_leaves_it_at_the_next_step_not_at_the_
     assert list(s.queue) == [behind] and engine.waiting == 1
     assert finished(ev, q.id).reason == "abort" and s.metrics.finished["abort"] == 1
     assert [x.id for x in s.roster] == [long.id] and any(isinstance(e, Token) and e.request_id == long.id for e in ev)
+
+
+def test_a_pinned_request_waits_for_its_whole_length_beside_an_older_walker_and_both_finish():
+    """Review of issue 36: a pinned request reserving its whole length beside an older walker took
+    the pages that walker's next rounds needed, and neither could move (the walker may not take a
+    pinned request's pages): the engine spun. Now it joins only when its whole length fits beside
+    what the walk was promised, and a walker short of pages leaves its rows to the ones behind."""
+    s, ex = make(slots=4, global_pages=11, chunk=64)  # 10 usable pages = 160 tokens
+    old, pinned = req(150, max_tokens=5), req(20, max_tokens=60)  # 10 pages; 5 pages whole
+    old.arrival, pinned.arrival, pinned.preemptions = 1.0, 2.0, 2
+    for r in (old, pinned):
+        s.submit(r)
+    events = []
+    for _ in range(200):
+        if not s.has_work():
+            break
+        events += s.step(0.0)
+    assert not s.has_work(), "the engine stopped moving"
+    assert {finished(events, r.id).reason for r in (old, pinned)} == {"length"}
+    assert pinned.preemptions == 2 and s.book.glob.used == 0
+
+
+def test_a_pinned_head_that_cannot_fit_even_alone_is_refused_not_parked_forever():
+    s, ex = make(slots=4, global_pages=6, chunk=64)  # 5 usable pages = 80 tokens
+    r = req(40, max_tokens=60)  # its whole length needs 7 pages: never, even alone
+    r.preemptions = 2
+    s.submit(r)
+    ev = s.step(0.0)
+    assert [e.reason for e in ev if isinstance(e, Rejected)] == [
+        "the request (pinned after its preemptions: its whole length) needs 7 KV pages per pool, "
+        "more than the pools hold with nothing running"
+    ]
+    assert not s.has_work() and s.book.glob.used == 0

@@ -151,6 +151,12 @@ def start_walk(s, plan, leader: Request, attempts: int) -> None:
     """The leader and its gathered followers become walkers; pages are reserved round by round."""
     begin(s, leader)
     if not room_for(s, leader):
+        if not (s.roster or s.walk):  # nothing will free pages: it can never fit (pinned, tiny pools)
+            s.book.free(leader.pages)
+            s.executor.release(leader.id)
+            s.reject(leader, never_fits(leader))
+            plan.finished.append((leader, "rejected"))
+            return
         park(s, leader)  # live rows will free pages: it waits at its place in the queue
         plan.why = "the head waits for pages"
         return
@@ -187,14 +193,16 @@ def room_for(s, r: Request) -> bool:
     that room walks, takes the pages an older stream needs next, is preempted and walks again
     (issue 25's thrash: 3-5x the useful prompt rows). With nothing live it always goes (a prompt
     that cannot fit even alone is refused by its first round). A pinned request (preempted
-    MAX_PREEMPTIONS times) comes in only with every page it can ever need reserved."""
-    if pinned(r):
-        return s.book.reserve(r.pages, full_length(r))
-    if not (s.roster or s.walk):
-        return True
-    promised = len(s.roster) + sum(pages_for(len(o.tokens)) - len(o.pages.global_pages) for o in s.walk)
-    free = s.book.glob.available  # idle cached pages count: a reservation evicts them
-    return pages_for(len(r.tokens)) - len(r.pages.global_pages) + promised <= free
+    MAX_PREEMPTIONS times) passes the same check for its whole length, then reserves all of it:
+    reserved beside walkers the check had not counted, it could take the pages an older walker
+    needs, which may not take them back (a review of issue 36 found the round then stalls)."""
+    need = full_length(r) if pinned(r) else len(r.tokens)
+    if s.roster or s.walk:
+        promised = len(s.roster) + sum(pages_for(len(o.tokens)) - len(o.pages.global_pages) for o in s.walk)
+        free = s.book.glob.available  # idle cached pages count: a reservation evicts them
+        if pages_for(need) - len(r.pages.global_pages) + promised > free:
+            return False
+    return not pinned(r) or s.book.reserve(r.pages, need)
 
 
 def gather(s, plan, newcomers: list[Request], attempts: int) -> int:

@@ -40,6 +40,11 @@ def fail_all(s, message: str) -> None:
         s.close(r, "error", message)
     for r in [*s.roster, *s.walk]:
         s.finish(r, "error", message)
+    plan, s.planned = s.planned, None
+    if plan is not None:  # admitted this iteration, in no container yet (a whole prompt, the lane's leader)
+        for r in [r for r, _ in plan.chunks] + ([plan.launch] if plan.launch is not None else []):
+            if r.status is not Status.FINISHED and r.status is not Status.RUNNING:
+                s.close(r, "error", message)
     while s.queue:
         r = pop(s)
         r.status = Status.FINISHED

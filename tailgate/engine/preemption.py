@@ -37,9 +37,11 @@ def full_length(r: Request) -> int:
 
 
 def never_fits(r: Request) -> str:
-    return (
-        f"the prompt needs {pages_for(len(r.tokens))} KV pages per pool, more than the pools hold with nothing running"
-    )
+    if pinned(r):  # it comes back only with its whole length reserved
+        what, n = "the request (pinned after its preemptions: its whole length)", full_length(r)
+    else:
+        what, n = "the prompt", len(r.tokens)
+    return f"{what} needs {pages_for(n)} KV pages per pool, more than the pools hold with nothing running"
 
 
 def ready_rows(s, plan) -> bool:

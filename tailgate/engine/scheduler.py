@@ -97,6 +97,9 @@ class Scheduler:
         self.events: list[tuple[Request, Event]] = []  # not yet delivered
         self._iteration: list[Event] = []  # everything this iteration emitted (the step output)
         self.current = StepPlan()  # the step being settled (its kind goes on each token)
+        # The iteration being decided or run: its admissions sit in no container until they
+        # graduate (a mixed step's prompts, the lane's leader), so the fatal path reads them here.
+        self.planned: StepPlan | None = None
         # The last STEP_LOG model steps (the step timeline); `_preempted_seen` is the preemption
         # count at the previous record, so each record says how many its planning took.
         self.step_log: deque[StepRecord] = deque(maxlen=STEP_LOG)
@@ -135,6 +138,7 @@ class Scheduler:
             t0 = self.clock()
             per_seg = self._execute(plan)
             settle_step(self, plan, per_seg, t0, self.clock())
+        self.planned = None
         self.metrics.steps += 1
         self.deliver()
         out, self._iteration = self._iteration, []
@@ -144,7 +148,7 @@ class Scheduler:
         """Decide this iteration (module doc). A walk in progress advances exactly one round (and
         takes arrivals in); otherwise an intake turn admits into a walk, the lane or a mixed step,
         and the live rows decode beside whatever it admitted."""
-        plan = StepPlan(at=now)
+        plan = self.planned = StepPlan(at=now)
         endings.retire_cancelled(self, plan)
         if self.flight is not None and (self.flight[1].done() or not (self.roster or self.walk)):
             lane.land(self, plan, "done" if self.roster or self.walk else "idle")

@@ -268,7 +268,7 @@ class RoundBudget:
             metrics.step_cost["target_s"] = target_s
 
     def rows(self, walkers, live, queued_rows: int = 0) -> int:
-        """The budget `walk.plan_round` spreads over `walkers` (admission order; each with
+        """The budget `walk.walk_round` spreads over `walkers` (admission order; each with
         `done`, `rest`, `tokens`) this round, with `live` rows riding it (each with
         `pages.frontier`, the position its next token is fed at); `queued_rows` are the prompt
         rows of requests not yet admitted (the TTFT target's backlog beside the walkers' rest)."""
@@ -297,7 +297,7 @@ class RoundBudget:
         return take
 
     def round_features(self, walkers, live_n: int, live_kpairs: float, budget: int):
-        """The features of a round that spreads `budget` rows as `walk.plan_round` does."""
+        """The features of a round that spreads `budget` rows as `walk.walk_round` does (nobody waiting for pages)."""
         prompt = decode = 0
         sampled, pairs = live_n, 0
         for w in walkers:

@@ -11,29 +11,16 @@ between rounds and a stall is bounded by one round. Plain data, no torch.
 from __future__ import annotations
 
 from .preemption import holders, make_room, never_fits, ready_rows
-from .request import Request
-
-
-def plan_round(walkers: list[Request], budget: int) -> list[tuple[Request, int]]:
-    """Spread `budget` prompt rows over the walkers in order: each takes what it has left, up to
-    what the budget has left; later walkers wait for a later round."""
-    out = []
-    for w in walkers:
-        if budget <= 0:
-            break
-        take = min(w.rest, budget)
-        if take > 0:
-            out.append((w, take))
-            budget -= take
-    return out
 
 
 def walk_round(s, plan) -> None:
     """One round: at most the budget's prompt rows across the walkers (oldest arrival first),
     beside every live row. The budget is MIX_CHUNK_TOKENS, or under ITL_TARGET_MS what the
     step-cost model prices within the target (engine/step_cost.py). A walker short of pages takes
-    them from younger page holders; with none younger it waits for a later round, unless it is
-    the only holder left, which means its prompt does not fit the pools at all."""
+    them from younger page holders; with none younger it waits for a later round and leaves this
+    round's rows to the walkers behind it (a pinned one among them holds every page it needs, so
+    the round always moves), unless it is the only holder left, which means its prompt does not
+    fit the pools at all."""
     ready_rows(s, plan)
     s.walk.sort(key=lambda w: w.arrival)  # stable: admission order among equals
     if s.pace is None:
@@ -41,11 +28,14 @@ def walk_round(s, plan) -> None:
     else:  # ITL_TARGET_MS (and TTFT_TARGET_MS, which reads the queue's prompts too)
         queued = sum(len(r.prompt) for r in s.queue) if s.pace.horizon is not None else 0
         budget = s.pace.rows(s.walk, s.roster, queued)
-    for w, take in plan_round(s.walk, budget):
-        if w not in s.walk:  # preempted by an older walker of this round
+    left = budget
+    for w in list(s.walk):
+        take = min(w.rest, left)
+        if take <= 0 or w not in s.walk:  # (preempted by an older walker of this round)
             continue
         if make_room(s, plan, w, w.computed + take, self_ok=False):
             plan.chunks.append((w, take))
+            left -= take  # a walker waiting for pages leaves its rows to the ones behind it
         elif not holders(s, w) and not plan.chunks:
             s.finish(w, "error", never_fits(w))
             plan.finished.append((w, "error"))
