@@ -9,9 +9,29 @@ next request at once.
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 
-from ..bench.workload import Result
+from ..bench.workload import Result, gamma_offsets
 from ..engine.request import Finished, Rejected, Scheduled, Token
+
+
+@dataclass(frozen=True)
+class Load:
+    """How a simulation's clients send its jobs (the keywords `simulate` and `simulate_fleet`
+    take): at `offsets` when given (sorted), else `bench serve`'s gamma arrivals at `rate` with
+    `burstiness`; at most `concurrency` in flight (a closed loop); `seed` draws the arrivals and,
+    with `jitter` (relative std dev), each step's cost noise."""
+
+    rate: float = float("inf")
+    burstiness: float = 1.0
+    concurrency: int | None = None
+    seed: int = 0
+    offsets: list[float] | None = None
+    jitter: float = 0.0
+
+    def clients(self, n: int) -> "Clients":
+        offsets = self.offsets if self.offsets is not None else gamma_offsets(n, self.rate, self.burstiness, self.seed)
+        return Clients(offsets, self.concurrency)
 
 
 class Clients:

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import random
 
-from ..bench.workload import Result, gamma_offsets
+from ..bench.workload import Result
 from ..config import ServingConfig
 from ..engine.request import Request
 from ..engine.stop import clamp_max_tokens
 from ..fleet.policy import RouterPolicy
-from .clients import Clients
+from .clients import Load
 from .cost import CostModel
 from .engine import VirtualClock, build
 
@@ -44,28 +44,18 @@ def prefix_workload(
 
 
 def simulate_fleet(
-    cfg: ServingConfig,
-    cost: CostModel,
-    jobs: list[tuple[list[int], int]],
-    replicas: int,
-    policy: RouterPolicy,
-    rate: float = float("inf"),
-    burstiness: float = 1.0,
-    concurrency: int | None = None,
-    seed: int = 0,
-    offsets: list[float] | None = None,
-    jitter: float = 0.0,
+    cfg: ServingConfig, cost: CostModel, jobs: list[tuple[list[int], int]], replicas: int, policy: RouterPolicy, **load
 ) -> tuple[list[Result], dict]:
-    """Run `jobs` through `replicas` schedulers behind `policy`; returns per-request results
-    (virtual seconds) and fleet figures: the replica and cached prompt tokens of each request,
-    requests per replica, the router's reasons."""
+    """Run `jobs` through `replicas` schedulers behind `policy` under `load` (sim/clients.py
+    `Load`'s keywords); returns per-request results (virtual seconds) and fleet figures: the
+    replica and cached prompt tokens of each request, requests per replica, the router's reasons."""
+    load = Load(**load)
     clocks = [VirtualClock() for _ in range(replicas)]
-    scheds = [build(cfg, cost, clocks[k], jitter, seed + k) for k in range(replicas)]
-    offsets = offsets if offsets is not None else gamma_offsets(len(jobs), rate, burstiness, seed)
+    scheds = [build(cfg, cost, clocks[k], load.jitter, load.seed + k) for k in range(replicas)]
     results = [Result(prompt_len=len(p), output_len=ol, probe=False) for p, ol in jobs]
     where: list[int | None] = [None] * len(jobs)
     cached = [0] * len(jobs)
-    clients = Clients(offsets, concurrency)
+    clients = load.clients(len(jobs))
     while True:
         busy = [k for k in range(replicas) if scheds[k].has_work()]
         t_step = min((clocks[k].t for k in busy), default=float("inf"))

@@ -15,12 +15,12 @@ import random
 import sys
 import time
 
-from ..bench.workload import Result, add_workload_args, compute_metrics, draw_lengths, gamma_offsets, print_table
+from ..bench.workload import Result, add_workload_args, compute_metrics, draw_lengths, print_table
 from ..config import ServingConfig, cli_lookup, resolve
 from ..engine.request import Request
 from ..engine.stop import clamp_max_tokens
 from ..engine.scheduler import Scheduler  # noqa: F401  (what it runs, unmodified: tests check the identity)
-from .clients import Clients
+from .clients import Load
 from .cost import CostModel, resolve_cost
 
 # The simulated engine (sim/engine.py), named here too: this module is the simulator's face.
@@ -33,27 +33,16 @@ def workload(n: int, input_len: int, output_len: int, range_ratio: float, seed: 
     return [draw_lengths(rng, input_len, output_len, range_ratio) for _ in range(n)]
 
 
-def simulate(
-    cfg: ServingConfig,
-    cost: CostModel,
-    jobs: list[tuple[int, int]],
-    rate: float = float("inf"),
-    burstiness: float = 1.0,
-    concurrency: int | None = None,
-    seed: int = 0,
-    offsets: list[float] | None = None,
-    jitter: float = 0.0,
-) -> tuple[list[Result], dict]:
-    """Run `jobs` through the scheduler; returns per-request results (virtual seconds) and
-    scheduler figures (steps, door releases, when each request was scheduled). Arrivals: `offsets`
-    when given (sorted), else `bench serve`'s gamma arrivals at `rate`; at most `concurrency` in
-    flight (a closed loop: a finish sends the next request at once)."""
+def simulate(cfg: ServingConfig, cost: CostModel, jobs: list[tuple[int, int]], **load) -> tuple[list[Result], dict]:
+    """Run `jobs` through the scheduler under `load` (sim/clients.py `Load`'s keywords: rate,
+    burstiness, concurrency, seed, offsets, jitter); returns per-request results (virtual
+    seconds) and scheduler figures (steps, door releases, when each request was scheduled)."""
+    load = Load(**load)
     clock = VirtualClock()
-    sched = build(cfg, cost, clock, jitter, seed)
-    offsets = offsets if offsets is not None else gamma_offsets(len(jobs), rate, burstiness, seed)
+    sched = build(cfg, cost, clock, load.jitter, load.seed)
     scheduled: list[float | None] = [None] * len(jobs)
     results = [Result(prompt_len=il, output_len=ol, probe=False) for il, ol in jobs]
-    clients = Clients(offsets, concurrency)
+    clients = load.clients(len(jobs))
     filler = list(range(60000, 60000 + max((il for il, _ in jobs), default=1)))
     reqs = []
     while clients.due or sched.has_work():
@@ -130,6 +119,13 @@ def run(args) -> dict:
         cost = replace(cost, **{t: getattr(cost, t) * args.cost_scale for t in TERMS})
     cfg = cfg.with_model_limit(args.model_max_context)
     jobs = workload(args.num_prompts, args.random_input_len, args.random_output_len, args.random_range_ratio, args.seed)
+    load = dict(
+        rate=args.request_rate,
+        burstiness=args.burstiness,
+        concurrency=args.max_concurrency,
+        seed=args.seed,
+        jitter=args.jitter,
+    )
     t0 = time.perf_counter()
     if args.replicas > 1 or args.random_prefix_len:  # a fleet (sim/fleet.py); prompts that share tokens
         from ..fleet.policy import RouterPolicy
@@ -149,17 +145,11 @@ def run(args) -> dict:
             fjobs,
             args.replicas,
             RouterPolicy(args.router, seed=args.seed),
-            args.request_rate,
-            args.burstiness,
-            args.max_concurrency,
-            args.seed,
-            jitter=args.jitter,
+            **load,
         )
         sched["scheduled_at"] = None
     else:
-        results, sched = simulate(
-            cfg, cost, jobs, args.request_rate, args.burstiness, args.max_concurrency, args.seed, jitter=args.jitter
-        )
+        results, sched = simulate(cfg, cost, jobs, **load)
     wall = time.perf_counter() - t0
     pcts = tuple(float(p) for p in args.metric_percentiles.split(","))
     sched.pop("scheduled_at")
