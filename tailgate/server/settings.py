@@ -128,11 +128,6 @@ class ServeSettings(BaseSettings):
 FIELDS = tuple(ServeSettings.model_fields)
 
 
-def grammar(name: str) -> str:
-    """What field `name` accepts, in the knobs' words (its help and its refusals say it)."""
-    return _grammar(name)
-
-
 KNOB_KEYS = tuple(k.lower() for k in KNOB_NAMES)  # the scheduler's knobs, as config file keys
 
 
@@ -179,7 +174,7 @@ def load(cli: dict, config: str | None = None) -> tuple[ServeSettings, dict]:
         err = e.errors(include_url=False)[0]
         name = str(err["loc"][0]) if err["loc"] else "?"
         raise SettingsError(
-            _where(name, given, environ, config, err.get("input")) + f" not recognized (accepted: {_grammar(name)})"
+            _where(name, given, environ, config, err.get("input")) + f" not recognized (accepted: {grammar(name)})"
             if name in FIELDS
             else f"{config or 'settings'}: unknown setting {name!r} (known: {', '.join(FIELDS + KNOB_KEYS)})"
         ) from None
@@ -194,7 +189,8 @@ def _where(name: str, given: dict, environ, config, value=None) -> str:
     return f"{config}: {name} = {value!r}"
 
 
-def _grammar(name: str) -> str:
+def grammar(name: str) -> str:
+    """What field `name` accepts, in the knobs' words (its flag's help and its refusals say it)."""
     f = ServeSettings.model_fields[name]
     extra = f.json_schema_extra or {}
     for m in f.metadata:

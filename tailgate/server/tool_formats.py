@@ -91,8 +91,7 @@ class ToolFormat:
     def grammar(self, tools: list[dict], only: str | None, parallel: bool) -> str:
         # Compact JSON, as structured outputs write it (structured.JSON_OPTIONS): free whitespace
         # let a weak model loop on blanks inside a forced call until max_tokens (a tiny Mistral did).
-        schema = json.dumps({**call_schema(tools, self.key, only), "x-guidance": JSON_OPTIONS})
-        return self.lark("call", parallel) + f"\ncall: %json {schema}\n"
+        return self.lark("call", parallel) + self._call_rule(tools, only)
 
     def auto_grammar(self, tools: list[dict], parallel: bool) -> str:
         """`tool_choice: "auto"`: plain text that never writes this family's call opener, or text
@@ -100,11 +99,11 @@ class ToolFormat:
         the schema allows: the moment the model writes the opener it is held to well-formed calls,
         so a half-formed call never comes back as content. A family whose calls are the whole
         answer (Llama 3's bare JSON) takes text that does not start with `{`, or calls alone."""
-        schema = json.dumps({**call_schema(tools, self.key, None), "x-guidance": JSON_OPTIONS})
+        rule = self._call_rule(tools, None)
         calls = self.lark("call", parallel)
         if not self.opener:
             plain = "PLAIN: /(?s:.*)/ & ~/\\s*\\{(?s:.*)/"
-            return f"start: PLAIN | calls\n{plain}\n{calls.replace('start:', 'calls:', 1)}\ncall: %json {schema}\n"
+            return f"start: PLAIN | calls\n{plain}\n{calls.replace('start:', 'calls:', 1)}{rule}"
         first = f'start: "{self.opener}'
         if not calls.startswith(first):
             raise ValueError(f"{self.name}'s call grammar does not open with {self.opener!r}")
@@ -112,8 +111,12 @@ class ToolFormat:
         opener = re.escape(self.opener)
         return (
             f"start: PLAIN | head after\nPLAIN: /(?s:.*)/ & ~/(?s:.*){opener}(?s:.*)/\n"
-            f"head[lazy]: /(?s:.*){opener}/\n{after}\ncall: %json {schema}\n"
+            f"head[lazy]: /(?s:.*){opener}/\n{after}{rule}"
         )
+
+    def _call_rule(self, tools: list[dict], only: str | None) -> str:
+        """The grammar's `call` rule: one call object held to its function's schema."""
+        return f"\ncall: %json {json.dumps({**call_schema(tools, self.key, only), 'x-guidance': JSON_OPTIONS})}\n"
 
     def render(self, calls: list[dict]) -> str:
         """An assistant turn's calls (name, arguments as an object) as this family writes them."""
