@@ -123,6 +123,18 @@ def metric(base, name: str, **labels) -> float:
     return 0.0
 
 
+def feed_ticks(base, since=-1, headers=None):
+    """(event, payload) pairs of /dashboard/feed, as they arrive."""
+    with httpx.stream("GET", f"{base}/dashboard/feed?since={since}", headers=headers, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        event = None
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                yield event, json.loads(line[6:])
+
+
 def until(cond, timeout: float = 60) -> bool:
     """Poll `cond` until it holds (True) or `timeout` seconds pass (False): a ceiling on waiting
     for a condition, not a bound on how fast the host is."""

@@ -1,13 +1,16 @@
-"""The fleet's front without Ray: what the router matches a request on, the merged /metrics, and
-that one replica (or a fleet flag without replicas) never imports Ray."""
+"""The fleet's front without Ray: what the router matches a request on, the merged /metrics, the
+merged dashboard feed, and that one replica (or a fleet flag without replicas) never imports Ray."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import subprocess
 import sys
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tailgate.fleet.dashboard import SUMMED, FleetWindow, events
 from tailgate.fleet.front import route_key
 from tailgate.fleet.metrics import render
 
@@ -66,3 +69,75 @@ def test_one_replica_imports_nothing_of_ray_and_fleet_flags_without_replicas_ref
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.stdout.split()[-2:] == ["0", "False"], p.stderr
+
+
+def report(now, steps=(), gaps=(), running=0, kv_usage=0.0, **counts):
+    """One replica's answer to the front, as `server/feed.report` shapes it."""
+    base = {k: 0 for k in SUMMED}
+    return {
+        **base,
+        **counts,
+        "running": running,
+        "now": now,
+        "kv_usage": kv_usage,
+        "steps": [{"seq": s, "at": now - 1, "duration_s": 0.01, "kind": "decode"} for s in steps],
+        "gaps": [list(g) for g in gaps],
+        "itl": {},
+        "error": None,
+    }
+
+
+def test_a_fleet_tick_sums_the_replicas_and_its_itl_percentiles_are_those_of_every_gap_together():
+    w = FleetWindow()
+    a_gaps = [(150.0 + i / 4, 0.010) for i in range(90)]  # replica a: 90 gaps of 10 ms
+    b_gaps = [(5.0 + i, 0.200) for i in range(10)]  # replica b (its own clock): 10 gaps of 200 ms
+    t = w.merge(
+        {
+            "a": report(190.0, steps=[7, 8], gaps=a_gaps, running=2, kv_usage=0.5, prefix_hits=3, preemptions=1),
+            "b": report(15.0, steps=[0], gaps=b_gaps, running=1, kv_usage=0.1, prefix_hits=4),
+        }
+    )
+    assert (t["running"], t["prefix_hits"], t["preemptions"]) == (3, 7, 1)
+    assert abs(t["kv_usage"] - 0.3) < 1e-9
+    # Exact over the union: 90 of 100 gaps are 10 ms, so p50 is 10 ms and p99 is 200 ms; an
+    # average of the replicas' own p99s (10 and 200 ms) would say 105.
+    assert t["itl"]["n"] == 100 and t["itl"]["p50_s"] == 0.010 and t["itl"]["p99_s"] == 0.200
+    assert [(s["replica"], s["seq"]) for s in t["steps"]] == [("a", 7), ("a", 8), ("b", 0)]
+    assert [(r["id"], r["running"], r["itl"]["p99_s"]) for r in t["replicas"]] == [("a", 2, 0.010), ("b", 1, 0.200)]
+    # The next ask for each replica starts after what it already sent.
+    assert w.ask("a") == (8, 172.25) and w.ask("b") == (0, 14.0) and w.ask("c") == (-1, None)
+    # A minute later replica a's old gaps leave the window; b has left the fleet and is forgotten.
+    t = w.merge({"a": report(220.0, gaps=[(219.0, 0.020)])})
+    assert [r["id"] for r in t["replicas"]] == ["a"] and w.ask("b") == (-1, None)
+    assert t["itl"]["n"] == 1 + sum(1 for at, _ in a_gaps if at >= 220.0 - 60.0) == 1 + 50
+
+
+def test_a_fleet_feed_says_hello_once_then_ticks_and_ends_with_an_error_when_no_replica_answers():
+    asked, alive = [], {"a", "b"}
+
+    async def ask(rid, since, after, hello):
+        asked.append((rid, since, hello))
+        if rid not in alive:
+            return None
+        out = report(10.0 + len(asked), steps=[len(asked)])
+        return {**out, "hello": {"model": "m", "knobs": {}, "kernels": {}}} if hello else out
+
+    async def members():
+        return sorted(alive)
+
+    async def run():
+        out = []
+        async for text in events(ask, members, FleetWindow(), period=0):
+            kind = text.split("\n", 1)[0].removeprefix("event: ")
+            out.append((kind, json.loads(text.split("data: ", 1)[1])))
+            if len(out) == 3:
+                alive.clear()  # every replica gone: the next tick has nobody to ask
+        return out
+
+    out = asyncio.run(run())
+    assert [k for k, _ in out] == ["hello", "tick", "tick", "error"]
+    assert out[0][1]["replicas"] == ["a", "b"] and out[0][1]["model"] == "m"
+    assert [len(t["replicas"]) for k, t in out if k == "tick"] == [2, 2]
+    # hello asked of each replica on the first round only; later rounds ask after the last step sent
+    assert [h for _, _, h in asked[:2]] == [True, True] and not any(h for _, _, h in asked[2:])
+    assert [s for r, s, _ in asked[2:4]] == [1, 2]

@@ -90,6 +90,53 @@ def test_a_fleet_answers_a_cors_preflight_from_an_allowed_origin_as_one_server_d
     assert "access-control-allow-origin" not in other.headers
 
 
+def inflight(base) -> float:
+    """The router's requests in flight over every replica (`tailgate:fleet_inflight`)."""
+    text = httpx.get(base + "/metrics", timeout=120).text
+    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith("tailgate:fleet_inflight{"))
+
+
+def test_the_fleet_dashboard_shows_every_replica_and_is_no_request_in_flight(fleet):
+    from live import feed_ticks
+
+    ids = set(members(fleet))
+    ticks = feed_ticks(fleet)
+    event, hello = next(ticks)
+    assert event == "hello" and set(hello["replicas"]) == ids and "decode_slots" in hello["knobs"]
+    for prefix in (PREFIX_A, PREFIX_B):  # one request to each replica (the prefixes live apart)
+        assert complete(fleet, prefix + " Dashboard:").status_code == 200
+    seen = set()
+    for event, t in ticks:  # each replica's new steps arrive, tagged with it
+        assert event == "tick" and {r["id"] for r in t["replicas"]} == ids
+        assert t["steps_total"] == sum(r["steps_total"] for r in t["replicas"])
+        seen |= {s["replica"] for s in t["steps"]}
+        if seen == ids:
+            break
+    # The open feed is not a request the router placed: no replica carries it as load.
+    assert inflight(fleet) == 0
+    ticks.close()
+
+    from browser import missing
+
+    if missing() is None:  # the page draws a line and a timeline per replica
+        from browser import chromium
+        from selenium.webdriver.common.by import By
+
+        from live import until
+
+        d = chromium()
+        try:
+            d.get(fleet + "/dashboard")
+            rows = lambda: d.find_elements(By.CSS_SELECTOR, '[data-testid="replica-row"]')  # noqa: E731
+            assert until(lambda: len(rows()) == 2, 60)
+            lanes = d.find_elements(By.CSS_SELECTOR, '[data-testid="step-timeline-replica"]')
+            assert {e.get_attribute("data-replica") for e in lanes} == ids
+            assert not d.find_element(By.CSS_SELECTOR, '[data-testid="step-timeline"]').is_displayed()
+            assert inflight(fleet) == 0
+        finally:
+            d.quit()
+
+
 def test_a_killed_replica_fails_its_streams_cleanly_while_the_fleet_serves_and_recovers(fleet):
     before = members(fleet)
     events, victim = [], None

@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from browser import missing
-from live import metric, until, wait_idle
+from live import feed_ticks, metric, until, wait_idle
 from tailgate.bench.ab import free_port
 from tailgate.server.app import ServerState, create_app
 
@@ -177,18 +177,6 @@ def test_the_dashboard_shows_a_live_stream_running_and_draws_its_steps(server, b
     # Leaving the stream cancelled it; the dashboard sees the engine go idle.
     assert until(lambda: el(browser, "metric-running").text == "0", 60)
     assert wait_idle(base) == 0
-
-
-def feed_ticks(base, since=-1):
-    """(event, payload) pairs of /dashboard/feed, as they arrive."""
-    with httpx.stream("GET", f"{base}/dashboard/feed?since={since}", timeout=60) as r:
-        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-        event = None
-        for line in r.iter_lines():
-            if line.startswith("event: "):
-                event = line[7:]
-            elif line.startswith("data: "):
-                yield event, json.loads(line[6:])
 
 
 def test_the_feed_sends_each_engine_step_once_in_order_and_the_gaps_of_the_last_minute(server):

@@ -1,7 +1,8 @@
 """The fleet's one HTTP endpoint: an ASGI app (run by uvicorn in the `tailgate serve --replicas N`
 process) that forwards every request, as it came, to an engine replica through the deployment's
 Serve handle (whose router, `fleet/router.py`, picks the replica), and streams the replica's answer
-back. Only /metrics (every replica's, merged) and /health (the fleet's) are answered here.
+back. Only /metrics (every replica's, merged), /health (the fleet's) and the dashboard's feed
+(every replica's, merged: `fleet/dashboard.py`) are answered here.
 
 Why not Serve's own HTTP proxy: it would put a second hop (proxy actor, then an ingress replica)
 in front of the engines on a 2-core machine, and the front needs fleet-wide /metrics and /health
@@ -23,6 +24,7 @@ from ..server.protocol import ApiError
 
 log = logging.getLogger("tailgate.fleet")
 LOCAL = ("/metrics", "/health")
+FEED = "/dashboard/feed"  # answered here from every replica's feed (fleet/dashboard.py)
 
 
 def route_key(path: str, body: bytes):
@@ -58,10 +60,21 @@ def route_key(path: str, body: bytes):
 class Front:
     """`handle`: the engine deployment's DeploymentHandle; `fleet`: a zero-argument callable
     giving {"running": n, "target": N, "replicas": [unique ids]} (Serve's status);
-    `routes`: a zero-argument callable giving the router's counts by reason."""
+    `routes`: a zero-argument callable giving the router's counts by reason; `loads` one giving
+    its requests in flight by replica; `api_key`: the key the dashboard's feed checks."""
 
-    def __init__(self, handle, fleet, routes, max_body_bytes: int, attempts: int = 3, metrics_timeout: float = 10.0):
-        self.handle, self.fleet, self.routes = handle, fleet, routes
+    def __init__(
+        self,
+        handle,
+        fleet,
+        routes,
+        max_body_bytes: int,
+        api_key: str | None = None,
+        loads=dict,
+        attempts: int = 3,
+        metrics_timeout: float = 10.0,
+    ):
+        self.handle, self.fleet, self.routes, self.api_key, self.loads = handle, fleet, routes, api_key, loads
         self.max_body_bytes, self.attempts, self.metrics_timeout = max_body_bytes, attempts, metrics_timeout
         self.counts = {"retries": 0, "stream_errors": 0}
 
@@ -76,6 +89,8 @@ class Front:
         path = scope["path"]
         if path in LOCAL and scope["method"] in ("GET", "HEAD"):
             return await self._local(path, scope, send)
+        if path == FEED and scope["method"] == "GET":
+            return await self._dashboard(scope, receive, send)
         try:
             body = await self._body(scope, receive)
         except ApiError as e:
@@ -109,8 +124,7 @@ class Front:
         left = asyncio.Event()
 
         async def watch():  # the client hanging up cancels the replica's call (its engine requests abort)
-            while (await receive())["type"] != "http.disconnect":
-                pass
+            await _disconnected(receive)
             left.set()
 
         watcher = asyncio.ensure_future(watch())
@@ -179,8 +193,57 @@ class Front:
 
         got = await asyncio.gather(*(one(r) for r in fleet["replicas"]))
         texts = dict(x for x in got if x is not None)
-        text = render(texts, self.routes(), self.counts, {"running": fleet["running"], "target": fleet["target"]})
+        size = {"running": fleet["running"], "target": fleet["target"]}
+        text = render(texts, self.routes(), self.counts, size, self.loads())
         await self._reply(send, 200, text, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")])
+
+    async def _dashboard(self, scope, receive, send) -> None:
+        """The fleet's dashboard feed: the single server's checks (key, then `since`), then one
+        merged tick a period from pinned calls to every running replica, until the client leaves."""
+        from urllib.parse import parse_qs
+
+        from ..server.guards import check_key
+        from ..server.web import parse_since
+        from . import dashboard
+
+        try:
+            check_key(dict(scope["headers"]).get(b"authorization", b"").decode("latin-1"), self.api_key)
+            parse_since(parse_qs(scope.get("query_string", b"").decode("latin-1")).get("since", ["-1"])[-1])
+        except ApiError as e:
+            return await self._reply(send, e.status, json.dumps(e.body()).encode(), e.headers)
+
+        async def ask(rid, since, after, hello):
+            try:
+                call = self.handle.feed.remote(since, after, hello, pin=rid)
+                return await asyncio.wait_for(call, self.metrics_timeout)
+            except Exception as e:  # gone between the status and the call: left out of this tick
+                log.warning("no dashboard feed from replica %s: %r", rid, e)
+                return None
+
+        async def members():
+            return (await asyncio.to_thread(self.fleet))["replicas"]
+
+        async def pump():
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"text/event-stream"),
+                        (b"cache-control", b"no-cache"),
+                        (b"x-accel-buffering", b"no"),
+                    ],
+                }
+            )
+            async for text in dashboard.events(ask, members, dashboard.FleetWindow()):
+                await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        feed = asyncio.ensure_future(pump())
+        left = asyncio.ensure_future(_disconnected(receive))
+        await asyncio.wait({feed, left}, return_when=asyncio.FIRST_COMPLETED)
+        for t in (feed, left):
+            t.cancel()
 
     @staticmethod
     async def _reply(send, status: int, body: bytes, headers=None) -> None:
@@ -197,6 +260,11 @@ class Front:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+async def _disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _until(gen, left: asyncio.Event):

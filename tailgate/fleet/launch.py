@@ -132,8 +132,17 @@ def serve_fleet(args, lookup) -> int:
         handle = deploy(rspec, args.replicas, args.router, cpus, args.drain_timeout, args.log_level)
         from .front import Front
 
-        routes = (lambda: {}) if args.router == "pow2" else _routes
-        front = Front(handle, fleet_status(args.replicas), routes, rspec["state"]["max_body_bytes"])
+        from .registry import route_loads, route_totals
+
+        routes, loads = ((lambda: {}), (lambda: {})) if args.router == "pow2" else (route_totals, route_loads)
+        front = Front(
+            handle,
+            fleet_status(args.replicas),
+            routes,
+            rspec["state"]["max_body_bytes"],
+            rspec["state"]["api_key"],
+            loads,
+        )
         hosts = allowed_hosts(args.host, args.allowed_hosts)
         app = HostCheck(front, hosts) if hosts is not None else front
         logging.getLogger("tailgate").info(
@@ -164,9 +173,3 @@ def serve_fleet(args, lookup) -> int:
         finally:
             ray.shutdown()
     return 0
-
-
-def _routes() -> dict:
-    from .registry import route_totals
-
-    return route_totals()

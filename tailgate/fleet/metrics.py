@@ -32,10 +32,15 @@ class _Collector:
 
 
 def render(
-    replica_texts: dict[str, str], routes: dict[str, int], front: dict[str, int], replicas: dict[str, int]
+    replica_texts: dict[str, str],
+    routes: dict[str, int],
+    front: dict[str, int],
+    replicas: dict[str, int],
+    loads: dict[str, int] | None = None,
 ) -> bytes:
     """The text a fleet's /metrics answers: `front` holds `retries` and `stream_errors`,
-    `replicas` the fleet's `running` and `target` counts."""
+    `replicas` the fleet's `running` and `target` counts, `loads` the router's requests in flight
+    by replica."""
     own: list[Metric] = []
     c = CounterMetricFamily(
         "tailgate:route",
@@ -63,6 +68,14 @@ def render(
     for state, n in sorted(replicas.items()):
         g.add_metric([state], n)
     own.append(g)
+    inflight = GaugeMetricFamily(
+        "tailgate:fleet_inflight",
+        "Requests the router placed on a replica that have not completed: the load it routes by.",
+        labels=["replica"],
+    )
+    for rid, n in sorted((loads or {}).items()):
+        inflight.add_metric([rid], n)
+    own.append(inflight)
     reg = CollectorRegistry(auto_describe=False)
     reg.register(_Collector(own + merge(replica_texts)))
     return generate_latest(reg)

@@ -23,3 +23,14 @@ def route_totals() -> dict[str, int]:
         for reason, n in r.route_counts().items():
             out[reason] = out.get(reason, 0) + n
     return out
+
+
+def route_loads() -> dict[str, int]:
+    """Requests the routers placed that have not completed, by replica (`tailgate:fleet_inflight`)."""
+    with _lock:
+        routers = list(_routers)
+    out: dict[str, int] = {}
+    for r in routers:
+        for rid, n in dict(r.loads).items():
+            out[rid] = out.get(rid, 0) + n
+    return out

@@ -67,6 +67,7 @@ class EngineReplica:
         self.state.engine = engine
         self.app = create_app(self.state)
         self.registry = registry_for(self.state)
+        self.window = None  # the dashboard feed's gap window, made by the first feed call
         log.info("replica %s serving with %d thread(s)", self.id, spec["threads"])
 
     @staticmethod
@@ -137,6 +138,21 @@ class EngineReplica:
         from ..server.metrics import render
 
         return self.id, render(self.registry).decode()
+
+    async def feed(self, since: int, after: float | None, hello: bool = False, pin: str | None = None) -> dict:
+        """One tick of this replica's dashboard feed for the front (`fleet/dashboard.py`): steps
+        after `since`, inter-token gaps after `after`, and its hello when asked. A pinned call:
+        the router neither places nor counts it, so an open dashboard is no request in flight."""
+        from ..server import feed
+
+        if self.window is None:  # the first dashboard attaches the engine observer, as one server does
+            self.window = feed.ItlWindow()
+            self.window.attach(self.state.engine)
+        out = feed.report(self.state, self.window, since, after)
+        out["replica"] = self.id
+        if hello:
+            out["hello"] = feed.hello(self.state)
+        return out
 
     async def load(self, pin: str | None = None) -> dict:
         snap = self.state.engine.snapshot

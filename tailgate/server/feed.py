@@ -49,15 +49,29 @@ class ItlWindow:
                 if type(ev) is Token and ev.gap is not None:
                     self.gaps.append((ev.at, ev.gap))
 
-    def stats(self, now: float) -> dict:
-        """p50 / p99 / count of the gaps that ended within WINDOW_S of `now` (engine clock)."""
+    def _trim(self, now: float) -> None:
         self._drain()
         while self.gaps and self.gaps[0][0] < now - WINDOW_S:
             self.gaps.popleft()
-        values = sorted(g for _, g in self.gaps)
-        n = len(values)
-        pick = lambda q: values[min(n - 1, int(q * n))] if n else None  # noqa: E731  (nearest rank)
-        return {"n": n, "p50_s": pick(0.50), "p99_s": pick(0.99), "window_s": WINDOW_S}
+
+    def stats(self, now: float) -> dict:
+        """p50 / p99 / count of the gaps that ended within WINDOW_S of `now` (engine clock)."""
+        self._trim(now)
+        return gap_stats([g for _, g in self.gaps])
+
+    def after(self, now: float, at: float | None) -> list[list[float]]:
+        """The window's gaps that ended after `at` (all of them for None), as [at, gap] pairs: what
+        a fleet's front takes each tick to keep its own window (fleet/dashboard.py)."""
+        self._trim(now)
+        return [[a, g] for a, g in self.gaps if at is None or a > at]
+
+
+def gap_stats(gaps) -> dict:
+    """p50 / p99 (nearest rank) and count of some inter-token gaps (seconds)."""
+    values = sorted(gaps)
+    n = len(values)
+    pick = lambda q: values[min(n - 1, int(q * n))] if n else None  # noqa: E731
+    return {"n": n, "p50_s": pick(0.50), "p99_s": pick(0.99), "window_s": WINDOW_S}
 
 
 def hello(state) -> dict:
@@ -86,6 +100,16 @@ def tick(state, window: ItlWindow, since: int) -> dict:
         "itl": window.stats(state.engine.clock()),
         "steps": steps,
     }
+
+
+def report(state, window: ItlWindow, since: int, after: float | None) -> dict:
+    """What a fleet replica answers its front each tick (fleet/dashboard.py merges them): the
+    tick, plus the window's gaps that ended after `after`, from which the front works out the
+    fleet's own percentiles; `error` when the engine has failed."""
+    t = tick(state, window, since)
+    t["gaps"] = window.after(t["now"], after)
+    t["error"] = None if state.engine.error is None else f"engine failed: {state.engine.error!r}"
+    return t
 
 
 async def events(state, window: ItlWindow, since: int):

@@ -74,13 +74,14 @@ async def read_body(req: Request, state: ServerState) -> dict:
     return body
 
 
-def check_auth(req: Request) -> None:
-    state = server_state(req)
-    if state.api_key is None:
-        return
-    got = req.headers.get("authorization", "")
-    if not hmac.compare_digest(got.encode(), f"Bearer {state.api_key}".encode()):
+def check_key(authorization: str, api_key: str | None) -> None:
+    """An ApiError (401) unless the Authorization header carries the key (none set: anything)."""
+    if api_key is not None and not hmac.compare_digest(authorization.encode(), f"Bearer {api_key}".encode()):
         raise ApiError(401, "invalid or missing API key", code="invalid_api_key")
+
+
+def check_auth(req: Request) -> None:
+    check_key(req.headers.get("authorization", ""), server_state(req).api_key)
 
 
 def check_ready(state: ServerState) -> None:

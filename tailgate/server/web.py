@@ -60,6 +60,13 @@ async def static(name: str):
     return _file(name)
 
 
+def parse_since(raw: str) -> int:
+    """The feed's `since`: -1 or a step number; an ApiError (400) naming it otherwise."""
+    if not (raw == "-1" or (raw.isascii() and raw.isdigit() and len(raw) <= 18)):
+        raise ApiError(400, f"'since' must be -1 or a step number (0, 1, ...), got {raw!r}", "since")
+    return int(raw)
+
+
 @router.get("/dashboard/feed")
 async def dashboard_feed(req: Request):
     """`?since=N`: the last step `seq` the client already has (a reconnecting page sends it)."""
@@ -67,10 +74,7 @@ async def dashboard_feed(req: Request):
     # loading), then that the model is serving.
     check_auth(req)
     state = server_state(req)
-    raw = req.query_params.get("since", "-1")
-    if not (raw == "-1" or (raw.isascii() and raw.isdigit() and len(raw) <= 18)):
-        raise ApiError(400, f"'since' must be -1 or a step number (0, 1, ...), got {raw!r}", "since")
-    since = int(raw)
+    since = parse_since(req.query_params.get("since", "-1"))
     check_ready(state)
     window = getattr(req.app.state, "itl_window", None)
     if window is None:  # one per app: every dashboard shares the gaps it has gathered

@@ -16,20 +16,37 @@ const table = (obj) => Object.entries(obj)
   .map(([k, v]) => `<tr><td>${esc(k)}</td><td>${esc(v === null ? "off" : typeof v === "object" ? JSON.stringify(v) : v)}</td></tr>`)
   .join("");
 
+// A fleet's feed (tailgate serve --replicas N) says which replicas run in its hello; its ticks
+// carry a line per replica and tag each step with its replica, drawn on that replica's timeline.
+let replicas = null;
+
 function hello(h) {
   $("model-name").textContent = h.model;
   $("knobs").innerHTML = table(h.knobs);
   $("kernels").innerHTML = table(h.kernels);
+  $("replicas-section").hidden = !h.replicas;
+  $("timeline").toggleAttribute("hidden", !!h.replicas); // an <svg> has no `hidden` property
+  layTimelines(h.replicas || null);
+  if (replicas) { steps = []; lastSeq = -1; } // a fleet's step numbers are per replica
 }
 
-function drawTimeline(now) {
-  const oldest = steps.length ? steps[Math.max(0, steps.length - STEPS_SHOWN)].at : now;
+// One timeline per replica (a replaced replica gets its own when it first reports).
+function layTimelines(ids) {
+  replicas = ids;
+  $("timelines").innerHTML = (ids || []).map((id) =>
+    `<p class="muted">replica ${esc(id)}</p><svg class="timeline lane" data-replica="${esc(id)}" ` +
+    `data-testid="step-timeline-replica" viewBox="0 0 1000 160" preserveAspectRatio="none"></svg>`).join("");
+}
+
+// Draws `shown` (steps of one engine, oldest first) on `svg` as of `now` (that engine's clock);
+// returns the span drawn and the longest step in it.
+function drawSteps(svg, shown, now) {
+  const oldest = shown.length ? shown[Math.max(0, shown.length - STEPS_SHOWN)].at : now;
   const span = Math.min(MAX_SPAN_S, Math.max(SPAN_S, now - oldest));
-  $("span").textContent = `${span.toFixed(0)} s`;
-  const visible = steps.filter((s) => s.at + s.duration_s >= now - span);
+  const visible = shown.filter((s) => s.at + s.duration_s >= now - span);
   const top = Math.max(0.02, ...visible.map((s) => s.duration_s)); // at least 20 ms tall
   const x = (t) => (1000 * (t - (now - span))) / span;
-  $("timeline").innerHTML = visible.map((s) => {
+  svg.innerHTML = visible.map((s) => {
     const h = Math.max(2, (150 * s.duration_s) / top);
     const w = Math.max(1.5, x(s.at + s.duration_s) - x(s.at));
     const rows = `${s.decode_rows} decode + ${s.prompt_rows} prompt rows (${s.prompts} prompts)` +
@@ -38,18 +55,44 @@ function drawTimeline(now) {
       `height="${h.toFixed(1)}" fill="${kindColour(s.kind)}"><title>step ${s.seq}: ${s.kind}, ${rows}, ` +
       `${(1000 * s.duration_s).toFixed(1)} ms</title></rect>`;
   }).join("");
+  return { span, top };
+}
+
+function drawTimeline(t) {
+  let drawn;
+  if (replicas) {
+    const nowOf = Object.fromEntries(t.replicas.map((r) => [r.id, r.now]));
+    for (const svg of $("timelines").querySelectorAll("svg")) {
+      const id = svg.dataset.replica;
+      if (id in nowOf) drawn = drawSteps(svg, steps.filter((s) => s.replica === id), nowOf[id]);
+    }
+  } else {
+    drawn = drawSteps($("timeline"), steps, t.now);
+  }
+  if (drawn) $("span").textContent = `${drawn.span.toFixed(0)} s`;
   const s = steps[steps.length - 1];
   if (s) {
-    $("last-step").textContent = `Last step #${s.seq}: ${s.kind}, ${s.decode_rows} decode + ${s.prompt_rows} prompt rows, ` +
-      `${(1000 * s.duration_s).toFixed(1)} ms (longest shown: ${(1000 * top).toFixed(1)} ms)`;
+    $("last-step").textContent = `Last step #${s.seq}${s.replica ? ` of replica ${s.replica}` : ""}: ${s.kind}, ` +
+      `${s.decode_rows} decode + ${s.prompt_rows} prompt rows, ${(1000 * s.duration_s).toFixed(1)} ms` +
+      (drawn ? ` (longest shown: ${(1000 * drawn.top).toFixed(1)} ms)` : "");
   }
+}
+
+const pct = (u) => `${(100 * u).toFixed(u < 0.01 ? 2 : 1)} %`;
+
+function drawReplicas(rows) {
+  $("replicas").innerHTML = "<tr><td>replica</td><td>running</td><td>waiting</td><td>held</td><td>KV in use</td>" +
+    "<td>ITL p50 / p99, last min</td><td>steps</td></tr>" + rows.map((r) =>
+    `<tr data-testid="replica-row"><td>${esc(r.id)}</td><td>${r.running}</td><td>${r.waiting}</td><td>${r.held}</td>` +
+    `<td>${pct(r.kv_usage)}</td><td>${ms(r.itl.p50_s)} / ${ms(r.itl.p99_s)} (${r.itl.n})</td>` +
+    `<td>${r.steps_total}${r.error ? ` · ${esc(r.error)}` : ""}</td></tr>`).join("");
 }
 
 function tick(t) {
   $("running").textContent = t.running;
   $("waiting").textContent = t.waiting;
   $("held").textContent = t.held;
-  $("kv").textContent = `${(100 * t.kv_usage).toFixed(t.kv_usage < 0.01 ? 2 : 1)} %`;
+  $("kv").textContent = pct(t.kv_usage);
   $("kv-pages").textContent = `${t.kv_pages_used} pages`;
   $("prefix").textContent = t.prefix_queries ? `${((100 * t.prefix_hits) / t.prefix_queries).toFixed(1)} %` : "–";
   $("prefix-tokens").textContent = `${t.prefix_hits} of ${t.prefix_queries} prompt tokens`;
@@ -57,11 +100,16 @@ function tick(t) {
   $("itl-p99").textContent = ms(t.itl.p99_s);
   $("itl-n").textContent = `${t.itl.n} gaps`;
   $("steps").textContent = `${t.steps_total} · ${t.preemptions}`;
-  if (t.steps.length) {
-    steps = steps.concat(t.steps).slice(-KEEP);
-    lastSeq = t.steps[t.steps.length - 1].seq;
+  if (t.replicas) {
+    drawReplicas(t.replicas);
+    const ids = t.replicas.map((r) => r.id);
+    if (ids.join() !== replicas.join()) layTimelines(ids);
   }
-  drawTimeline(t.now);
+  if (t.steps.length) {
+    steps = steps.concat(t.steps).slice(-KEEP * (replicas ? replicas.length : 1));
+    if (!replicas) lastSeq = t.steps[t.steps.length - 1].seq;
+  }
+  drawTimeline(t);
 }
 
 async function connect() {
