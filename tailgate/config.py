@@ -1,11 +1,11 @@
-"""The knob table: every serving knob, its grammar, default, range and cross-knob rules.
-
-Each knob is read as the env var TAILGATE_<NAME> or the CLI flag --<name-with-dashes> (the flag
-wins), through an injectable `lookup(name) -> str | None`, so tests never touch os.environ.
-Everything is parsed and cross-checked in `resolve` before any weights load; an unknown value
-refuses to start with a message naming the knob, the value and the accepted grammar. A value is
-read as written: an integer is ASCII digits alone, a word matches in any case, and neither may
-carry surrounding whitespace (one rule, so ' 0' is not off where ' 5' refuses).
+"""The knobs' parsing: every serving knob read through an injectable `lookup(name) -> str | None`
+(tests never touch os.environ), parsed and cross-checked in `resolve` before any weights load. The
+knobs themselves (name, default, grammar, doc) are declared once, as fields of `settings.Settings`;
+`KNOBS` is that table. Each is read as the env var TAILGATE_<NAME> or the CLI flag
+--<name-with-dashes> (the flag wins), then a `serve --config` file's key. An unknown value refuses
+to start with a message naming the knob, the value and the accepted grammar. A value is read as
+written: an integer is ASCII digits alone, a word matches in any case, and neither may carry
+surrounding whitespace (one rule, so ' 0' is not off where ' 5' refuses).
 """
 
 from __future__ import annotations
@@ -14,15 +14,22 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
+from .settings import (
+    DEFAULT_ITL_TARGET,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_TTFT_TARGET,
+    DOOR_GRAMMAR,
+    ITL_TARGET_GRAMMAR,
+    KNOB_FIELDS,
+    LANE_GRAMMAR,
+    PREFIX,
+    TTFT_TARGET_GRAMMAR,
+    Settings,
+    ascii_digits,
+)
+
 OFF_WORDS = ("", "0", "off")
-# max_tokens when a request sets none. vLLM's default is the rest of the context; a client that
-# forgets it then holds a slot for up to MAX_CONTEXT tokens. 2048 bounds that work (and an
-# abandoned request's) while leaving long answers possible; `context` restores vLLM's behaviour.
-DEFAULT_MAX_TOKENS = 2048
 DEFAULT_CHUNK = 64  # MIX_CHUNK_TOKENS when unset (the grammar's floor; why: the comment in resolve)
-DEFAULT_ITL_TARGET = "auto"  # ITL_TARGET_MS when neither it nor another admission shape is set (why: resolve)
-DEFAULT_TTFT_TARGET = "2000"  # TTFT_TARGET_MS under an inter-token target (why: step_cost.RoundBudget)
-PREFIX = "TAILGATE_"
 
 
 class KnobError(ValueError):
@@ -33,13 +40,6 @@ def _refuse(name: str, raw: str, grammar: str, why: str = "not recognized") -> K
     return KnobError(f"{PREFIX}{name}={raw!r} {why} (accepted: {grammar})")
 
 
-def ascii_digits(raw: str) -> bool:
-    """An integer is ASCII digits and nothing else. str.isdigit() also takes other scripts' digits
-    ('١٠٠') and int() also takes surrounding whitespace, a sign and '_' ('1_000'): each would give
-    one value several spellings, and a typo its nearest reading instead of a refusal."""
-    return raw.isascii() and raw.isdigit()
-
-
 def _int_in(name: str, raw: str, lo: int, hi: int, grammar: str) -> int:
     if not ascii_digits(raw):
         raise _refuse(name, raw, grammar)
@@ -48,9 +48,6 @@ def _int_in(name: str, raw: str, lo: int, hi: int, grammar: str) -> int:
     if not lo <= n <= hi:
         raise _refuse(name, raw, grammar, "out of range")
     return n
-
-
-DOOR_GRAMMAR = "off | auto | N ms, 1 <= N <= 2000"
 
 
 def parse_admit_coalesce_ms(raw: str | None) -> int | str | None:
@@ -96,9 +93,6 @@ def parse_default_max_tokens(raw: str | None, max_context: int | None) -> int | 
     return _int_in("DEFAULT_MAX_TOKENS", raw, 1, hi, f"context | N, 1 <= N <= MAX_CONTEXT ({hi})")
 
 
-ITL_TARGET_GRAMMAR = "off | auto | N ms, 1 <= N <= 10000"
-
-
 def parse_itl_target_ms(raw: str | None) -> int | str | None:
     """off | auto | N ms with 1 <= N <= 10000: the step time each walk round's prompt rows are
     priced to (engine/step_cost.py); auto: a multiple of the live batch's own predicted decode
@@ -111,9 +105,6 @@ def parse_itl_target_ms(raw: str | None) -> int | str | None:
     return _int_in("ITL_TARGET_MS", raw, 1, 10000, ITL_TARGET_GRAMMAR)
 
 
-TTFT_TARGET_GRAMMAR = "off | N ms, 100 <= N <= 600000"
-
-
 def parse_ttft_target_ms(raw: str | None) -> int | None:
     """off | N ms with 100 <= N <= 600000: under an inter-token target, a walk round takes at least
     the prompt rows that clear the waiting prompts (walkers' rest + the queue's) within N ms at
@@ -121,9 +112,6 @@ def parse_ttft_target_ms(raw: str | None) -> int | None:
     if raw is None or raw.lower() in OFF_WORDS:
         return None
     return _int_in("TTFT_TARGET_MS", raw, 100, 600000, TTFT_TARGET_GRAMMAR)
-
-
-LANE_GRAMMAR = "off | 0 | false | shared | green:NN (1 <= NN <= 99) | cpu:N (1 <= N < cores)"
 
 
 def usable_cores() -> int:
@@ -162,89 +150,12 @@ class Knob:
     doc: str
 
 
-KNOBS = (
-    Knob(
-        "MAX_CONTEXT",
-        "min(4096, model limit)",
-        "N, 64 <= N <= model's max positions",
-        "serving ceiling: prompt + max_tokens; sizes the global KV pool",
-    ),
-    Knob("DECODE_SLOTS", "16", "N, 1 <= N <= 256", "roster size: requests decoding together"),
-    Knob(
-        "MIX_GATHER_ROWS",
-        "512",
-        "N, 1 <= N <= MAX_CONTEXT",
-        "followers join a mixed step only while the gathered prompt rows stay within N (the leader is never bounded)",
-    ),
-    Knob(
-        "MIX_MAX_PROMPTS",
-        "min(4, DECODE_SLOTS)",
-        "N, 1 <= N <= DECODE_SLOTS",
-        "most prompts one mixed step absorbs; also the door's cohort cap",
-    ),
-    Knob(
-        "MIX_CHUNK_TOKENS",
-        "unset: 64 (a cap under ITL_TARGET_MS=auto; uncapped under an ITL_TARGET_MS of N ms; off when MAX_CONTEXT <= 64)",
-        "off | N, 64 <= N < MAX_CONTEXT (>=128 rounds down to x128)",
-        "chunked walk: gathered prompts enter the live batch at most N rows per step, one round per iteration (replaces MIX_GATHER_ROWS)",
-    ),
-    Knob(
-        "ASYNC_PREFILL",
-        "off",
-        LANE_GRAMMAR,
-        "side-lane prefill: an admission into a live batch prefills on a worker with N threads of its own while "
-        "decode keeps stepping on the rest (one in flight; intake waits); shared/green:NN are the seed's CUDA "
-        "lanes and refuse here; refuses with the door",
-    ),
-    Knob(
-        "PREFIX_CACHE",
-        "off",
-        "off | K, 1 <= K <= 1024",
-        "remember up to K prompts' full KV pages as hashed blocks (and a preempted request's, for its recompute); a prompt "
-        "resumes at its longest cached prefix (LRU; cached pages pin nothing: an allocation evicts idle ones only when none is free)",
-    ),
-    Knob(
-        "ADMIT_COALESCE_MS",
-        "off",
-        DOOR_GRAMMAR,
-        "admission coalesce door: hold arrivals into a deep live batch up to N ms; auto: hold only while "
-        "the stall it spares live streams (learned step costs) exceeds the wait it adds",
-    ),
-    Knob(
-        "ITL_TARGET_MS",
-        DEFAULT_ITL_TARGET,
-        ITL_TARGET_GRAMMAR,
-        "inter-token target: each walk round takes the most prompt rows whose predicted step time (a step-cost "
-        "model fitted online from the engine's own steps) stays within N ms (auto: 2x the live batch's own predicted decode step, never more rows than the walk's "
-        "width; the walk's width while the fit's error says it does not know this CPU), at least one; an idle engine "
-        "prefills at full width (auto: the walk's width). Turns the walk on; MIX_CHUNK_TOKENS, when set, caps every round; given explicitly it "
-        "refuses with MIX_CHUNK_TOKENS=off and with ASYNC_PREFILL (unset, the default yields to them)",
-    ),
-    Knob(
-        "TTFT_TARGET_MS",
-        DEFAULT_TTFT_TARGET + " (under ITL_TARGET_MS)",
-        TTFT_TARGET_GRAMMAR,
-        "under an inter-token target, a walk round widens past it to the prompt rows that clear every waiting "
-        "prompt (the walkers' rest and the queue's) within N ms at the predicted step time, so arrivals do not "
-        "queue without bound behind narrow rounds; off: the inter-token target alone. Given explicitly it refuses "
-        "without ITL_TARGET_MS",
-    ),
-    Knob(
-        "DEFAULT_MAX_TOKENS",
-        f"min({DEFAULT_MAX_TOKENS}, MAX_CONTEXT)",
-        "context | N, 1 <= N <= MAX_CONTEXT",
-        "max_tokens of a request that sets none (never past the context); context: the rest of the context, "
-        "as vLLM does",
-    ),
-    Knob(
-        "KV_CACHE_MB",
-        "auto",
-        "auto | off | N MiB, 1 <= N <= 1048576",
-        "size the global KV pool from a memory budget instead of DECODE_SLOTS x MAX_CONTEXT; a live row "
-        "that cannot grow preempts the latest arrival (requeued at the head, recomputed). auto: "
-        "DECODE_SLOTS x MAX_CONTEXT while that fits half the RAM available at start, else half that RAM",
-    ),
-)
+def _knob(name: str) -> Knob:
+    f = Settings.model_fields[name]
+    return Knob(name.upper(), f.json_schema_extra["default"], f.json_schema_extra["grammar"], f.description)
+
+
+KNOBS = tuple(_knob(n) for n in KNOB_FIELDS)  # the table, from the one declaration (settings.Settings)
 KNOB_NAMES = tuple(k.name for k in KNOBS)
 
 
@@ -279,18 +190,14 @@ class ServingConfig:
         return self
 
 
-def env_lookup(
-    cli: dict[str, str | None] | None = None, environ=None, file: dict[str, str] | None = None
-) -> Callable[[str], str | None]:
-    """CLI value first, then TAILGATE_<NAME> from the environment, then the config file's key."""
+def env_lookup(cli: dict[str, str | None] | None = None, environ=None) -> Callable[[str], str | None]:
+    """CLI value first, then TAILGATE_<NAME> from the environment."""
     environ = os.environ if environ is None else environ
-    cli, file = cli or {}, file or {}
+    cli = cli or {}
 
     def lookup(name: str) -> str | None:
         v = cli.get(name)
-        if v is None:
-            v = environ.get(PREFIX + name)
-        return v if v is not None else file.get(name)
+        return v if v is not None else environ.get(PREFIX + name)
 
     return lookup
 
@@ -405,11 +312,10 @@ def add_knob_args(parser) -> None:
 
 
 def cli_lookup(args) -> Callable[[str], str | None]:
-    """The knobs' lookup for parsed `add_knob_args` flags (flag first, then the environment, then
-    a `serve --config` file's keys, which server/settings.py put on `args.knob_file`)."""
-    return env_lookup(
-        {name: getattr(args, "knob_" + name) for name in KNOB_NAMES}, file=getattr(args, "knob_file", None)
-    )
+    """The knobs' lookup for parsed `add_knob_args` flags: the flag, then the environment (for
+    `serve`, server/settings.py `apply` has already put each knob's value from its flag, env var
+    or config file on the flag's place)."""
+    return env_lookup({name: getattr(args, "knob_" + name) for name in KNOB_NAMES})
 
 
 def knob_table_markdown() -> str:

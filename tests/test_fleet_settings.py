@@ -77,12 +77,14 @@ OTHER = {
 
 
 def test_every_serve_setting_is_accounted_for_on_its_way_to_a_replica():
-    from tailgate.server.settings import FIELDS
+    from tailgate.config import cli_lookup
+    from tailgate.settings import KNOB_FIELDS, Settings
 
-    assert set(SPEC) | STATE | FRONT | set(OTHER) == set(FIELDS)
-    args = build_parser().parse_args(FLAGS + ["--grammar-warmup", "false", "--threads", "1"])
+    # ... and each scheduler knob, through the engine's settled config (spec "config").
+    assert set(SPEC) | STATE | FRONT | set(OTHER) | set(KNOB_FIELDS) == set(Settings.model_fields)
+    args = build_parser().parse_args(FLAGS + ["--grammar-warmup", "false", "--threads", "1", "--decode-slots", "3"])
     apply(args)
-    spec = replica_spec(args, resolve(lambda k: None), choose(), "{{ messages }}")
+    spec = replica_spec(args, resolve(cli_lookup(args)), choose(), "{{ messages }}")
     for field, key in SPEC.items():
         assert spec[key] == getattr(args, field), field
-    assert spec["threads"] == 1 and spec["chat_template"] == "{{ messages }}"
+    assert spec["threads"] == 1 and spec["chat_template"] == "{{ messages }}" and spec["config"].decode_slots == 3

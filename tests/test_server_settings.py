@@ -21,10 +21,10 @@ def test_a_flag_beats_its_env_var_which_beats_the_config_file(tmp_path, monkeypa
     cfg.write_text('port = 7001\nhost = "0.0.0.0"\nmax_queued_requests = 12\nsse_keep_alive = "off"\n')
     monkeypatch.setenv("TAILGATE_PORT", "7002")
     monkeypatch.setenv("TAILGATE_HOST", "::1")
-    s, _ = load({"port": 7003}, config=str(cfg))
+    s = load({"port": 7003}, config=str(cfg))
     assert (s.port, s.host, s.max_queued_requests, s.sse_keep_alive, s.log_format) == (7003, "::1", 12, None, "text")
     monkeypatch.setenv("TAILGATE_CONFIG", str(cfg))
-    assert load({})[0].port == 7002
+    assert load({}).port == 7002
 
 
 @pytest.mark.parametrize(
@@ -57,13 +57,23 @@ def test_a_config_file_key_that_is_no_setting_refuses_naming_it(tmp_path):
         load({}, config=str(cfg))
 
 
-def test_every_serve_flag_is_a_setting():
+def test_every_serve_flag_and_every_knob_is_a_field_of_the_one_settings_declaration():
     from tailgate.cli import build_parser
+    from tailgate.config import KNOBS
+    from tailgate.settings import Settings
 
     args = build_parser().parse_args(["serve"])
-    flags = {k for k in vars(args) if not k.startswith("knob_")} - {"cmd", "fn", "config"}
-    assert flags == set(FIELDS)
-    assert all(getattr(args, k) is None for k in flags)  # unset until settings.apply resolves them
+    flags = {k.removeprefix("knob_").lower() for k in vars(args)} - {"cmd", "fn", "config"}
+    assert flags == set(Settings.model_fields) == set(FIELDS) | {k.lower() for k in KNOB_NAMES}
+    assert all(v is None for k, v in vars(args).items() if k not in ("cmd", "fn"))  # unset until apply
+    # The knob table (docs, --help) is the declaration's knob fields, in order, with their words.
+    for k in KNOBS:
+        f = Settings.model_fields[k.name.lower()]
+        assert (k.doc, k.grammar, k.default) == (
+            f.description,
+            f.json_schema_extra["grammar"],
+            f.json_schema_extra["default"],
+        )
 
 
 def test_serve_refuses_a_bad_setting_before_any_weights_load(tmp_path):
@@ -220,3 +230,11 @@ def test_json_logs_carry_one_access_line_per_finished_request(configured):
     rec = line()
     assert rec["logger"] == "tailgate.access" and rec["status"] == 200 and rec["path"] == "/v1/completions"
     assert rec["completion_tokens"] == 3 and rec["prompt_tokens"] > 0 and rec["ttft_s"] <= rec["e2e_s"]
+
+
+def test_the_knob_table_in_the_docs_is_the_declarations():
+    from pathlib import Path
+
+    from tailgate.config import knob_table_markdown
+
+    assert knob_table_markdown() in (Path(__file__).parent.parent / "docs" / "knobs.md").read_text()

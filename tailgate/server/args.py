@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import ascii_digits
+from ..settings import ascii_digits
 
 
 def uint_arg(lo: int = 0, hi: int | None = None):
@@ -36,15 +36,18 @@ def _int_type(field):
 
 
 def add_serve_args(p) -> None:
-    """`serve`'s flags, one per server setting (server/settings.py ServeSettings, the one
-    declaration: its descriptions are the help) and one per scheduler knob (config.py KNOBS).
+    """`serve`'s flags, one per field of the one declaration (tailgate/settings.py `Settings`: its
+    descriptions are the help): the server's settings here, the scheduler's knobs by
+    config.add_knob_args (the flags every command that runs the scheduler has).
     Every server flag is left unset here (None), so settings.apply sees which were given and
     resolves each against TAILGATE_<NAME> and --config; its values are checked there, once."""
     from ..config import add_knob_args
-    from .settings import ServeSettings, grammar
+    from ..settings import Settings
+    from .settings import FIELDS, grammar
 
     fleet = p.add_argument_group("fleet (tailgate/fleet/; needs the ray extra: pip install .[ray])")
-    for name, f in ServeSettings.model_fields.items():
+    for name in FIELDS:
+        f = Settings.model_fields[name]
         flag = "--" + name.replace("_", "-")
         if flag in p._option_string_actions:  # the model's flags, added by cli.py for every command
             continue
