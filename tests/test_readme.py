@@ -7,7 +7,12 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
+import json
+import os
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -35,3 +40,46 @@ def test_the_readme_call_it_block_runs_against_a_live_server(server):
     assert len(lines) >= 4, out.getvalue()
     assert isinstance(ast.literal_eval(lines[-2])["city"], str)  # the schema-held answer, parsed
     assert "name='get_weather'" in lines[-1] and ("Paris" in lines[-1] or "Oslo" in lines[-1])
+
+
+def commands() -> list[str]:
+    """Every `tailgate` command of the README's bash blocks, as written (comment cut, lines joined
+    at a trailing backslash, anything before `&&` dropped: the setup the session already has)."""
+    out = []
+    for b in re.findall(r"```bash\n(.*?)```", README.read_text(), re.S):
+        for line in b.replace("\\\n", " ").splitlines():
+            cmd = line.split("  #", 1)[0].split("&&")[-1].strip()
+            if cmd.startswith(".venv/bin/tailgate "):
+                out.append(cmd)
+    return out
+
+
+def test_every_tailgate_command_in_the_readme_is_one_the_cli_accepts():
+    from tailgate.cli import build_parser
+
+    cmds = commands()
+    assert len(cmds) >= 10 and any(" sim " in c for c in cmds) and any("--replicas 2" in c for c in cmds)
+    for cmd in cmds:
+        try:
+            build_parser().parse_args(shlex.split(cmd)[1:])
+        except SystemExit as e:  # argparse refuses with exit code 2
+            raise AssertionError(f"README: {cmd!r} does not parse (exit {e.code})") from None
+
+
+def test_the_readmes_curl_one_shot_and_simulator_commands_run_as_written(server):
+    base = server[0]
+    curl = block("Call it", "bash").splitlines()[0:2]
+    cmd = " ".join(x.rstrip("\\").strip() for x in curl).replace("localhost:8000", base.removeprefix("http://"))
+    got = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0 and json.loads(got.stdout)["choices"][0]["text"], got.stdout + got.stderr
+    repo = README.parent
+    for cmd in commands():
+        if cmd.startswith((".venv/bin/tailgate generate ", ".venv/bin/tailgate sim ")):
+            argv = [str(Path(sys.executable).parent / "tailgate")] + shlex.split(cmd)[1:]
+            got = subprocess.run(argv, cwd=repo, capture_output=True, text=True, timeout=600, env=live_env())
+            assert got.returncode == 0 and got.stdout.strip(), f"{cmd}: {got.stderr[-2000:]}"
+
+
+def live_env() -> dict:
+    """The environment the README's commands run in here: this one, minus the test servers' knobs."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("TAILGATE_")}
