@@ -71,11 +71,12 @@ def test_one_replica_imports_nothing_of_ray_and_fleet_flags_without_replicas_ref
     assert p.stdout.split()[-2:] == ["0", "False"], p.stderr
 
 
-def report(now, steps=(), gaps=(), running=0, kv_usage=0.0, **counts):
-    """One replica's answer to the front, as `server/feed.report` shapes it."""
+def report(now, steps=(), gaps=(), running=0, kv_usage=0.0, replica="a", **counts):
+    """One replica's answer to the front, as `server/feed.report` and `EngineReplica.feed` shape it."""
     base = {k: 0 for k in SUMMED}
     return {
         **base,
+        "replica": replica,
         **counts,
         "running": running,
         "now": now,
@@ -94,8 +95,9 @@ def test_a_fleet_tick_sums_the_replicas_and_its_itl_percentiles_are_those_of_eve
     t = w.merge(
         {
             "a": report(190.0, steps=[7, 8], gaps=a_gaps, running=2, kv_usage=0.5, prefix_hits=3, preemptions=1),
-            "b": report(15.0, steps=[0], gaps=b_gaps, running=1, kv_usage=0.1, prefix_hits=4),
-        }
+            "b": report(15.0, steps=[0], gaps=b_gaps, running=1, kv_usage=0.1, prefix_hits=4, replica="b"),
+        },
+        ["a", "b"],
     )
     assert (t["running"], t["prefix_hits"], t["preemptions"]) == (3, 7, 1)
     assert abs(t["kv_usage"] - 0.3) < 1e-9
@@ -106,8 +108,11 @@ def test_a_fleet_tick_sums_the_replicas_and_its_itl_percentiles_are_those_of_eve
     assert [(r["id"], r["running"], r["itl"]["p99_s"]) for r in t["replicas"]] == [("a", 2, 0.010), ("b", 1, 0.200)]
     # The next ask for each replica starts after what it already sent.
     assert w.ask("a") == (8, 172.25) and w.ask("b") == (0, 14.0) and w.ask("c") == (-1, None)
+    # A replica that misses a tick but is still a member keeps its cursors (no step sent twice).
+    t = w.merge({"a": report(190.5)}, ["a", "b"])
+    assert [r["id"] for r in t["replicas"]] == ["a"] and w.ask("b") == (0, 14.0)
     # A minute later replica a's old gaps leave the window; b has left the fleet and is forgotten.
-    t = w.merge({"a": report(220.0, gaps=[(219.0, 0.020)])})
+    t = w.merge({"a": report(220.0, gaps=[(219.0, 0.020)])}, ["a"])
     assert [r["id"] for r in t["replicas"]] == ["a"] and w.ask("b") == (-1, None)
     assert t["itl"]["n"] == 1 + sum(1 for at, _ in a_gaps if at >= 220.0 - 60.0) == 1 + 50
 
@@ -119,7 +124,7 @@ def test_a_fleet_feed_says_hello_once_then_ticks_and_ends_with_an_error_when_no_
         asked.append((rid, since, hello))
         if rid not in alive:
             return None
-        out = report(10.0 + len(asked), steps=[len(asked)])
+        out = report(10.0 + len(asked), steps=[len(asked)], replica=rid)
         return {**out, "hello": {"model": "m", "knobs": {}, "kernels": {}}} if hello else out
 
     async def members():

@@ -1,6 +1,7 @@
 """The README's commands work as written: its two setup commands (`.ci/run` runs the second on a
-fresh clone), and its "Call it" block, run here against the session's live server (the default
-model, Gemma 3 270M) with only the address changed."""
+fresh clone), its "Call it" block, run here against the session's live server (the default
+model, Gemma 3 270M) with only the address changed, and every `tailgate` command in it; and
+docs/knobs.md's table is the knobs' declaration."""
 
 from __future__ import annotations
 
@@ -83,3 +84,10 @@ def test_the_readmes_curl_one_shot_and_simulator_commands_run_as_written(server)
 def live_env() -> dict:
     """The environment the README's commands run in here: this one, minus the test servers' knobs."""
     return {k: v for k, v in os.environ.items() if not k.startswith("TAILGATE_")}
+
+
+def test_the_knob_table_in_the_docs_is_the_declarations():
+    """docs/knobs.md's table is config.knob_table_markdown() of the one settings declaration."""
+    from tailgate.config import knob_table_markdown
+
+    assert knob_table_markdown() in (README.parent / "docs" / "knobs.md").read_text()

@@ -230,11 +230,3 @@ def test_json_logs_carry_one_access_line_per_finished_request(configured):
     rec = line()
     assert rec["logger"] == "tailgate.access" and rec["status"] == 200 and rec["path"] == "/v1/completions"
     assert rec["completion_tokens"] == 3 and rec["prompt_tokens"] > 0 and rec["ttft_s"] <= rec["e2e_s"]
-
-
-def test_the_knob_table_in_the_docs_is_the_declarations():
-    from pathlib import Path
-
-    from tailgate.config import knob_table_markdown
-
-    assert knob_table_markdown() in (Path(__file__).parent.parent / "docs" / "knobs.md").read_text()

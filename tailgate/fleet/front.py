@@ -25,6 +25,9 @@ from ..server.protocol import ApiError
 log = logging.getLogger("tailgate.fleet")
 LOCAL = ("/metrics", "/health")
 FEED = "/dashboard/feed"  # answered here from every replica's feed (fleet/dashboard.py)
+# A replica's feed tick answers in milliseconds; one that has not in 2 s is gone or stuck, and the
+# fleet's tick (every replica's together) must not wait the /metrics fan-out's 10 s for it.
+FEED_TIMEOUT_S = 2.0
 
 
 def route_key(path: str, body: bytes):
@@ -215,7 +218,7 @@ class Front:
         async def ask(rid, since, after, hello):
             try:
                 call = self.handle.feed.remote(since, after, hello, pin=rid)
-                return await asyncio.wait_for(call, self.metrics_timeout)
+                return await asyncio.wait_for(call, FEED_TIMEOUT_S)
             except Exception as e:  # gone between the status and the call: left out of this tick
                 log.warning("no dashboard feed from replica %s: %r", rid, e)
                 return None
@@ -235,8 +238,13 @@ class Front:
                     ],
                 }
             )
-            async for text in dashboard.events(ask, members, dashboard.FleetWindow()):
-                await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
+            try:
+                async for text in dashboard.events(ask, members, dashboard.FleetWindow()):
+                    await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
+            except Exception as e:  # Serve's status unreadable, say: the page hears why, then reconnects
+                log.warning("fleet dashboard feed failed: %r", e)
+                msg = f"event: error\ndata: {json.dumps({'message': f'fleet feed failed: {e!r}'})}\n\n"
+                await send({"type": "http.response.body", "body": msg.encode(), "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
         feed = asyncio.ensure_future(pump())
