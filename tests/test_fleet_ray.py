@@ -88,6 +88,11 @@ def test_a_fleet_answers_a_cors_preflight_from_an_allowed_origin_as_one_server_d
     assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://app.example", ok.text
     other = httpx.options(fleet + "/v1/chat/completions", headers={"Origin": "http://evil.example", **ask}, timeout=60)
     assert "access-control-allow-origin" not in other.headers
+    # The dashboard's feed, which the front answers itself, is allowed cross-origin as one server's is.
+    for origin, allowed in (("http://app.example", True), ("http://evil.example", False)):
+        with httpx.stream("GET", fleet + "/dashboard/feed", headers={"Origin": origin}, timeout=60) as r:
+            assert r.status_code == 200
+            assert (r.headers.get("access-control-allow-origin") == origin) is allowed, r.headers
 
 
 def inflight(base) -> float:

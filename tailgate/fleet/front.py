@@ -64,7 +64,8 @@ class Front:
     """`handle`: the engine deployment's DeploymentHandle; `fleet`: a zero-argument callable
     giving {"running": n, "target": N, "replicas": [unique ids]} (Serve's status);
     `routes`: a zero-argument callable giving the router's counts by reason; `loads` one giving
-    its requests in flight by replica; `api_key`: the key the dashboard's feed checks."""
+    its requests in flight by replica; `api_key`: the key the dashboard's feed checks;
+    `allowed_origins`: the origins its feed answers cross-origin (--allowed-origins)."""
 
     def __init__(
         self,
@@ -74,10 +75,18 @@ class Front:
         max_body_bytes: int,
         api_key: str | None = None,
         loads=dict,
+        allowed_origins: tuple[str, ...] = (),
         attempts: int = 3,
         metrics_timeout: float = 10.0,
     ):
         self.handle, self.fleet, self.routes, self.api_key, self.loads = handle, fleet, routes, api_key, loads
+        # The feed answered here gets the CORS headers a single server's would (its preflight is
+        # forwarded, and a replica's own middleware answers it); forwarded responses carry theirs.
+        self.feed = self._dashboard
+        if allowed_origins:
+            from starlette.middleware.cors import CORSMiddleware
+
+            self.feed = CORSMiddleware(self._dashboard, allow_origins=list(allowed_origins), allow_headers=["*"])
         self.max_body_bytes, self.attempts, self.metrics_timeout = max_body_bytes, attempts, metrics_timeout
         self.counts = {"retries": 0, "stream_errors": 0}
 
@@ -93,7 +102,7 @@ class Front:
         if path in LOCAL and scope["method"] in ("GET", "HEAD"):
             return await self._local(path, scope, send)
         if path == FEED and scope["method"] == "GET":
-            return await self._dashboard(scope, receive, send)
+            return await self.feed(scope, receive, send)
         try:
             body = await self._body(scope, receive)
         except ApiError as e:

@@ -142,6 +142,7 @@ def serve_fleet(args, lookup) -> int:
             rspec["state"]["max_body_bytes"],
             rspec["state"]["api_key"],
             loads,
+            rspec["state"]["allowed_origins"],
         )
         hosts = allowed_hosts(args.host, args.allowed_hosts)
         app = HostCheck(front, hosts) if hosts is not None else front
