@@ -83,7 +83,6 @@ def report(now, steps=(), gaps=(), running=0, kv_usage=0.0, replica="a", **count
         "kv_usage": kv_usage,
         "steps": [{"seq": s, "at": now - 1, "duration_s": 0.01, "kind": "decode"} for s in steps],
         "gaps": [list(g) for g in gaps],
-        "itl": {},
         "error": None,
     }
 

@@ -81,7 +81,14 @@ def hello(state) -> dict:
 
 
 def tick(state, window: ItlWindow, since: int) -> dict:
-    """One push: the snapshot's counts and the steps with `seq` above `since`."""
+    """One push: the snapshot's counts, the steps with `seq` above `since`, the window's gaps."""
+    t = counts(state, since)
+    t["itl"] = window.stats(t["now"])
+    return t
+
+
+def counts(state, since: int) -> dict:
+    """The snapshot's counts and the steps with `seq` above `since`."""
     snap = state.engine.snapshot
     m = snap.metrics
     steps = [s.as_dict() for s in snap.steps if s.seq > since]
@@ -97,16 +104,15 @@ def tick(state, window: ItlWindow, since: int) -> dict:
         "preemptions": m.preemptions,
         "steps_total": m.steps,
         "generation_tokens": m.generation_tokens,
-        "itl": window.stats(state.engine.clock()),
         "steps": steps,
     }
 
 
 def report(state, window: ItlWindow, since: int, after: float | None) -> dict:
     """What a fleet replica answers its front each tick (fleet/dashboard.py merges them): the
-    tick, plus the window's gaps that ended after `after`, from which the front works out the
-    fleet's own percentiles; `error` when the engine has failed."""
-    t = tick(state, window, since)
+    counts and steps, plus the window's gaps that ended after `after`, from which the front works
+    out the fleet's own percentiles (so no percentiles here); `error` when the engine has failed."""
+    t = counts(state, since)
     t["gaps"] = window.after(t["now"], after)
     t["error"] = None if state.engine.error is None else f"engine failed: {state.engine.error!r}"
     return t

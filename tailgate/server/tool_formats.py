@@ -178,35 +178,43 @@ class Hermes(ToolFormat):
         return (head.strip(), calls) if calls else None
 
 
-class SmolLM2(Hermes):
-    name = "smollm2"
+class JsonList(ToolFormat):
+    """A family that writes its calls as one JSON list after its opener: `{opener}[{call}, ...]{closer}`."""
+
+    closer = ""
+
+    def example(self):
+        return (
+            f'{self.opener}[{{"name": <function name>, "arguments": <its arguments as a JSON object>}}]{self.closer} '
+            "(several calls: several objects in the list)"
+        )
+
+    def lark(self, call, parallel):
+        return f'start: "{self.opener}[" {call}' + (f' (", " {call})*' if parallel else "") + f' "]{self.closer}"'
+
+    def render(self, calls):
+        return f"{self.opener}[" + ", ".join(self._obj(c) for c in calls) + f"]{self.closer}"
+
+    def _list(self, body: str) -> list | None:
+        """The call objects of one JSON list (or a lone object) in `body`."""
+        got = _objects(body)
+        if got is None or len(got) != 1:
+            return None
+        return got[0] if isinstance(got[0], list) else [got[0]]
+
+
+class SmolLM2(JsonList):
+    name, opener, closer = "smollm2", "<tool_call>", "</tool_call>"
 
     @staticmethod
     def matches(template, family):
         return "<|im_start|>" in template
 
-    def example(self):
-        return (
-            '<tool_call>[{"name": <function name>, "arguments": <its arguments as a JSON object>}]</tool_call> '
-            "(several calls: several objects in the list)"
-        )
-
-    def lark(self, call, parallel):
-        return f'start: "<tool_call>[" {call}' + (f' (", " {call})*' if parallel else "") + ' "]</tool_call>"'
-
-    def render(self, calls):
-        return "<tool_call>[" + ", ".join(self._obj(c) for c in calls) + "]</tool_call>"
-
     def parse(self, text):
         head, sep, rest = text.partition("<tool_call>")
         if not sep:
             return None
-        body = rest.split("</tool_call>")[0]
-        got = _objects(body)
-        if got is None or len(got) != 1:
-            return None
-        objs = got[0] if isinstance(got[0], list) else [got[0]]
-        calls = self._calls(objs)
+        calls = self._calls(self._list(rest.split("</tool_call>")[0]))
         return (head.strip(), calls) if calls else None
 
 
@@ -261,24 +269,12 @@ class Gemma(ToolFormat):
         return (head.strip(), calls) if calls else None
 
 
-class Mistral(ToolFormat):
+class Mistral(JsonList):
     name, opener, keeps_special = "mistral", "[TOOL_CALLS]", True
 
     @staticmethod
     def matches(template, family):
         return "[TOOL_CALLS]" in template
-
-    def example(self):
-        return (
-            '[TOOL_CALLS][{"name": <function name>, "arguments": <its arguments as a JSON object>}] '
-            "(several calls: several objects in the list)"
-        )
-
-    def lark(self, call, parallel):
-        return f'start: "[TOOL_CALLS][" {call}' + (f' (", " {call})*' if parallel else "") + ' "]"'
-
-    def render(self, calls):
-        return "[TOOL_CALLS][" + ", ".join(self._obj(c) for c in calls) + "]"
 
     def parse(self, text):
         head, sep, rest = text.partition("[TOOL_CALLS]")
@@ -286,10 +282,7 @@ class Mistral(ToolFormat):
             return None
         body = rest.strip()
         if body.startswith(("[", "{")):  # v0.3: one JSON list of calls (or a lone object)
-            got = _objects(body.removesuffix("</s>"))
-            if got is None or len(got) != 1:
-                return None
-            objs = got[0] if isinstance(got[0], list) else [got[0]]
+            objs = self._list(body.removesuffix("</s>"))
         else:  # v11+: name[ARGS]{...}, each call after its own [TOOL_CALLS]
             objs = []
             for part in body.split("[TOOL_CALLS]"):
