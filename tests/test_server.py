@@ -277,6 +277,25 @@ def test_a_request_without_max_tokens_stops_at_the_default_ceiling(server, clien
     assert explicit.json()["usage"]["completion_tokens"] == 30
 
 
+def test_every_streamed_token_gets_its_own_chunk_even_while_its_text_is_held_back(client, loaded):
+    """Issue 42: a token whose text is not final yet (here a lone UTF-8 lead byte, forced by
+    logit_bias) used to get no chunk; its client saw the next chunk as one gap twice as long (vLLM's
+    client counts one gap per chunk, and vLLM sends one per token, empty or not)."""
+    lead = loaded(MODEL).tokenizer._tok.token_to_id("<0xC3>")
+    assert lead is not None
+    for kind in ("completion", "chat"):
+        common = dict(model=MODEL, max_tokens=5, temperature=0, stream=True, logit_bias={str(lead): 100})
+        if kind == "completion":
+            chunks = list(client.completions.create(prompt="Once upon a time", **common))
+            texts = [ch.choices[0].text for ch in chunks if ch.choices]
+        else:
+            chunks = list(client.chat.completions.create(messages=[{"role": "user", "content": "Hi"}], **common))
+            texts = [ch.choices[0].delta.content for ch in chunks if ch.choices and not ch.choices[0].delta.role]
+        assert len(texts) == 5, (kind, texts)  # one per token, the last with the finish reason
+        assert texts[:4] == [""] * 4 and texts[4]  # held while partial; flushed (U+FFFD) at the end
+        assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+
+
 def test_a_body_past_the_limit_is_a_413_whether_declared_or_streamed(server, client):
     big = json.dumps({"prompt": "x", "user": "y" * (9 << 20)}).encode()  # default limit: 8 MiB
     with healthy_request(client, 12) as good:

@@ -66,8 +66,12 @@ async def send_one(
                 now = time.perf_counter()
                 if obj.get("choices"):
                     ch = obj["choices"][0]
-                    content = ch.get("text") if kind != "chat" else (ch.get("delta") or {}).get("content")
-                    if content:  # a content chunk: TTFT on the first, an ITL gap for each after
+                    delta = ch.get("delta") or {}
+                    # A token's chunk: TTFT on the first, an ITL gap for each after. Its text may be
+                    # empty (held back: a partial character), as vLLM's client counts it too; chat's
+                    # role-only opening carries no token.
+                    token = "text" in ch if kind != "chat" else ("content" in delta and "role" not in delta)
+                    if token or delta.get("tool_calls"):
                         res.chunk_times.append(now)
                         res.chunk_causes.append((obj.get("tailgate") or {}).get("cause"))
                     if ch.get("finish_reason"):
@@ -134,6 +138,40 @@ async def run_load(
     return list(results), dur
 
 
+async def engine_view(base_url: str, api_key=None, hello_only: bool = False) -> dict | None:
+    """A tailgate server's own view from its dashboard feed (/dashboard/feed): the first tick's
+    engine ITL, socket ITL and delivery delay over the last minute (None from a server without
+    one). Read once before a run with `hello_only`, it starts the server's gap window (which a
+    server nobody watches does not keep)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            async with client.stream("GET", base_url.rstrip("/") + "/dashboard/feed", headers=headers) as r:
+                if r.status_code != 200:
+                    return None
+                kind = None
+                async for line in r.aiter_lines():
+                    if line.startswith("event: "):
+                        kind = line[7:]
+                    elif line.startswith("data: ") and (kind == "tick" or hello_only):
+                        return json.loads(line[6:])
+    except (httpx.HTTPError, json.JSONDecodeError):
+        return None
+    return None
+
+
+def print_engine_view(view: dict | None) -> None:
+    """The server's figures beside the client's (say which is which: docs/bench.md)."""
+    if not view or "itl" not in view:
+        return
+    ms = lambda v: "-" if v is None else f"{1000 * v:.2f}"  # noqa: E731
+    print("{s:{c}^{n}}".format(s=" Server's own view (last 60 s) ", n=50, c="-"))
+    for label, key in (("engine ITL", "itl"), ("socket ITL", "socket_itl"), ("delivery delay", "delivery")):
+        if key in view:
+            v = view[key]
+            print("{:<40}{:<10}".format(f"{label} p50 / p99 (ms):", f"{ms(v['p50_s'])} / {ms(v['p99_s'])}"))
+
+
 def main(args) -> int:
     from ..model.weights import load_tokenizer
 
@@ -157,6 +195,7 @@ def main(args) -> int:
     probes = probe_schedule(tok, args.probe_request_rate, horizon, args.seed, chat)
     pct = tuple(float(p) for p in args.metric_percentiles.split(","))
     goodput = dict((k, float(v)) for k, v in (g.split(":") for g in args.goodput)) if args.goodput else None
+    asyncio.run(engine_view(args.base_url, args.api_key, hello_only=True))
     results, dur = asyncio.run(
         run_load(
             args.base_url,
@@ -176,6 +215,8 @@ def main(args) -> int:
     )
     m = compute_metrics(results, dur, pct, goodput)
     print_table(m, pct)
+    view = asyncio.run(engine_view(args.base_url, args.api_key))
+    print_engine_view(view)
     for w in checks(results, args.ignore_eos):
         print("WARNING:", w, file=sys.stderr)
     if args.save_result:
@@ -189,6 +230,8 @@ def main(args) -> int:
             "max_concurrency": args.max_concurrency,
             **m,
         }
+        if view and "itl" in view:  # the server's own figures, beside the client's
+            out["server_view"] = {k: view[k] for k in ("itl", "socket_itl", "delivery") if k in view}
         if args.save_detailed:
             ok = [r for r in results if not r.probe]
             out.update(

@@ -1,7 +1,10 @@
 """The engine loop: one thread owns the scheduler (and through it the model).
 
 Submissions and aborts arrive from other threads through a locked inbox; an idle engine sleeps
-on a condition variable until a submission arrives (no spinning).
+on a condition variable until a submission arrives (no spinning). Between steps it waits, bounded,
+on the `DeliveryFence` for the streams to write the last step's tokens to their sockets
+(docs/engine.md "Delivery": the step's threads take both cores, so bytes not written before the
+next step launches leave after it, and a client sees two steps' gap).
 """
 
 from __future__ import annotations
@@ -13,6 +16,37 @@ from typing import Callable
 from .metrics import EngineSnapshot, snapshot
 from .request import Event, Request
 from .scheduler import Scheduler
+
+
+class DeliveryFence:
+    """Tokens handed to a stream and not yet written to its socket. The engine thread `add`s as it
+    delivers a step's events; the event loop's writer calls `done` once the bytes are written (or
+    the stream is gone); `wait` blocks the engine, up to a bound, until none is left."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._n = 0
+
+    @property
+    def pending(self) -> int:
+        return self._n
+
+    def add(self, n: int = 1) -> None:
+        with self._cv:
+            self._n += n
+
+    def done(self, n: int = 1) -> None:
+        if n <= 0:
+            return
+        with self._cv:
+            self._n = max(0, self._n - n)
+            if not self._n:
+                self._cv.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        """True once nothing is pending; False when `timeout` seconds passed first."""
+        with self._cv:
+            return self._cv.wait_for(lambda: not self._n, timeout)
 
 
 class Engine:
@@ -27,6 +61,11 @@ class Engine:
         self.observers: list[Callable[[list[Event]], None]] = []  # called with each step's events
         self.error: BaseException | None = None
         self.on_death: list[Callable[[BaseException], None]] = []  # e.g. the server exits non-zero
+        # The server's streams register each token they must write here; before the next step the
+        # engine waits up to `delivery_wait_s` for them (0: never waits). Set by the server.
+        self.fence = DeliveryFence()
+        self.delivery_wait_s = 0.0
+        self.fence_timeouts = 0  # steps launched with tokens still unwritten (the wait ran out)
         # Replaced (never mutated) by the engine thread after every step: readers on other
         # threads see one consistent step boundary (a copy costs ~0.1 ms against 40+ ms steps).
         self.snapshot: EngineSnapshot = snapshot(scheduler)
@@ -88,6 +127,8 @@ class Engine:
                 self.snapshot = snapshot(sched, inbox_now)
                 for obs in self.observers:
                     obs(events)
+                if self.delivery_wait_s and self.fence.pending and not self.fence.wait(self.delivery_wait_s):
+                    self.fence_timeouts += 1
         except BaseException as e:  # fatal: fail every open request so no client hangs
             with self._cv:
                 self.error = e

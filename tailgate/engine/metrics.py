@@ -28,6 +28,9 @@ LATENCY_BUCKETS = (
     40.0,
     80.0,
 )
+# token sampled -> written to its socket: normally well under a millisecond, a step (~40 ms) when
+# the write waited for the next step (docs/engine.md "Delivery")
+DELIVERY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.12, 0.16, 0.25, 0.5, 1.0, 5.0)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # |predicted - actual| / actual of a step's time (ITL_TARGET_MS's fit; issue 26 asks p90 <= 0.15)
 ERROR_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)

@@ -63,6 +63,7 @@ class EngineReplica:
         # Auth stays here (the app's own check); the Host check is the front's, which saw the client.
         self.state = replica_state(spec)
         self.state.model, self.state.cfg = model, settled
+        engine.delivery_wait_s = self.state.delivery_wait_s
         engine.start()
         self.state.engine = engine
         self.app = create_app(self.state)

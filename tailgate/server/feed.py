@@ -84,7 +84,18 @@ def tick(state, window: ItlWindow, since: int) -> dict:
     """One push: the snapshot's counts, the steps with `seq` above `since`, the window's gaps."""
     t = counts(state, since)
     t["itl"] = window.stats(t["now"])
+    # Beside the engine's gaps, the same streams timed where their bytes leave: the gaps between
+    # one stream's socket writes (what its client can see) and each token's sampled -> written.
+    t["socket_itl"] = recent(state.socket_window, t["now"])
+    t["delivery"] = recent(state.delivery_window, t["now"])
     return t
+
+
+def recent(samples, now: float) -> dict:
+    """gap_stats of the (at, seconds) samples within WINDOW_S of `now` (older ones are dropped)."""
+    while samples and samples[0][0] < now - WINDOW_S:
+        samples.popleft()
+    return gap_stats([v for _, v in samples])
 
 
 def counts(state, since: int) -> dict:

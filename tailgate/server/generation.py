@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -36,6 +37,7 @@ class Choice:
     prompt_unsent: bool = False  # they arrived and no chunk has carried them yet
     offset: int = 0  # text_offset of the next token (completions' logprobs)
     first_at: float | None = None  # engine time of its first token (the access log's TTFT)
+    written_at: float | None = None  # when its latest chunk was written to the socket (streams)
 
 
 class Generation:
@@ -50,6 +52,12 @@ class Generation:
         self.prompt_tokens = sum(len(p) for p in g.prompts)
         self.cached_tokens = 0  # of those, served from the prefix cache (summed over choices, as prompt_tokens)
         self.shape = shape_for(g, state.model.tokenizer)
+        # The delivery fence's share of this stream (engine/loop.py DeliveryFence): tokens the
+        # engine handed over (`fenced`, engine thread) and tokens written or dropped (`written`,
+        # event loop); `closed` once the stream ends, so a late step adds nothing it would wait on.
+        self._fence_lock = threading.Lock()
+        self.fenced = self.written = 0
+        self.closed = False
 
     def start(self) -> None:
         st, g = self.state, self.g
@@ -110,13 +118,33 @@ class Generation:
                 if g.max_tokens == 0:  # the prompt's echo and logprobs only: one token runs and is dropped
                     r.max_tokens, r.min_tokens = 1, 0
                 idx = len(self.choices)
-                r.sink = lambda ev, idx=idx: loop.call_soon_threadsafe(self.queue.put_nowait, (idx, ev))
+                r.sink = lambda ev, idx=idx: self._sink(loop, idx, ev)
                 self.choices.append(
                     Choice(idx, r, TextStream(tok, g.stop, g.skip_special_tokens, g.include_stop_str_in_output))
                 )
         for c in self.choices:
             st.pending[c.req.id] = len(c.req.prompt)
             st.engine.submit(c.req)
+
+    def _sink(self, loop, idx: int, ev) -> None:
+        """The engine thread hands over one event. A streamed token is fenced: the engine does not
+        launch its next step (up to DELIVERY_WAIT_MS) until the stream has written it."""
+        if self.g.stream and isinstance(ev, Token):
+            with self._fence_lock:
+                if not self.closed:
+                    self.fenced += 1
+                    self.state.engine.fence.add(1)
+        loop.call_soon_threadsafe(self.queue.put_nowait, (idx, ev))
+
+    def _release(self, n: int, close: bool = False) -> None:
+        """`n` fenced tokens are written (or will never be): the engine stops waiting on them."""
+        with self._fence_lock:
+            if close:
+                self.closed = True
+                n = self.fenced - self.written
+            n = min(n, self.fenced - self.written)
+            self.written += n
+        self.state.engine.fence.done(n)
 
     def live(self) -> bool:
         return any(c.finish is None for c in self.choices)
@@ -242,18 +270,31 @@ class Generation:
         return True
 
     async def sse(self):
-        """The server-sent events of a streaming response, ending with `data: [DONE]`."""
+        """The server-sent events of a streaming response, ending with `data: [DONE]`. One engine
+        step's chunks leave as one write; once written, their tokens are released from the
+        delivery fence and timed (`tailgate:delivery_delay_seconds`: sampled -> written)."""
         sse = lambda obj: f"data: {json.dumps(obj)}\n\n"  # noqa: E731
+        st, clock = self.state, self.state.engine.clock
+        # After a keep-alive comment the next write starts with an empty comment event (":\n\n").
+        # vLLM's bench client strips every network read and splits its buffer on blank lines, so a
+        # lone ": keep-alive" stays in its buffer, glued to the next event, which it then skips as
+        # a comment; the empty comment ends that glued text as an event of its own. Any SSE reader
+        # (EventSource, the openai SDK) skips both comments.
+        resume = ""
         try:
+            opening = ""
             for c in self.choices:
-                if (opening := self.shape.opening(c)) is not None:
-                    yield sse(self.chunk(c, opening[0], [], None, first=opening[1]))
+                if (o := self.shape.opening(c)) is not None:
+                    opening += sse(self.chunk(c, o[0], [], None, first=o[1]))
+            if opening:
+                yield opening
             while self.live():
                 try:  # silent for sse_keep_alive seconds (queued, or a long step): an SSE comment,
                     # which clients skip and idle-timeout proxies count as traffic
-                    batch = [await asyncio.wait_for(self.queue.get(), self.state.keep_alive_s)]
+                    batch = [await asyncio.wait_for(self.queue.get(), st.keep_alive_s)]
                 except asyncio.TimeoutError:
                     yield ": keep-alive\n\n"
+                    resume = ":\n\n"
                     continue
                 while not self.queue.empty():  # events of one engine step arrive together
                     batch.append(self.queue.get_nowait())
@@ -269,7 +310,7 @@ class Generation:
                         failed = e
                         break
                     items = c.logprobs[seen:]
-                    if text or items:
+                    if text or items or (isinstance(ev, Token) and text is not None):
                         out.append(self.chunk(c, text or "", items, None))
                         # Extension field (clients ignore unknown keys): the step that produced
                         # this chunk's latest token, so a client can see why a gap was long.
@@ -282,13 +323,27 @@ class Generation:
                             self.shape.close(last["choices"][0], c)
                         else:
                             out.append(self.chunk(c, "", [], c.finish))
-                for o in out:
-                    yield sse(o)
+                text = "".join(sse(o) for o in out) + (sse(failed.body()) if failed is not None else "")
+                if text:
+                    yield resume + text
+                    resume = ""
+                tokens = [ev for _, ev in batch if isinstance(ev, Token)]
+                if tokens:
+                    now = clock()
+                    delays = [now - ev.at for ev in tokens]
+                    st.delivery.observe_all(delays)
+                    st.delivery_window.extend((now, d) for d in delays)
+                    for idx in {o["choices"][0]["index"] for o in out}:
+                        c = self.choices[idx]
+                        if c.written_at is not None:
+                            st.socket_itl.observe(now - c.written_at)
+                            st.socket_window.append((now, now - c.written_at))
+                        c.written_at = now
+                    self._release(len(tokens))
                 if failed is not None:
-                    yield sse(failed.body())
                     break
             if self.g.include_usage:
-                yield sse(
+                yield resume + sse(
                     {
                         "id": self.id,
                         "object": self.shape.object_chunk,
@@ -298,6 +353,8 @@ class Generation:
                         "usage": self.usage(),
                     }
                 )
-            yield "data: [DONE]\n\n"
+                resume = ""
+            yield resume + "data: [DONE]\n\n"
         finally:
+            self._release(0, close=True)  # the engine waits on nothing this stream will not write
             self.abort_all()  # a client that went away frees its pages at once

@@ -32,6 +32,7 @@ def state_settings(args, environ) -> dict:
         "max_body_bytes": args.max_body_mb << 20,
         "allowed_origins": tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip()),
         "keep_alive_s": args.sse_keep_alive,
+        "delivery_wait_s": args.delivery_wait_ms / 1000,
     }
 
 
@@ -163,6 +164,7 @@ def serve(args, lookup) -> int:
             if engine.probe is not None:  # this CPU's measured step costs beside the plan in /version
                 state.kernels = {**(state.kernels or {}), "measured": engine.probe}
             engine.on_death.append(died)
+            engine.delivery_wait_s = state.delivery_wait_s
             engine.start()
             state.engine = engine
             url = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{args.port}"

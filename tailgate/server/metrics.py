@@ -143,6 +143,24 @@ class TailgateCollector:
                     )
         x.histogram("vllm:time_to_first_token_seconds", st.ttft, "Time to first token.")
         x.histogram("vllm:inter_token_latency_seconds", st.itl, "Gaps between tokens.")
+        x.histogram(
+            "tailgate:delivery_delay_seconds",
+            st.delivery,
+            "Streams: a token sampled -> its chunk written to the socket (the part of a client's gap the "
+            "engine's own figures do not see).",
+        )
+        x.histogram(
+            "tailgate:socket_inter_token_seconds",
+            st.socket_itl,
+            "Streams: gaps between one stream's chunk writes, timed at the socket (the ITL its client sees, "
+            "less the network).",
+        )
+        if st.ready:
+            x.counter(
+                "tailgate:delivery_wait_timeouts_total",
+                st.engine.fence_timeouts,
+                "Steps launched before the streams had written the last step's tokens (--delivery-wait-ms ran out).",
+            )
         x.histogram("vllm:e2e_request_latency_seconds", st.e2e, "Arrival to finish.")
         x.histogram("vllm:request_queue_time_seconds", st.queue_time, "Arrival to admission.")
         return x.out

@@ -76,7 +76,10 @@ class ChatShape(Shape):
         }
 
     def chunk_choice(self, c, text, items, finish, first):
-        delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+        # A token whose text is held back (a partial character, a possible stop string) still gets
+        # its chunk, with empty content, as vLLM sends it: clients time every token's arrival
+        # (vLLM's bench client counts each chunk), so a skipped chunk would read as a doubled gap.
+        delta = {"role": "assistant", "content": text} if first else ({"content": text} if text or not finish else {})
         return {"index": c.index, "delta": delta, "logprobs": self.logprobs(c, items), "finish_reason": finish}
 
     def full_choice(self, c):

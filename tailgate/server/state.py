@@ -3,9 +3,10 @@ and the latency histograms /metrics reads."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
-from ..engine.metrics import Histogram
+from ..engine.metrics import DELIVERY_BUCKETS, Histogram
 
 
 @dataclass
@@ -23,11 +24,22 @@ class ServerState:
     allowed_hosts: frozenset | None = None  # Host header names served (None: any; see main.allowed_hosts)
     allowed_origins: tuple = ()  # browser origins CORS lets in (--allowed-origins; empty: CORS off)
     keep_alive_s: float | None = 15  # a `: keep-alive` comment on a stream silent this long (None: never)
+    # before each step the engine waits up to this long for the streams to write the last step's
+    # tokens (--delivery-wait-ms; engine/loop.py DeliveryFence); 0: it never waits
+    delivery_wait_s: float = 0.0
     pending: dict = field(default_factory=dict)  # request id -> prompt tokens, until Scheduled
     ttft: Histogram = field(default_factory=Histogram)
     itl: Histogram = field(default_factory=Histogram)
     e2e: Histogram = field(default_factory=Histogram)
     queue_time: Histogram = field(default_factory=Histogram)
+    # Streams only, timed where the bytes leave (server/generation.py sse): token sampled -> its
+    # chunk written, and the gaps between one stream's writes (the ITL its client can see).
+    delivery: Histogram = field(default_factory=lambda: Histogram(DELIVERY_BUCKETS))
+    socket_itl: Histogram = field(default_factory=Histogram)
+    # The same two as (at, seconds) samples for the dashboard's last-minute percentiles (feed.py):
+    # 8 streams at 100 tok/s for a minute is 48 000 each; past that the oldest go.
+    socket_window: deque = field(default_factory=lambda: deque(maxlen=100_000))
+    delivery_window: deque = field(default_factory=lambda: deque(maxlen=100_000))
 
     @property
     def ready(self) -> bool:

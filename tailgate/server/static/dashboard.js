@@ -99,6 +99,10 @@ function tick(t) {
   $("itl-p50").textContent = ms(t.itl.p50_s);
   $("itl-p99").textContent = ms(t.itl.p99_s);
   $("itl-n").textContent = `${t.itl.n} gaps`;
+  if (t.socket_itl) {  // a single server's feed (the fleet's front reports the engines' gaps only)
+    $("socket-p99").textContent = ms(t.socket_itl.p99_s);
+    $("delivery-p99").textContent = `delivery p99 ${ms(t.delivery.p99_s)}`;
+  }
   $("steps").textContent = `${t.steps_total} · ${t.preemptions}`;
   if (t.replicas) {
     drawReplicas(t.replicas);
