@@ -131,11 +131,11 @@ class Settings(BaseSettings):
         Field(ge=1, le=3600, json_schema_extra={"grammar": KEEP_ALIVE_GRAMMAR}),
         BeforeValidator(_off_or_seconds),
     ] = Field(15, description="a `: keep-alive` comment on a stream silent N seconds (queued, or a long step)")
-    # 20 ms: a step at the default's shapes is 30-60 ms on the 2-core hosts measured; writing a
-    # step's chunks takes under a millisecond once the event loop has a core, so the wait is spent
-    # only when the loop is starved, and it never holds a step longer than half a typical one.
+    # Off by default: on AMD EPYC Zen 5 (W-std c8, vLLM's client) 20 ms cut the delivery delay's p99
+    # from 7-10 to 4-5 ms, but moved the client's ITL p99 and tok/s only within the default's own
+    # run-to-run spread (docs/engine.md "Delivery", docs/benchmarks/socket-tail.md).
     delivery_wait_ms: UInt(0, 1000) = Field(
-        20,
+        0,
         description="before each step the engine waits up to N ms for the streams to write the last step's "
         "tokens to their sockets (0: never waits; docs/engine.md 'Delivery')",
     )

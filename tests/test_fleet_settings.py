@@ -36,6 +36,8 @@ FLAGS = [
     "3",
     "--served-model-name",
     "mine",
+    "--delivery-wait-ms",
+    "5",
 ]
 
 
@@ -67,7 +69,15 @@ SPEC = {
     "grammar_warmup": "grammar_warmup",
     "served_model_name": "served_name",
 }
-STATE = {"api_key", "allowed_origins", "max_queued_requests", "max_queued_tokens", "max_body_mb", "sse_keep_alive"}
+STATE = {
+    "api_key",
+    "allowed_origins",
+    "max_queued_requests",
+    "max_queued_tokens",
+    "max_body_mb",
+    "sse_keep_alive",
+    "delivery_wait_ms",
+}
 FRONT = {"host", "port", "allowed_hosts", "drain_timeout", "replicas", "ray_address", "router"}
 OTHER = {
     "gguf_file": "resolved into `model` before the fleet starts (cli.local_model)",

@@ -201,20 +201,15 @@ def test_a_recompute_after_preemption_rehits_its_own_prompt_and_output_pages():
     # both are on /metrics: the recompute's hits, and the pages the cache keeps idle
     from types import SimpleNamespace
 
-    from tailgate.engine.metrics import Histogram, snapshot
+    from tailgate.engine.metrics import snapshot
     from tailgate.server.metrics import registry_for, render
+    from tailgate.server.state import ServerState
 
     snap = snapshot(s)
     assert snap.recompute_hits == s.prefix.recompute_hits > 0 and snap.kv_pages_idle == s.book.glob.idle
-    state = SimpleNamespace(
-        served_name="m",
-        ready=True,
-        engine=SimpleNamespace(snapshot=snap),
-        ttft=Histogram(),
-        itl=Histogram(),
-        e2e=Histogram(),
-        queue_time=Histogram(),
-    )
+    state = ServerState(
+        "m", engine=SimpleNamespace(snapshot=snap, fence_timeouts=0)
+    )  # the real state; a snapshot for its engine
     text = render(registry_for(state)).decode()
     assert f'tailgate:recompute_prefix_hits_total{{model_name="m"}} {float(snap.recompute_hits)}' in text
     assert f'tailgate:kv_pages_idle{{model_name="m"}} {float(snap.kv_pages_idle)}' in text

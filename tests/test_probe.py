@@ -3,6 +3,8 @@ and model file, and the inter-token target's first prices."""
 
 from __future__ import annotations
 
+import json
+
 from tailgate.engine.step_cost import StepCostModel, step_features
 from tailgate.engine.plan import Segment
 from tailgate.model import probe
@@ -73,3 +75,40 @@ def test_a_plan_with_a_row_cut_races_its_layer_kernels_and_takes_the_cut_it_meas
     x = torch.randn(49, 64, generator=g)
     assert w["layers.1.o"].takes(48) is None and w["layers.1.o"].takes(49) == plan.dense_dtype
     assert w["layers.1.o"](x).shape == (49, 64)
+
+
+def test_a_cached_probe_twenty_times_too_slow_is_caught_at_start_measured_again_and_replaced(rig, tmp_path):
+    """Issue 42: a probe cached while the host was loaded (19-52x a quiet start's figures) was read
+    by every later start as this CPU's costs, shown in /version and seeded the fit."""
+    r = rig("smollm2-135m", "auto", "auto")
+    fresh = probe.run(r.runner, r.book, r.model.source, cache_dir=tmp_path)
+    (path,) = (tmp_path / "probe").glob("*.json")
+    planted = json.loads(path.read_text())
+    planted["rows"] = [{**row, "ms": 20 * row["ms"]} for row in planted["rows"]]
+    path.write_text(json.dumps(planted))
+    got = probe.run(r.runner, r.book, r.model.source, cache_dir=tmp_path)
+    r.assert_no_leak()
+    assert got.check["agreed"] is False and not got.cached and "disagreed with, so measured again" in got.line()
+    assert got.check["measured_ms"] < got.check["cached_ms"] / 5
+    want = {row["kind"]: row["ms"] for row in fresh.rows}
+    assert all(row["ms"] < 5 * want[row["kind"]] for row in got.rows)  # this host's figures again
+    assert got.as_dict()["check"] == got.check  # what /version shows (engine.probe = as_dict())
+    model = StepCostModel()
+    probe.seed(model, probe.ProbeResult(got.rows, got.coefficients, 0.0, 0.0, False))
+    slow = StepCostModel()
+    probe.seed(slow, probe.ProbeResult(planted["rows"], {}, 0.0, 0.0, True))
+    shape = (64, 8, 8, 20.0)
+    assert model.predict(shape) < slow.predict(shape) / 5  # the rounds are priced at this host's costs
+    again = probe.run(r.runner, r.book, r.model.source, cache_dir=tmp_path)
+    assert again.cached and again.check["agreed"]  # the file now holds the re-measured probe
+
+
+def test_a_probe_measured_on_a_busy_host_says_so_is_not_cached_and_does_not_seed():
+    rows = [{"prompt_rows": 0, "decode_rows": 1, "sampled": 1, "pairs": 129, "ms": 10.0}]
+    from tailgate.sim.cost import TERMS
+
+    busy = probe.ProbeResult(rows, dict.fromkeys(TERMS, 0.001), 0.0, 0.1, False, cpu_share=probe.BUSY_SHARE / 2)
+    assert busy.loaded and "ON A BUSY HOST" in busy.line() and busy.as_dict()["loaded"]
+    model = StepCostModel()
+    probe.seed(model, busy)
+    assert model.seen == [0, 0]

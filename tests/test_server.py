@@ -63,7 +63,7 @@ def test_n_logprobs_stop_and_seed(client):
     assert len(block.token_logprobs) == 5 and all(v <= 0 for v in block.token_logprobs)
     assert all(len(t) == 2 for t in block.top_logprobs)
     chat = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, logprobs=True, top_logprobs=2
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, logprobs=True, top_logprobs=2, seed=1
     )
     content = chat.choices[0].logprobs.content  # one entry per emitted token (the base model may end its turn early)
     assert 1 <= len(content) == chat.usage.completion_tokens <= 3 and all(len(c.top_logprobs) == 2 for c in content)

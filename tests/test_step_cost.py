@@ -561,21 +561,15 @@ def test_a_ttft_horizon_buys_back_the_wait_a_tight_target_adds_under_the_simulat
 
 # ---- /metrics -------------------------------------------------------------------------------
 def test_the_rows_the_target_chose_and_the_fits_error_are_exported_on_metrics():
-    from tailgate.engine.metrics import EngineSnapshot, Histogram
+    from tailgate.engine.metrics import EngineSnapshot
     from tailgate.server.metrics import registry_for, render
 
     s, ex = engine(target_ms=30)
     run_all(s, ex, [(0.0, req(10, 200, at=0.0))] + [(0.1 * i, req(150, 20, at=0.1 * i)) for i in range(1, 4)])
     m = s.metrics
-    state = SimpleNamespace(
-        served_name="m",
-        ready=True,
-        engine=SimpleNamespace(snapshot=EngineSnapshot(metrics=m)),
-        ttft=Histogram(),
-        itl=Histogram(),
-        e2e=Histogram(),
-        queue_time=Histogram(),
-    )
+    from tailgate.server.state import ServerState
+
+    state = ServerState("m", engine=SimpleNamespace(snapshot=EngineSnapshot(metrics=m), fence_timeouts=0))
     text = render(registry_for(state)).decode()
 
     def sample(name):

@@ -51,6 +51,21 @@ REPS = 1
 TRUST_FIT = 0.3
 
 
+# A cached probe is checked at start against one quick shape (decode 8: ~28 ms on AMD EPYC Zen 5,
+# the fastest of CHECK_REPS) and measured again when the two disagree by more than AGREE either
+# way: issue 42 found a cache taken while the test suite loaded the host (19-52x a quiet start's
+# figures) read by every later start as this CPU's costs. A probe's one cold repetition of a shape
+# has read 2.0x its warm repeat (8+0: 33.8 vs 16.5 ms inside the suite, AMD EPYC Zen 5), so the
+# bound is 3x: wide enough for that, well inside a loaded host's 19x.
+CHECK_SHAPE = (8, 0)
+CHECK_REPS = 2
+AGREE = 3.0
+# A probe whose threads got less than this share of the cores they ran on (process CPU time over
+# wall time x threads) was measured beside other work: it says so and is not cached. (OpenMP's
+# worker threads spin between regions, so a quiet probe reads near 1.)
+BUSY_SHARE = 0.6
+
+
 # The row counts at which a plan with a row cut (`--kernels q8` beside bf16 / fp32 dense weights)
 # has its layers' two kernels raced on layer 0's matrices; the cut is the largest count at which
 # the quantized one won. The tables in kernels.QUANT_ROWS are the fallback (a cached or failed probe
@@ -66,6 +81,13 @@ class ProbeResult:
     seconds: float  # what measuring took (0 when read from the cache)
     cached: bool
     layer_cut: int | None = None  # the layers' row cut measured here (None: the plan has none)
+    cpu_share: float | None = None  # the measuring threads' share of their cores (None: from the cache)
+    check: dict | None = None  # a cached probe's start-up check: shape, cached_ms, measured_ms, agreed
+
+    @property
+    def loaded(self) -> bool:
+        """Measured while something else loaded the host (not cached)."""
+        return self.cpu_share is not None and self.cpu_share < BUSY_SHARE
 
     @property
     def trusted(self) -> bool:
@@ -85,6 +107,18 @@ class ProbeResult:
         )
         c = self.coefficients
         how = "read from the cache" if self.cached else f"measured in {self.seconds:.2f} s"
+        if self.check is not None:
+            k = self.check
+            how += (
+                f"; the cache's {k['shape']} {k['cached_ms']:.1f} ms "
+                + ("agrees with" if k["agreed"] else "disagreed with, so measured again:")
+                + f" {k['measured_ms']:.1f} ms now"
+            )
+        if self.loaded:
+            how += (
+                f"; ON A BUSY HOST (its threads got {100 * self.cpu_share:.0f} % of their cores): not cached, "
+                "not used to seed the step-cost fit"
+            )
         cut = "" if self.layer_cut is None else f"layers' quantized kernel for calls of <= {self.layer_cut} rows; "
         return (
             f"kernels measured here ({how}): {cut}{shown}; fit floor {1000 * c['floor']:.1f} ms + "
@@ -101,6 +135,9 @@ class ProbeResult:
             "seconds": self.seconds,
             "cached": self.cached,
             "layer_cut": self.layer_cut,
+            "cpu_share": self.cpu_share,
+            "loaded": self.loaded,
+            "check": self.check,
         }
 
 
@@ -220,40 +257,71 @@ def cache_key(plan, source) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
 
+def busy_share(fn):
+    """(fn(), the share of this process's threads' cores it got: CPU time over wall x threads)."""
+    w0, c0 = time.perf_counter(), time.process_time()
+    out = fn()
+    wall = time.perf_counter() - w0
+    return out, (time.process_time() - c0) / max(1e-9, wall * torch.get_num_threads())
+
+
+def check_cached(runner, book, rows: list[dict]) -> dict | None:
+    """Time CHECK_SHAPE now against the cached row for it; None when the cache has no such row."""
+    want = f"{CHECK_SHAPE[0]}+{CHECK_SHAPE[1]}"
+    old = next((r["ms"] for r in rows if r.get("kind") == want), None)
+    if old is None:
+        return None
+    now = measure(runner, book, shapes=(CHECK_SHAPE,), reps=CHECK_REPS)
+    if now is None:
+        return None
+    ms = now[0]["ms"]
+    return {"shape": want, "cached_ms": old, "measured_ms": ms, "agreed": 1 / AGREE <= ms / old <= AGREE}
+
+
 def run(runner, book, source, cache_dir=None, log=None) -> ProbeResult | None:
-    """The probe's result for this machine, plan and model: from the cache, else measured (and
-    cached). None where the pools cannot hold the shapes."""
+    """The probe's result for this machine, plan and model: from the cache when one quick shape
+    measured now agrees with it, else measured (and cached unless the host was busy). None where
+    the pools cannot hold the shapes."""
     from ..sim.cost import fit
     from .weights import cache_root
 
     path = (cache_dir or cache_root()) / "probe" / f"{cache_key(runner.plan, source)}.json"
-    rows, took, cached, cut = None, 0.0, False, None
+    rows, took, cached, cut, share, check = None, 0.0, False, None, None, None
     try:
         saved = json.loads(path.read_text())
         rows, cut, cached = saved["rows"], saved.get("layer_cut"), True
         if cut is not None and _cut_mats(runner.w) is not None:
             apply_layer_cut(runner.w, cut)
+        check = check_cached(runner, book, rows)
+        if check is not None and not check["agreed"]:
+            rows, cached = None, False  # measured again below; the stale file is replaced
     except (OSError, ValueError, KeyError):
+        pass
+    if rows is None:
         t0 = time.perf_counter()
-        cut = measure_layer_cut(runner.w)
-        if cut is not None:  # before the steps: their costs follow the cut
-            apply_layer_cut(runner.w, cut)
-        rows = measure(runner, book)
+        if not check:  # a stale cache keeps its cut: the cut races kernels, not whole steps
+            cut = measure_layer_cut(runner.w)
+            if cut is not None:  # before the steps: their costs follow the cut
+                apply_layer_cut(runner.w, cut)
+        rows, share = busy_share(lambda: measure(runner, book))
         took = time.perf_counter() - t0
         if rows is None:
             return None
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"rows": rows, "layer_cut": cut}))
-            tmp.replace(path)
-        except OSError:
-            pass  # a read-only cache: measured again next start
+        if share >= BUSY_SHARE:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"rows": rows, "layer_cut": cut}))
+                tmp.replace(path)
+            except OSError:
+                pass  # a read-only cache: measured again next start
+        else:
+            path.unlink(missing_ok=True)
     model, errors = fit(rows, None, "start-up probe")
     from ..sim.cost import TERMS
 
     worst = max(abs(e["error_pct"]) for e in errors) / 100
-    result = ProbeResult(rows, {t: getattr(model, t) for t in TERMS}, worst, took, cached, cut)
+    result = ProbeResult(rows, {t: getattr(model, t) for t in TERMS}, worst, took, cached, cut, share, check)
     if log is not None:
         log(result.line())
     return result
@@ -262,7 +330,7 @@ def run(runner, book, source, cache_dir=None, log=None) -> ProbeResult | None:
 def seed(model, result: ProbeResult) -> None:
     """Teach the engine's step-cost model the probe's steps (`step_cost.StepCostModel.observe`),
     as if they had been its first steps: it is `ready` at once and forgets them as live steps come."""
-    if not result.trusted:
+    if not result.trusted or result.loaded:
         return
     for r in result.rows:
         model.observe((r["prompt_rows"], r["decode_rows"], r["sampled"], r["pairs"] / 1000), r["ms"] / 1000)

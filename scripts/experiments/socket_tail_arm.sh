@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One arm of issue 42's socket-tail round (docs/benchmarks/socket-tail.md): start `tailgate serve`
+# with the given flags, attach its dashboard feed, run vLLM's own bench client (W-std: random 256 in
+# / 64 out, closed loop, 4 x C prompts, ignore_eos, temperature 0), print the client's figures and
+# the server's own view (engine ITL, socket ITL, delivery delay), stop the server by its group.
+#   scripts/experiments/socket_tail_arm.sh NAME C [serve flags...]     (OUT=dir for the logs)
+# PEER=vllm serves vLLM's CPU build instead (../shared/peers/vllm-cpu serve; no server view).
+set -uo pipefail
+name=$1; c=$2; shift 2
+cd "$(dirname "$0")/../.."
+out=${OUT:-$(mktemp -d)}; port=${PORT:-8000}; base=http://127.0.0.1:$port
+if [ "${PEER:-}" = vllm ]; then
+  setsid ../shared/peers/vllm-cpu serve "$port" "$@" > "$out/$name.serve.log" 2>&1 &
+else
+  setsid .venv/bin/tailgate serve --port "$port" "$@" > "$out/$name.serve.log" 2>&1 &
+fi
+pid=$!
+for _ in $(seq 1 900); do curl -sf "$base/health" >/dev/null && break; sleep 1; done
+model=$(curl -s "$base/v1/models" | .venv/bin/python -c "import json,sys;print(json.load(sys.stdin)['data'][0]['id'])")
+view() {
+  [ "${PEER:-}" = vllm ] && return
+  .venv/bin/python -c "
+import asyncio, sys
+from tailgate.bench.serve import engine_view
+v = asyncio.run(engine_view('$base', hello_only=sys.argv[1] == 'attach'))
+if sys.argv[1] != 'attach' and v:
+    print(' '.join(f\"{k}: p50 {1000*v[k]['p50_s']:.1f} p99 {1000*v[k]['p99_s']:.1f} n={v[k]['n']}\" for k in ('itl', 'socket_itl', 'delivery')))
+" "$1"
+}
+view attach
+../shared/peers/vllm-cpu bench --backend openai --base-url "$base" --endpoint /v1/completions \
+  --model "$model" --tokenizer "$(../shared/peers/vllm-cpu model-dir)" --dataset-name random --random-input-len 256 \
+  --random-output-len 64 --num-prompts $((4 * c)) --max-concurrency "$c" --ignore-eos --temperature 0 \
+  --percentile-metrics ttft,itl,tpot --metric-percentiles 50,99 --seed "${SEED:-0}" > "$out/$name.bench.log" 2>&1
+view tick | sed "s/^/$name server-view /"
+kill -TERM -- "-$pid"; wait "$pid" 2>/dev/null
+grep -E "Output token throughput|Median TTFT|P99 TTFT|Median ITL|P99 ITL" "$out/$name.bench.log" | sed "s/^/$name /"
