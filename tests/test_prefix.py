@@ -291,3 +291,23 @@ def test_on_the_real_model_a_recompute_that_rehits_its_own_pages_is_token_exact_
         assert h.wait(lambda: all(h.done(x) for x in rs), 600)
         assert h.sched.metrics.preemptions >= 1 and h.sched.prefix.recompute_hits > 0
         assert [h.tokens(x) for x in rs] == want
+
+
+def test_a_walker_holding_only_prefix_pages_another_request_shares_is_no_victim():
+    """Preempting it would free no page and still count toward its bound (issue 43)."""
+    from tailgate.engine.preemption import holders
+
+    s, ex = make(chunk=16)
+    base = prompt(40)
+    run(s, Request(base, 3))  # 2 prompt pages stay cached
+    live = Request(base + prompt(8, salt=5), 50)
+    s.submit(live)
+    while live not in s.roster:
+        s.step(0.0)
+    first, shared = Request(prompt(100, salt=9), 5), Request(base[:32] + [999], 5)
+    s.submit(first)
+    s.submit(shared)
+    plan = s.schedule(0.0)
+    assert plan.chunks == [(first, 16)] and shared in s.walk  # the round's 16 rows went to `first`
+    assert shared.pages.global_pages == live.pages.global_pages[:2]
+    assert shared not in holders(s, first) and live in holders(s, first)

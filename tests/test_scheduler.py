@@ -638,3 +638,57 @@ def test_a_pinned_head_that_cannot_fit_even_alone_is_refused_not_parked_forever(
         "more than the pools hold with nothing running"
     ]
     assert not s.has_work() and s.book.glob.used == 0
+
+
+def test_with_the_walk_off_a_whole_prompt_is_a_walker_the_plan_names():
+    """Issue 43's one way in: a whole prompt riding the live rows is a walker in `s.walk`, one
+    chunk of the plan, like a walk round's, not a request in no container."""
+    s, ex = make()
+    live = req()
+    s.submit(live)
+    s.step(0.0)
+    a, b = req(30), req(20)
+    s.submit(a)
+    s.submit(b)
+    plan = s.schedule(0.0)
+    assert plan.chunks == [(a, 30), (b, 20)] and plan.rows == [live] and plan.budget is None
+    assert s.walk == [a, b] and plan.kind == "mixed" and plan.why == "whole prompts ride the live rows"
+
+
+def test_a_pinned_walkers_extra_pages_are_no_credit_to_the_next_walker():
+    """A pinned walker reserves its whole length: more pages than its prompt. Counted as a
+    negative promise, that surplus let a follower in that the pool could not hold beside it."""
+    s, ex = make(slots=4, global_pages=21, chunk=32)  # 20 usable pages
+    live = req(20, max_tokens=50)
+    s.submit(live)
+    s.step(0.0)  # live: 2 pages
+    pin, big = req(32, max_tokens=97), req(190, max_tokens=10)  # pin: 8 pages whole; big: 12 pages
+    pin.preemptions = 2
+    for r in (pin, big):
+        s.submit(r)
+    s.schedule(0.0)
+    # free 20 - 2 - 8 = 10 pages; big needs 12 + one for the live row: it waits at the head
+    assert s.walk == [pin] and list(s.queue) == [big] and len(pin.pages.global_pages) == 8
+
+
+def test_a_pinned_request_of_exactly_the_pools_length_fits_and_finishes():
+    """Its last token is never fed back, so prompt + max_tokens - 1 tokens of KV is all it needs."""
+    s, ex = make(slots=1, global_pages=5, chunk=64)  # 4 usable pages = 64 tokens
+    r = req(40, max_tokens=25)  # 40 + 25 - 1 = 64
+    r.preemptions = 2
+    ev = drain(s, [(0, r)])
+    assert finished(ev, r.id).reason == "length" and len(r.output) == 25 and s.book.glob.used == 0
+
+
+def test_a_sink_that_fails_for_a_queued_request_flags_the_queue_for_the_next_turn():
+    s, ex = make()
+    r = req()
+    s.submit(r)
+
+    def broken(ev):
+        raise OSError("client gone")
+
+    r.sink = broken
+    s.emit(r, Scheduled(r.id, 0.0, queued_at=0.0, prompt_tokens=10, cached_tokens=0))
+    s.deliver()
+    assert r.cancelled and s.cancels_queued

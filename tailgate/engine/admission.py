@@ -1,18 +1,20 @@
-"""Admission: who comes in from the queue, and when — the door, the intake turn, the gather and
-the walk's joiners. Functions over the scheduler's state (`s`: its queue, roster, walk and
-pages), called only from `Scheduler.schedule`; each writes what it decided on the iteration's
-plan. Never touches tensors.
+"""Admission: who comes in from the queue, and when — the door, the intake turn and the walk's
+joiners. Functions over the scheduler's state (`s`: its queue, roster, walk and pages), called
+only from `Scheduler.schedule`; each writes what it decided on the iteration's plan. Never
+touches tensors.
 
-An intake turn (door permitting) pops the queue head and checks it; then, by the knobs: with the
-walk on (MIX_CHUNK_TOKENS or ITL_TARGET_MS) it and its followers become walkers; with the side
-lane and a live roster its whole prompt launches on the lane; otherwise it runs whole, in a mixed
-step with the prompts gathered beside it (MIX_GATHER_ROWS, MIX_MAX_PROMPTS). A running walk takes
-arrivals in instead of waiting it out.
+One way in: an intake turn (door permitting) pops the queue head, checks it, and it and the
+followers gathered beside it become walkers (engine/walk.py); the regimes differ only in how
+wide a round is (walk.round_budget) and, with the walk off, in the gather's bounds (followers
+only beside live rows, within MIX_GATHER_ROWS). The one exception is the side lane: with a live
+roster the leader's whole prompt launches there instead. A running walk takes arrivals in
+instead of waiting it out.
 """
 
 from __future__ import annotations
 
 from itertools import islice
+from typing import TYPE_CHECKING
 
 from .door import DoorView
 from .pages import pages_for
@@ -20,8 +22,12 @@ from .preemption import full_length, never_fits, park, pinned, ready_rows
 from .prompt_logprobs import new_scores
 from .request import Finished, Request, Scheduled, Status
 
+if TYPE_CHECKING:
+    from .plan import StepPlan
+    from .scheduler import Scheduler
 
-def door_open(s, plan, now: float) -> bool:
+
+def door_open(s: Scheduler, plan: StepPlan, now: float) -> bool:
     """Whether this turn may admit. The door is asked only about arrivals it has not let through
     yet: when it opens, every request then in the queue is one cohort, and what one turn cannot
     admit (MIX_MAX_PROMPTS, the slots) goes at the next turn, not after a fresh window; a
@@ -52,7 +58,7 @@ def door_open(s, plan, now: float) -> bool:
     return True
 
 
-def door_view(s) -> DoorView:
+def door_view(s: Scheduler) -> DoorView:
     cohort = islice(s.queue, max(1, min(s.cfg.mix_max_prompts, s.slots - s.running)))
     return DoorView(
         len(s.queue),
@@ -64,7 +70,7 @@ def door_view(s) -> DoorView:
     )
 
 
-def pop(s) -> Request:
+def pop(s: Scheduler) -> Request:
     r = s.queue.popleft()
     r.passed = False
     if r.held_at is not None:  # held behind a head the door lets through (a parked one): released with it
@@ -74,10 +80,10 @@ def pop(s) -> Request:
     return r
 
 
-def intake(s, plan, now: float) -> None:
-    """One intake turn: admit from the queue head, door permitting, into a walk, the lane or a
-    mixed step (module doc). Every popped request spends the turn's budget (cancelled and invalid
-    ones too), so a backlog of dead submissions cannot stall the live streams for long."""
+def intake(s: Scheduler, plan: StepPlan, now: float) -> None:
+    """One intake turn: admit from the queue head, door permitting, as walkers (or onto the lane;
+    module doc). Every popped request spends the turn's budget (cancelled and invalid ones too),
+    so a backlog of dead submissions cannot stall the live streams for long."""
     if not door_open(s, plan, now):
         return
     attempts = 0
@@ -93,34 +99,41 @@ def intake(s, plan, now: float) -> None:
         attempts += 1
         if not admissible(s, plan, leader):
             continue
-        if s.chunk and not (s.lane and s.roster):  # a live admission takes the lane
-            start_walk(s, plan, leader, attempts)
-            return
-        live = bool(s.roster)
         begin(s, leader)
-        if not s.book.reserve(leader.pages, full_length(leader) if pinned(leader) else len(leader.tokens)):
-            if live:
-                park(s, leader)  # someone live will free pages: it waits at the head
-                plan.why = "the head waits for pages"
-                return
+        if not (s.roster or s.walk) and not fits_alone(s, leader):
             s.book.free(leader.pages)  # prefix pages it attached
             s.executor.release(leader.id)  # a preempted one's sampler state
             s.reject(leader, never_fits(leader))
             plan.finished.append((leader, "rejected"))
             continue
-        if s.lane and live:
-            plan.launch = leader
-            admit(s, plan, [leader], "a live admission prefills on the side lane")
-            return
-        newcomers = [leader]
-        if live:
-            attempts = gather(s, plan, newcomers, attempts)
-        plan.chunks = [(r, r.rest) for r in newcomers]
-        admit(s, plan, newcomers, "whole prompts ride the live rows" if live else "a prompt alone")
+        if s.lane and s.roster:  # a live admission takes the lane
+            to_lane(s, plan, leader)
+        else:
+            start_walk(s, plan, leader, attempts)
         return
 
 
-def begin(s, r: Request) -> None:
+def fits_alone(s: Scheduler, r: Request) -> bool:
+    """Whether `r` (its whole length once pinned) fits the pools with nothing else holding pages."""
+    need = pages_for(full_length(r) if pinned(r) else len(r.tokens))
+    book = s.book
+    return need - len(r.pages.global_pages) <= book.glob.available and (
+        book.local is None or need - len(r.pages.local_pages) <= book.local.available
+    )
+
+
+def to_lane(s: Scheduler, plan: StepPlan, r: Request) -> None:
+    """A live admission's whole prompt, its pages reserved now, launches on the side lane."""
+    if not s.book.reserve(r.pages, full_length(r) if pinned(r) else len(r.tokens)):
+        park(s, r)  # someone live will free pages: it waits at the head
+        plan.why = "the head waits for pages"
+        return
+    r.status = Status.IN_FLIGHT  # in no container until the step launches it (Scheduler.planned)
+    plan.launch = r
+    admit(s, plan, [r], "a live admission prefills on the side lane")
+
+
+def begin(s: Scheduler, r: Request) -> None:
     """Ready `r` to prefill: a newcomer its prompt; a preempted one its prompt and the output it
     emitted, to recompute. It resumes at its longest cached prefix; one asking for prompt
     logprobs computes every row itself (a cached row has no logits)."""
@@ -133,7 +146,7 @@ def begin(s, r: Request) -> None:
         r.cached = s.prefix.attach(r.tokens, len(r.prompt), r.id, r.pages)
 
 
-def admit(s, plan, admitted: list[Request], why: str) -> None:
+def admit(s: Scheduler, plan: StepPlan, admitted: list[Request], why: str) -> None:
     """Record admissions on the plan and tell each newcomer's stream it is scheduled (a preempted
     request was told once already)."""
     plan.admitted += admitted
@@ -147,89 +160,77 @@ def admit(s, plan, admitted: list[Request], why: str) -> None:
             s.metrics.prefix_hits += r.cached
 
 
-def start_walk(s, plan, leader: Request, attempts: int) -> None:
+def start_walk(s: Scheduler, plan: StepPlan, leader: Request, attempts: int) -> None:
     """The leader and its gathered followers become walkers; pages are reserved round by round."""
-    begin(s, leader)
     if not room_for(s, leader):
-        if not (s.roster or s.walk):  # nothing will free pages: it can never fit (pinned, tiny pools)
-            s.book.free(leader.pages)
-            s.executor.release(leader.id)
-            s.reject(leader, never_fits(leader))
-            plan.finished.append((leader, "rejected"))
-            return
         park(s, leader)  # live rows will free pages: it waits at its place in the queue
         plan.why = "the head waits for pages"
         return
     s.walk = [leader]
-    add_walkers(s, plan, attempts, [leader], "a walk starts")
+    if s.chunk:
+        why = "a walk starts"
+    else:
+        why = "whole prompts ride the live rows" if s.roster else "a prompt alone"
+    add_walkers(s, plan, attempts, [leader], why)
 
 
-def join_walk(s, plan, now: float) -> None:
+def join_walk(s: Scheduler, plan: StepPlan, now: float) -> None:
     """Arrivals join a running walk, door permitting, up to MIX_MAX_PROMPTS walkers and the slots,
     instead of waiting it out: they take the round's rows the walkers ahead of them leave, so a
-    live stream's stall stays one round, and a released cohort walks as one."""
-    if len(s.walk) < s.cfg.mix_max_prompts and s.running < s.slots and door_open(s, plan, now):
+    live stream's stall stays one round, and a released cohort walks as one. With the walk off
+    a round takes whole prompts, so a walk outlives its iteration only while a walker waits for
+    pages; arrivals then wait too, as behind any parked head."""
+    if s.chunk and len(s.walk) < s.cfg.mix_max_prompts and s.running < s.slots and door_open(s, plan, now):
         add_walkers(s, plan, 0, [], "arrivals join the walk")
 
 
-def add_walkers(s, plan, attempts: int, added: list[Request], why: str) -> None:
+def add_walkers(s: Scheduler, plan: StepPlan, attempts: int, added: list[Request], why: str) -> None:
+    """Followers join from the queue head while every rule holds: MIX_MAX_PROMPTS walkers, the
+    slots, the turn's attempts, room in the pools; with the walk off also the gather's, which
+    takes coincident prompts only beside live rows and only while their prompt rows stay within
+    MIX_GATHER_ROWS (the leader is never bounded)."""
+    whole = not s.chunk
+    if whole and not s.roster:
+        admit(s, plan, added, why)  # a prompt alone: nothing live for followers to ride beside
+        return
+    rows = sum(w.rest for w in added)
     while s.queue and len(s.walk) < s.cfg.mix_max_prompts and s.running < s.slots and attempts < s.slots:
+        if whole and rows >= s.cfg.mix_gather_rows:
+            break
         f = pop(s)
         attempts += 1
         if admissible(s, plan, f):
             begin(s, f)
-            if not room_for(s, f):
+            if (whole and rows + f.rest > s.cfg.mix_gather_rows) or not room_for(s, f):
                 park(s, f)
                 break
             s.walk.append(f)
             added.append(f)
+            rows += f.rest
     if added:
         admit(s, plan, added, why)
 
 
-def room_for(s, r: Request) -> bool:
+def room_for(s: Scheduler, r: Request) -> bool:
     """Whether a walker's whole prompt fits the global pool beside what is already promised: the
     other walkers' pages still to come and a page for each live row. A walker admitted without
     that room walks, takes the pages an older stream needs next, is preempted and walks again
-    (issue 25's thrash: 3-5x the useful prompt rows). With nothing live it always goes (a prompt
-    that cannot fit even alone is refused by its first round). A pinned request (preempted
+    (issue 25's thrash: 3-5x the useful prompt rows). With nothing live it always goes (intake
+    refused a prompt that cannot fit even alone: `fits_alone`). A pinned request (preempted
     MAX_PREEMPTIONS times) passes the same check for its whole length, then reserves all of it:
     reserved beside walkers the check had not counted, it could take the pages an older walker
     needs, which may not take them back (a review of issue 36 found the round then stalls)."""
     need = full_length(r) if pinned(r) else len(r.tokens)
     if s.roster or s.walk:
-        promised = len(s.roster) + sum(pages_for(len(o.tokens)) - len(o.pages.global_pages) for o in s.walk)
+        # max(0, ...): a pinned walker holds more than its prompt (its whole length), not a negative debt
+        promised = len(s.roster) + sum(max(0, pages_for(len(o.tokens)) - len(o.pages.global_pages)) for o in s.walk)
         free = s.book.glob.available  # idle cached pages count: a reservation evicts them
         if pages_for(need) - len(r.pages.global_pages) + promised > free:
             return False
     return not pinned(r) or s.book.reserve(r.pages, need)
 
 
-def gather(s, plan, newcomers: list[Request], attempts: int) -> int:
-    """Coincident prompts join the leader's mixed step while every rule holds."""
-    rows = newcomers[0].rest  # the leader is never bounded
-    while (
-        s.queue
-        and len(newcomers) < s.cfg.mix_max_prompts
-        and rows < s.cfg.mix_gather_rows
-        and len(newcomers) + len(s.roster) < s.slots
-        and attempts < s.slots
-    ):
-        f = pop(s)
-        attempts += 1
-        if not admissible(s, plan, f):
-            continue
-        begin(s, f)
-        need = full_length(f) if pinned(f) else len(f.tokens)
-        if rows + f.rest > s.cfg.mix_gather_rows or not s.book.reserve(f.pages, need):
-            park(s, f)
-            break
-        rows += f.rest
-        newcomers.append(f)
-    return attempts
-
-
-def admissible(s, plan, r: Request) -> bool:
+def admissible(s: Scheduler, plan: StepPlan, r: Request) -> bool:
     """Cancelled requests retire; invalid ones are rejected (fail closed)."""
     if r.cancelled:
         s.executor.release(r.id)

@@ -5,13 +5,19 @@ ending itself."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from collections import deque
 
 from .admission import admissible, pop
 from .request import Finished, Status
 
+if TYPE_CHECKING:
+    from .plan import StepPlan
+    from .scheduler import Scheduler
 
-def retire_cancelled(s, plan) -> None:
+
+def retire_cancelled(s: Scheduler, plan: StepPlan) -> None:
     for r in [r for r in (*s.roster, *s.walk) if r.cancelled]:
         s.finish(r, r.cancel_as)  # pages return at once
         plan.finished.append((r, r.cancel_as))
@@ -28,7 +34,7 @@ def retire_cancelled(s, plan) -> None:
                 admissible(s, plan, r)  # a cancelled request is never admissible: it finishes here
 
 
-def fail_all(s, message: str) -> None:
+def fail_all(s: Scheduler, message: str) -> None:
     """Finish every queued and live request with an error and deliver it."""
     if s.flight is not None:  # its pages come back only once the lane worker stops writing them
         r, flight = s.flight
@@ -41,10 +47,9 @@ def fail_all(s, message: str) -> None:
     for r in [*s.roster, *s.walk]:
         s.finish(r, "error", message)
     plan, s.planned = s.planned, None
-    if plan is not None:  # admitted this iteration, in no container yet (a whole prompt, the lane's leader)
-        for r in [r for r, _ in plan.chunks] + ([plan.launch] if plan.launch is not None else []):
-            if r.status is not Status.FINISHED and r.status is not Status.RUNNING:
-                s.close(r, "error", message)
+    r = plan.launch if plan is not None else None  # the lane's leader, planned but not launched
+    if r is not None and r.status is Status.IN_FLIGHT:
+        s.close(r, "error", message)
     while s.queue:
         r = pop(s)
         r.status = Status.FINISHED

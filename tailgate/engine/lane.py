@@ -10,13 +10,18 @@ its first token exactly as a synchronous prefill's. Intake stops while a flight 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .plan import StepPlan
 from .prompt_logprobs import prompt_segment
 from .request import Request, Status, row_sample
 from .settle import absorb
 
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
 
-def launch(s, r: Request) -> None:
+
+def launch(s: Scheduler, r: Request) -> None:
     """Start `r`'s whole prompt on the lane; the sliding window's release waits for the landing."""
     toks, start, _ = r.chunk(r.rest)
     try:
@@ -30,7 +35,7 @@ def launch(s, r: Request) -> None:
     s.metrics.prefill_rows.observe(len(toks))
 
 
-def land(s, plan, why: str) -> None:
+def land(s: Scheduler, plan: StepPlan, why: str) -> None:
     """Wait for the flight; then its first token. `why`: done | idle | pages (on the plan)."""
     r, flight = s.flight
     s.flight = None

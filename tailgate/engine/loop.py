@@ -88,8 +88,8 @@ class Engine:
 
     def submit(self, req: Request) -> None:
         """Queue a request; once the engine has died, fail it at once instead of letting it hang."""
-        req.arrival = req.arrival or self.clock()
-        with self._cv:
+        with self._cv:  # stamped under the lock: the inbox's order is the arrivals' order
+            req.arrival = req.arrival or self.clock()
             if self.error is None:
                 self._inbox.append(req)
                 self._cv.notify()

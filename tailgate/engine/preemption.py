@@ -15,9 +15,16 @@ only pinned holders beside it gives its own pages back, and a walker waits.)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from . import lane
 from .pages import pages_for
-from .request import Request, Status
+from .request import Request, Status, rank
+
+if TYPE_CHECKING:
+    from .plan import StepPlan
+    from .scheduler import Scheduler
+
 
 # vLLM preempts the youngest with no bound; issue 25's thrash case (three old streams, four walking
 # newcomers) preempted one stream twice for 1877 prompt rows computed per 688 useful. Taking a
@@ -32,8 +39,10 @@ def pinned(r: Request) -> bool:
 
 
 def full_length(r: Request) -> int:
-    """Every token a request can ever hold KV for: its prompt and its whole max_tokens."""
-    return len(r.prompt) + r.max_tokens
+    """Every token a request can ever hold KV for: its prompt and its whole max_tokens but the
+    last, which is sampled and sent but never fed back (issue 43: counting it refused a request
+    that fits a pool of exactly its length)."""
+    return len(r.prompt) + r.max_tokens - 1
 
 
 def never_fits(r: Request) -> str:
@@ -44,7 +53,7 @@ def never_fits(r: Request) -> str:
     return f"{what} needs {pages_for(n)} KV pages per pool, more than the pools hold with nothing running"
 
 
-def ready_rows(s, plan) -> bool:
+def ready_rows(s: Scheduler, plan: StepPlan) -> bool:
     """Give every live row a page for its next token, oldest arrival first; returns whether anyone
     was preempted for it. A row that is the only page holder and still cannot grow does not fit
     the pools alone, and fails."""
@@ -53,7 +62,7 @@ def ready_rows(s, plan) -> bool:
     # Until none is short: a lane flight landed for pages enters the roster during the pass, and
     # its row needs a page like the others (issue 36: it decoded past its page table).
     while full := [a for a in s.roster if a.pages.frontier >= a.pages.reserved]:
-        for a in sorted(full, key=lambda a: a.arrival) if len(full) > 1 else full:
+        for a in sorted(full, key=rank) if len(full) > 1 else full:
             if a not in s.roster:  # preempted for an older row of this very call
                 continue
             if not make_room(s, plan, a, a.pages.frontier + 1, self_ok=True) and a in s.roster:
@@ -62,13 +71,19 @@ def ready_rows(s, plan) -> bool:
     return len(plan.preempted) > before
 
 
-def holders(s, but: Request) -> list[Request]:
+def holders(s: Scheduler, but: Request) -> list[Request]:
     """Everyone else holding KV pages that preemption can take back: live rows and walkers (the
     lane's flight is written by its worker until it lands)."""
-    return [h for h in (*s.roster, *s.walk) if h is not but and h.pages.global_pages]
+    return [h for h in (*s.roster, *s.walk) if h is not but and frees_a_page(s, h)]
 
 
-def make_room(s, plan, holder: Request, total: int, self_ok: bool) -> bool:
+def frees_a_page(s: Scheduler, h: Request) -> bool:
+    """Whether preempting `h` returns a page: one it holds alone (a victim holding only prefix
+    pages another request shares frees nothing and would still count toward its bound)."""
+    return any(s.book.glob.holders(p) == 1 for p in h.pages.global_pages)
+
+
+def make_room(s: Scheduler, plan: StepPlan, holder: Request, total: int, self_ok: bool) -> bool:
     """Reserve KV for `holder` (a live row or a walker) up to `total` tokens, preempting unpinned
     holders younger than it, youngest arrival first. When none is left, a live row (`self_ok`)
     gives its own pages back if anyone else holds pages, and a walker waits (older ones finish
@@ -86,12 +101,12 @@ def make_room(s, plan, holder: Request, total: int, self_ok: bool) -> bool:
             for h in others
             if not pinned(h)
             and (
-                h.arrival > holder.arrival
-                or (h.arrival == holder.arrival and h.status is Status.WALKING and holder.status is not Status.WALKING)
+                rank(h) > rank(holder)
+                or (rank(h) == rank(holder) and h.status is Status.WALKING and holder.status is not Status.WALKING)
             )
         ]
         if younger:  # equal arrivals: a walker came in after every live row
-            preempt(s, plan, max(younger, key=lambda h: h.arrival))
+            preempt(s, plan, max(younger, key=rank))
         elif others and self_ok:
             preempt(s, plan, holder)
             return False
@@ -100,7 +115,7 @@ def make_room(s, plan, holder: Request, total: int, self_ok: bool) -> bool:
     return True
 
 
-def preempt(s, plan, h: Request) -> None:
+def preempt(s: Scheduler, plan: StepPlan, h: Request) -> None:
     """Take a live row's or a walker's pages back and requeue it to be recomputed (its output so
     far is kept and not re-emitted; its sampler state stays with the executor). Its written pages,
     prompt and output, stay in the prefix cache for its recompute."""
@@ -118,13 +133,13 @@ def preempt(s, plan, h: Request) -> None:
     park(s, h)
 
 
-def park(s, r: Request) -> None:
+def park(s: Scheduler, r: Request) -> None:
     """Back to the queue with its pages returned, ahead of every later arrival (readmission in
     arrival order), keeping any output it already emitted to recompute on readmission."""
     s.book.free(r.pages)
     r.passed = True  # it was let in once: no second wait at the door
     r.status = Status.PREEMPTED if r.preemptions else Status.WAITING
     i = 0
-    while i < len(s.queue) and s.queue[i].arrival < r.arrival:
+    while i < len(s.queue) and rank(s.queue[i]) < rank(r):
         i += 1
     s.queue.insert(i, r)

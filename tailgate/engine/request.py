@@ -183,3 +183,10 @@ def row_sample(req: Request, output: list[int]) -> RowSample:
         suppress = tuple(req.stop_token_ids) + (() if req.ignore_eos else tuple(req.eos_ids))
     penal = p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
     return RowSample(req.id, p, suppress, req.logprobs, req.prompt if penal else None, output if penal else None)
+
+
+def rank(r: Request) -> float:
+    """A request's place in every order the engine keeps (who gets pages first, who is preempted
+    last, where a parked request goes back in the queue, the walk's order): its arrival. One
+    function, so a priority class changes one line."""
+    return r.arrival

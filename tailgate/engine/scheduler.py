@@ -1,12 +1,12 @@
 """The scheduler: one engine iteration is schedule -> run -> settle, one forward pass each.
 
 `schedule(now)` is the only decision point: it retires cancelled requests, lands the lane's
-flight, runs an intake turn (or lets arrivals join a running walk), gives live rows their pages
-(preempting where it must) and returns a `StepPlan` (engine/plan.py) naming everything it
-decided. `step` then launches the lane's flight if the plan names one, runs the plan's forward
+flight, runs an intake turn (or lets arrivals join a running walk), runs the walk's round (every
+admitted prompt is a walker), gives live rows their pages (preempting where it must) and returns
+a `StepPlan` (engine/plan.py) naming everything it decided. `step` then launches the lane's flight if the plan names one, runs the plan's forward
 pass on the executor (the model runner + sampler, or a fake in tests), and settles what it
 sampled (engine/settle.py); the pass leaves a `StepRecord` in `step_log`. The rules live in
-modules of functions over this state: admission.py (door, intake, gather, walk joiners),
+modules of functions over this state: admission.py (door, intake, walk joiners),
 preemption.py (pages taken back, the bound), walk.py (rounds), lane.py (the side lane). Plain
 Python, no torch; `now` is always a parameter, so every timing rule is tested without sleeping.
 """
@@ -36,6 +36,17 @@ log = logging.getLogger("tailgate.engine")
 # Model steps kept in `Scheduler.step_log`: at ~10-50 ms a step, 256 cover the last few seconds,
 # what a live view redraws from (one record is ~100 bytes).
 STEP_LOG = 256
+
+
+def step_kind(chunks: list, rows: list, chunked: bool) -> str:
+    """A step's kind (on its record and each token): what its prompt rows were, beside what."""
+    if not chunks:
+        return "decode" if rows else "idle"
+    if any(r.resumed for r, _ in chunks):
+        return "recompute"
+    if not rows:
+        return "prefill"
+    return "walk" if chunked else "mixed"
 
 
 class Executor(Protocol):
@@ -97,8 +108,8 @@ class Scheduler:
         self.events: list[tuple[Request, Event]] = []  # not yet delivered
         self._iteration: list[Event] = []  # everything this iteration emitted (the step output)
         self.current = StepPlan()  # the step being settled (its kind goes on each token)
-        # The iteration being decided or run: its admissions sit in no container until they
-        # graduate (a mixed step's prompts, the lane's leader), so the fatal path reads them here.
+        # The iteration being decided or run: the lane's leader sits in no container between the
+        # plan and its launch, so the fatal path reads it here.
         self.planned: StepPlan | None = None
         # The last STEP_LOG model steps (the step timeline); `_preempted_seen` is the preemption
         # count at the previous record, so each record says how many its planning took.
@@ -145,9 +156,9 @@ class Scheduler:
         return out
 
     def schedule(self, now: float) -> StepPlan:
-        """Decide this iteration (module doc). A walk in progress advances exactly one round (and
-        takes arrivals in); otherwise an intake turn admits into a walk, the lane or a mixed step,
-        and the live rows decode beside whatever it admitted."""
+        """Decide this iteration (module doc). A walk in progress takes arrivals in; otherwise an
+        intake turn admits walkers (or the lane's prompt); then the walk advances exactly one round
+        and the live rows decode beside it."""
         plan = self.planned = StepPlan(at=now)
         endings.retire_cancelled(self, plan)
         if self.flight is not None and (self.flight[1].done() or not (self.roster or self.walk)):
@@ -159,7 +170,7 @@ class Scheduler:
             admission.intake(self, plan, now)
         if self.walk:
             walk_round(self, plan)
-        elif not plan.chunks:
+        else:
             preemption.ready_rows(self, plan)
         self._shape(plan)
         return plan
@@ -177,18 +188,7 @@ class Scheduler:
         segs += [Segment([a.output[-1]], a.pages.frontier, a.pages) for a in rows]
         samples += [a.sample or self._decode_sample(a) for a in rows]
         plan.segments, plan.samples = segs, samples
-        chunks = plan.chunks
-        plan.kind = (
-            ("idle" if not rows else "decode")
-            if not chunks
-            else "recompute"
-            if any(r.resumed for r, _ in chunks)
-            else "prefill"
-            if not rows
-            else "walk"
-            if self.chunk
-            else "mixed"
-        )
+        plan.kind = step_kind(plan.chunks, rows, chunked=bool(self.chunk))
         plan.why = plan.why or ("live rows decode" if rows else "nothing to run")
 
     def _execute(self, plan: StepPlan) -> list:
@@ -247,6 +247,7 @@ class Scheduler:
                 except Exception:  # one client's delivery must not kill the engine for all
                     log.exception("delivery to %s failed; cancelling it", req.id)
                     req.sink_failed = req.cancelled = True
+                    self.cancels_queued = True  # it may sit in the queue (preempted): retire it there too
 
     # ---- rows and endings -------------------------------------------------------------------
     def _decode_sample(self, r: Request) -> RowSample:
@@ -259,7 +260,7 @@ class Scheduler:
         """End a live row or a walker (or a landed flight): out of its container, then closed."""
         if r.status is Status.RUNNING:
             self.roster.remove(r)
-        elif r.status is Status.WALKING and r in self.walk:
+        elif r.status is Status.WALKING:
             self.walk.remove(r)
         self.close(r, reason, message)
 

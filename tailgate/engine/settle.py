@@ -7,12 +7,18 @@ step's kind and the stream's gap for stall attribution.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .prompt_logprobs import PromptLogprobs
 from .request import Request, Status, Token
 from .stop import LENGTH, STOP, verdict
 
+if TYPE_CHECKING:
+    from .plan import StepPlan
+    from .scheduler import Scheduler
 
-def settle_step(s, plan, per_seg: list, t0: float, now: float) -> None:
+
+def settle_step(s: Scheduler, plan: StepPlan, per_seg: list, t0: float, now: float) -> None:
     """Count and record the step, then apply its results."""
     m, rows, prompt_rows = s.metrics, plan.rows, plan.prompt_rows
     if plan.chunks:
@@ -26,7 +32,7 @@ def settle_step(s, plan, per_seg: list, t0: float, now: float) -> None:
     s.deliver()
 
 
-def absorb(s, r: Request, take: int, out, now: float) -> None:
+def absorb(s: Scheduler, r: Request, take: int, out, now: float) -> None:
     """A prompt chunk's KV is written: advance the request; its final chunk's token (`out`)
     graduates it into the roster. An exception in `out` fails this prompt alone."""
     if isinstance(out, Exception):  # only this prompt fails; its pages return
@@ -42,7 +48,7 @@ def absorb(s, r: Request, take: int, out, now: float) -> None:
     s.metrics.prompt_tokens += take
     if not final:
         return
-    if r.status is Status.WALKING and r in s.walk:  # (a whole prompt in a mixed step is in no walk)
+    if r.status is Status.WALKING:  # (the lane's landing is in flight, in no walk)
         s.walk.remove(r)
     if r.scores is not None:  # the prompt's logprobs go out ahead of its first token
         s.emit(r, PromptLogprobs(r.id, now, r.scores))
@@ -51,7 +57,7 @@ def absorb(s, r: Request, take: int, out, now: float) -> None:
     settle_rows(s, (r,), (out,), now)
 
 
-def settle_rows(s, rows, outs, now: float, advance: bool = False) -> None:
+def settle_rows(s: Scheduler, rows, outs, now: float, advance: bool = False) -> None:
     """Apply one sampled token to each row, produced by the step that ended at `now` (every row
     of a step is stamped with the same time); with `advance`, each row's KV frontier moves past
     the token it fed. A row whose sampling failed, or whose token ends it, leaves the roster.

@@ -1,7 +1,8 @@
-"""The chunked walk (MIX_CHUNK_TOKENS, ITL_TARGET_MS): prompts enter a live batch N rows per step.
+"""The walk: every admitted prompt enters the live batch as a walker, N rows per step.
 
-Without it an admission is one whole-prompt step, and every live stream's inter-token gap pays
-the whole prompt (a 1024-token prompt is ~2.5 s of one step on the 2-core EPYC). With it, the
+With the walk off (no MIX_CHUNK_TOKENS, no ITL_TARGET_MS) a round takes every walker's whole
+prompt, and every live stream's inter-token gap pays it (a 1024-token prompt is ~2.5 s of one
+step on the 2-core EPYC). With the chunked walk (MIX_CHUNK_TOKENS, ITL_TARGET_MS), the
 admitted prompts ("walkers", status walking) advance in rounds: each round spreads a prompt-row
 budget over the walkers in arrival order, reserves only the pages that round writes, and rides
 the live decode rows. One round is one iteration's forward pass, so live streams get a token
@@ -10,10 +11,28 @@ between rounds and a stall is bounded by one round. Plain data, no torch.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .preemption import holders, make_room, never_fits, ready_rows
+from .request import rank
+
+if TYPE_CHECKING:
+    from .plan import StepPlan
+    from .scheduler import Scheduler
 
 
-def walk_round(s, plan) -> None:
+def round_budget(s: Scheduler) -> int | None:
+    """How many prompt rows this round spreads over the walkers: MIX_CHUNK_TOKENS, or under
+    ITL_TARGET_MS what the step-cost model prices within the target, or None with the walk off
+    (every walker takes its whole rest: the whole prompts of a mixed step)."""
+    if s.pace is None:
+        return s.chunk or None
+    # ITL_TARGET_MS (and TTFT_TARGET_MS, which reads the queue's prompts too)
+    queued = sum(len(r.prompt) for r in s.queue) if s.pace.horizon is not None else 0
+    return s.pace.rows(s.walk, s.roster, queued)
+
+
+def walk_round(s: Scheduler, plan: StepPlan) -> None:
     """One round: at most the budget's prompt rows across the walkers (oldest arrival first),
     beside every live row. The budget is MIX_CHUNK_TOKENS, or under ITL_TARGET_MS what the
     step-cost model prices within the target (engine/step_cost.py). A walker short of pages takes
@@ -22,20 +41,18 @@ def walk_round(s, plan) -> None:
     the round always moves), unless it is the only holder left, which means its prompt does not
     fit the pools at all."""
     ready_rows(s, plan)
-    s.walk.sort(key=lambda w: w.arrival)  # stable: admission order among equals
-    if s.pace is None:
-        budget = s.chunk
-    else:  # ITL_TARGET_MS (and TTFT_TARGET_MS, which reads the queue's prompts too)
-        queued = sum(len(r.prompt) for r in s.queue) if s.pace.horizon is not None else 0
-        budget = s.pace.rows(s.walk, s.roster, queued)
+    s.walk.sort(key=rank)  # stable: admission order among equals
+    budget = round_budget(s)
     left = budget
     for w in list(s.walk):
-        take = min(w.rest, left)
+        take = w.rest if left is None else min(w.rest, left)
         if take <= 0 or w not in s.walk:  # (preempted by an older walker of this round)
             continue
         if make_room(s, plan, w, w.computed + take, self_ok=False):
             plan.chunks.append((w, take))
-            left -= take  # a walker waiting for pages leaves its rows to the ones behind it
+            left = (
+                None if left is None else left - take
+            )  # a walker waiting for pages leaves its rows to the ones behind it
         elif not holders(s, w) and not plan.chunks:
             s.finish(w, "error", never_fits(w))
             plan.finished.append((w, "error"))
