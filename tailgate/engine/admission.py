@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from .door import DoorView
 from .pages import pages_for
-from .preemption import full_length, never_fits, park, pinned, ready_rows
+from .preemption import entry_length, never_fits, park, pinned, ready_rows
 from .prompt_logprobs import new_scores
 from .request import Finished, Request, Scheduled, Status
 
@@ -115,16 +115,12 @@ def intake(s: Scheduler, plan: StepPlan, now: float) -> None:
 
 def fits_alone(s: Scheduler, r: Request) -> bool:
     """Whether `r` (its whole length once pinned) fits the pools with nothing else holding pages."""
-    need = pages_for(full_length(r) if pinned(r) else len(r.tokens))
-    book = s.book
-    return need - len(r.pages.global_pages) <= book.glob.available and (
-        book.local is None or need - len(r.pages.local_pages) <= book.local.available
-    )
+    return s.book.fits(r.pages, entry_length(r))
 
 
 def to_lane(s: Scheduler, plan: StepPlan, r: Request) -> None:
     """A live admission's whole prompt, its pages reserved now, launches on the side lane."""
-    if not s.book.reserve(r.pages, full_length(r) if pinned(r) else len(r.tokens)):
+    if not s.book.reserve(r.pages, entry_length(r)):
         park(s, r)  # someone live will free pages: it waits at the head
         plan.why = "the head waits for pages"
         return
@@ -220,7 +216,7 @@ def room_for(s: Scheduler, r: Request) -> bool:
     MAX_PREEMPTIONS times) passes the same check for its whole length, then reserves all of it:
     reserved beside walkers the check had not counted, it could take the pages an older walker
     needs, which may not take them back (a review of issue 36 found the round then stalls)."""
-    need = full_length(r) if pinned(r) else len(r.tokens)
+    need = entry_length(r)
     if s.roster or s.walk:
         # max(0, ...): a pinned walker holds more than its prompt (its whole length), not a negative debt
         promised = len(s.roster) + sum(max(0, pages_for(len(o.tokens)) - len(o.pages.global_pages)) for o in s.walk)

@@ -157,10 +157,10 @@ class KVBook:
         to a reservation the other pool then refuses."""
         if total_tokens <= seq.reserved:
             return True
+        if not self.fits(seq, total_tokens):
+            return False
         need_g = pages_for(total_tokens) - len(seq.global_pages)
         need_l = pages_for(total_tokens) - len(seq.local_pages) if self.local else 0
-        if need_g > self.glob.available or (self.local and need_l > self.local.available):
-            return False
         got_g = self.glob.take(need_g)
         got_l = self.local.take(need_l) if self.local else []
         seq.global_pages.extend(got_g)
@@ -170,6 +170,14 @@ class KVBook:
         # 15 tokens already covered and skips the pools (~1 call in 16 reaches them).
         seq.reserved = pages_for(total_tokens) * PAGE_SIZE
         return True
+
+    def fits(self, seq: SeqPages, total_tokens: int) -> bool:
+        """Whether both pools could make room for `seq` up to `total_tokens` now (idle cached
+        pages count: a take evicts them)."""
+        need = pages_for(total_tokens)
+        return need - len(seq.global_pages) <= self.glob.available and (
+            self.local is None or need - len(seq.local_pages) <= self.local.available
+        )
 
     def advance(self, seq: SeqPages, tokens: int, release: bool = True) -> None:
         """Record `tokens` more written KV; release sliding pages no future query can see (unless

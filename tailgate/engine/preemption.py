@@ -45,12 +45,15 @@ def full_length(r: Request) -> int:
     return len(r.prompt) + r.max_tokens - 1
 
 
+def entry_length(r: Request) -> int:
+    """The tokens `r` must find room for to be admitted: its prompt (and any output to recompute),
+    or, pinned, its whole length (it comes back only with all of it reserved)."""
+    return full_length(r) if pinned(r) else len(r.tokens)
+
+
 def never_fits(r: Request) -> str:
-    if pinned(r):  # it comes back only with its whole length reserved
-        what, n = "the request (pinned after its preemptions: its whole length)", full_length(r)
-    else:
-        what, n = "the prompt", len(r.tokens)
-    return f"{what} needs {pages_for(n)} KV pages per pool, more than the pools hold with nothing running"
+    what = "the request (pinned after its preemptions: its whole length)" if pinned(r) else "the prompt"
+    return f"{what} needs {pages_for(entry_length(r))} KV pages per pool, more than the pools hold with nothing running"
 
 
 def ready_rows(s: Scheduler, plan: StepPlan) -> bool:

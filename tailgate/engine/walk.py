@@ -11,6 +11,7 @@ between rounds and a stall is bounded by one round. Plain data, no torch.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from .preemption import holders, make_room, never_fits, ready_rows
@@ -43,16 +44,14 @@ def walk_round(s: Scheduler, plan: StepPlan) -> None:
     ready_rows(s, plan)
     s.walk.sort(key=rank)  # stable: admission order among equals
     budget = round_budget(s)
-    left = budget
+    left = math.inf if budget is None else budget
     for w in list(s.walk):
-        take = w.rest if left is None else min(w.rest, left)
+        take = min(w.rest, left)
         if take <= 0 or w not in s.walk:  # (preempted by an older walker of this round)
             continue
         if make_room(s, plan, w, w.computed + take, self_ok=False):
             plan.chunks.append((w, take))
-            left = (
-                None if left is None else left - take
-            )  # a walker waiting for pages leaves its rows to the ones behind it
+            left -= take  # a walker waiting for pages leaves its rows to the ones behind it
         elif not holders(s, w) and not plan.chunks:
             s.finish(w, "error", never_fits(w))
             plan.finished.append((w, "error"))

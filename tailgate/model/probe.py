@@ -299,7 +299,7 @@ def run(runner, book, source, cache_dir=None, log=None) -> ProbeResult | None:
         pass
     if rows is None:
         t0 = time.perf_counter()
-        if not check:  # a stale cache keeps its cut: the cut races kernels, not whole steps
+        if check is None:  # a stale cache keeps its cut: the cut races kernels, not whole steps
             cut = measure_layer_cut(runner.w)
             if cut is not None:  # before the steps: their costs follow the cut
                 apply_layer_cut(runner.w, cut)
