@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import threading
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -181,27 +182,39 @@ def test_the_grammar_vocabulary_is_built_before_ready_when_asked(configured):
     assert built < ready
 
 
-def test_a_stream_waiting_in_the_queue_gets_keep_alive_comments(configured):
-    _, base = configured
-    body = {"prompt": "Count to one hundred:", "max_tokens": 400, "ignore_eos": True, "stream": True}
+HOLD = {"prompt": "Count to one hundred:", "max_tokens": 400, "ignore_eos": True, "stream": True}
+
+
+@contextmanager
+def the_only_slot_held(base):
+    """A stream that holds the server's one decode slot (400 tokens: seconds on any CPU) until the
+    block ends, so a request made inside the block waits in the queue past sse_keep_alive."""
     started, done = threading.Event(), threading.Event()
 
-    def first():  # holds the only slot (400 tokens: seconds on any CPU) until the test is done
-        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=600) as r:
+    def hold():
+        with httpx.stream("POST", base + "/v1/completions", json=HOLD, timeout=600) as r:
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     started.set()
                 if done.is_set():
                     return
 
-    t = threading.Thread(target=first, daemon=True)
+    t = threading.Thread(target=hold, daemon=True)
     t.start()
     assert started.wait(300)
-    with httpx.stream("POST", base + "/v1/completions", json={**body, "max_tokens": 2}, timeout=120) as r:
-        # queued behind the first: its first line comes after sse_keep_alive = 1 s of silence
-        first_line = next(line for line in r.iter_lines() if line)
-    done.set()
-    t.join(300)
+    try:
+        yield
+    finally:
+        done.set()
+        t.join(300)
+
+
+def test_a_stream_waiting_in_the_queue_gets_keep_alive_comments(configured):
+    _, base = configured
+    with the_only_slot_held(base):
+        with httpx.stream("POST", base + "/v1/completions", json={**HOLD, "max_tokens": 2}, timeout=120) as r:
+            # queued behind the first: its first line comes after sse_keep_alive = 1 s of silence
+            first_line = next(line for line in r.iter_lines() if line)
     assert first_line == ": keep-alive"
 
 
@@ -227,33 +240,34 @@ def stripping_reader(reads) -> list[dict]:
     return [json.loads(e.removeprefix("data: ")) for e in events if e != "data: [DONE]"]
 
 
+QUEUED = {**HOLD, "max_tokens": 6, "stream_options": {"include_usage": True}}
+
+
 def test_a_stream_that_got_a_keep_alive_loses_no_token_in_a_client_that_strips_each_read(configured):
     """Issue 42: a lone `: keep-alive` glued itself to the next event in vLLM's client, which then
     skipped that event as a comment (2 of 16 streams "never received a valid chunk")."""
     _, base = configured
-    body = {"prompt": "Count to one hundred:", "max_tokens": 400, "ignore_eos": True, "stream": True}
-    started, done = threading.Event(), threading.Event()
-
-    def first():
-        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=600) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    started.set()
-                if done.is_set():
-                    return
-
-    t = threading.Thread(target=first, daemon=True)
-    t.start()
-    assert started.wait(300)
-    queued = {**body, "max_tokens": 6, "stream_options": {"include_usage": True}}
-    with httpx.stream("POST", base + "/v1/completions", json=queued, timeout=600) as r:
-        reads = list(r.iter_raw())
-    done.set()
-    t.join(300)
+    with the_only_slot_held(base):
+        with httpx.stream("POST", base + "/v1/completions", json=QUEUED, timeout=600) as r:
+            reads = list(r.iter_raw())
     assert any(b": keep-alive" in x for x in reads)  # it did wait in the queue past sse_keep_alive
     events = stripping_reader(reads)
     tokens = [e for e in events if e.get("choices")]
     assert len(tokens) == 6 and events[-1]["usage"]["completion_tokens"] == 6
+
+
+def test_a_stream_that_got_a_keep_alive_loses_no_token_in_the_openai_sdk(configured):
+    """Issue 42 item 6: the `openai` SDK's own SSE decoder, on a stream that waited in the queue
+    past sse_keep_alive, yields every token and the usage, and no comment as a chunk."""
+    from openai import OpenAI
+
+    _, base = configured
+    client = OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
+    model = client.models.list().data[0].id
+    body = {k: v for k, v in QUEUED.items() if k not in ("stream", "ignore_eos")}
+    with the_only_slot_held(base):
+        chunks = list(client.completions.create(model=model, stream=True, extra_body={"ignore_eos": True}, **body))
+    assert sum(1 for c in chunks if c.choices) == 6 and chunks[-1].usage.completion_tokens == 6
 
 
 def test_cors_answers_a_preflight_from_an_allowed_origin_only(configured):

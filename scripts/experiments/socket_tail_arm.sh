@@ -5,6 +5,8 @@
 # the server's own view (engine ITL, socket ITL, delivery delay), stop the server by its group.
 #   scripts/experiments/socket_tail_arm.sh NAME C [serve flags...]     (OUT=dir for the logs)
 # PEER=vllm serves vLLM's CPU build instead (../shared/peers/vllm-cpu serve; no server view).
+# WORKLOAD="bench flags" replaces the W-std shape (lengths, prompt count, concurrency, arrivals);
+# socket_tail_open.sh uses it for the open-loop and long-prompt shapes.
 set -uo pipefail
 name=$1; c=$2; shift 2
 cd "$(dirname "$0")/../.."
@@ -29,8 +31,9 @@ if sys.argv[1] != 'attach' and v:
 }
 view attach
 ../shared/peers/vllm-cpu bench --backend openai --base-url "$base" --endpoint /v1/completions \
-  --model "$model" --tokenizer "$(../shared/peers/vllm-cpu model-dir)" --dataset-name random --random-input-len 256 \
-  --random-output-len 64 --num-prompts $((4 * c)) --max-concurrency "$c" --ignore-eos --temperature 0 \
+  --model "$model" --tokenizer "$(../shared/peers/vllm-cpu model-dir)" --dataset-name random \
+  ${WORKLOAD:---random-input-len 256 --random-output-len 64 --num-prompts $((4 * c)) --max-concurrency "$c"} \
+  --ignore-eos --temperature 0 \
   --percentile-metrics ttft,itl,tpot --metric-percentiles 50,99 --seed "${SEED:-0}" > "$out/$name.bench.log" 2>&1
 view tick | sed "s/^/$name server-view /"
 kill -TERM -- "-$pid"; wait "$pid" 2>/dev/null
