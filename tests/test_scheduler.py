@@ -607,11 +607,11 @@ def test_a_request_cancelled_in_the_queue_leaves_it_at_the_next_step_not_at_the_
     assert [x.id for x in s.roster] == [long.id] and any(isinstance(e, Token) and e.request_id == long.id for e in ev)
 
 
-def test_a_pinned_request_waits_for_its_whole_length_beside_an_older_walker_and_both_finish():
+def test_a_pinned_request_beside_an_older_walker_takes_its_pages_and_both_finish():
     """Review of issue 36: a pinned request reserving its whole length beside an older walker took
-    the pages that walker's next rounds needed, and neither could move (the walker may not take a
-    pinned request's pages): the engine spun. Now it joins only when its whole length fits beside
-    what the walk was promised, and a walker short of pages leaves its rows to the ones behind."""
+    the pages that walker's next rounds needed, and neither could move: the engine spun. Issue 43:
+    a pinned request holds only what it has written and takes what it lacks from any unpinned
+    holder, the older walker too, which comes back later; both finish, the pinned one unpreempted."""
     s, ex = make(slots=4, global_pages=11, chunk=64)  # 10 usable pages = 160 tokens
     old, pinned = req(150, max_tokens=5), req(20, max_tokens=60)  # 10 pages; 5 pages whole
     old.arrival, pinned.arrival, pinned.preemptions = 1.0, 2.0, 2
@@ -625,6 +625,41 @@ def test_a_pinned_request_waits_for_its_whole_length_beside_an_older_walker_and_
     assert not s.has_work(), "the engine stopped moving"
     assert {finished(events, r.id).reason for r in (old, pinned)} == {"length"}
     assert pinned.preemptions == 2 and s.book.glob.used == 0
+
+
+def test_a_pinned_request_takes_its_next_page_from_an_older_live_row_instead_of_waiting_for_it():
+    """Issue 43: a pinned request reserved its whole length before it came in, so it waited at the
+    head (and every arrival behind it) until the older stream ended. Now it comes in beside it on
+    its prompt's pages and, short of one, takes it from that unpinned row, which is recomputed."""
+    s, ex = make(slots=4, global_pages=11, chunk=64)  # 10 usable pages
+    old = req(100, max_tokens=50)  # 7 pages as it decodes to its end (149 tokens: 10 pages)
+    s.submit(old)
+    s.step(0.0)
+    pin = req(40, max_tokens=60)  # 3 pages of prompt, 7 whole
+    pin.arrival, pin.preemptions = 2.0, 2
+    s.submit(pin)
+    s.step(0.0)  # old walks its prompt's last 36 rows; pin comes in beside them with 28
+    assert pin in s.walk and len(pin.pages.global_pages) == 2  # at once, on the pages of what it wrote
+    ev = drain(s)
+    assert {finished(ev, r.id).reason for r in (old, pin)} == {"length"}
+    assert old.preemptions >= 1 and pin.preemptions == 2 and s.book.glob.used == 0
+    first_end = min((r for r in (old, pin)), key=lambda r: ev.index(finished(ev, r.id)))
+    assert first_end is pin  # it ran through the older stream's pages, not after them
+
+
+def test_a_second_pinned_request_waits_while_the_pinned_whole_lengths_would_not_fit_together():
+    """The pinned may take from everyone else only while their whole lengths fit the pools together:
+    then the pages each one needs always exist among theirs and what the unpinned can give back."""
+    s, ex = make(slots=4, global_pages=11, chunk=64)  # 10 usable pages
+    p1, p2 = req(30, max_tokens=60), req(30, max_tokens=60)  # 89 tokens: 6 pages whole each
+    p1.preemptions = p2.preemptions = 2
+    p2.arrival = 2.0
+    s.submit(p1)
+    s.submit(p2)
+    s.schedule(0.0)
+    assert s.walk == [p1] and list(s.queue) == [p2]
+    ev = drain(s)
+    assert {finished(ev, r.id).reason for r in (p1, p2)} == {"length"} and s.book.glob.used == 0
 
 
 def test_a_pinned_head_that_cannot_fit_even_alone_is_refused_not_parked_forever():
@@ -655,20 +690,20 @@ def test_with_the_walk_off_a_whole_prompt_is_a_walker_the_plan_names():
     assert s.walk == [a, b] and plan.kind == "mixed" and plan.why == "whole prompts ride the live rows"
 
 
-def test_a_pinned_walkers_extra_pages_are_no_credit_to_the_next_walker():
-    """A pinned walker reserves its whole length: more pages than its prompt. Counted as a
-    negative promise, that surplus let a follower in that the pool could not hold beside it."""
+def test_a_pinned_walker_holds_only_its_written_pages_so_a_follower_that_fits_beside_them_comes_in():
+    """A pinned walker used to reserve its whole length (8 pages here for its 2 of prompt), which
+    kept out a follower the pool holds beside what it has written."""
     s, ex = make(slots=4, global_pages=21, chunk=32)  # 20 usable pages
     live = req(20, max_tokens=50)
     s.submit(live)
     s.step(0.0)  # live: 2 pages
-    pin, big = req(32, max_tokens=97), req(190, max_tokens=10)  # pin: 8 pages whole; big: 12 pages
+    pin, big = req(32, max_tokens=97), req(190, max_tokens=10)  # pin: 2 pages of prompt, 8 whole; big: 12
     pin.preemptions = 2
     for r in (pin, big):
         s.submit(r)
     s.schedule(0.0)
-    # free 20 - 2 - 8 = 10 pages; big needs 12 + one for the live row: it waits at the head
-    assert s.walk == [pin] and list(s.queue) == [big] and len(pin.pages.global_pages) == 8
+    # free 20 - 2 - 2 = 16 pages; big needs 12 + one for the live row: it walks beside pin
+    assert s.walk == [pin, big] and not s.queue and len(pin.pages.global_pages) == 2
 
 
 def test_a_pinned_request_of_exactly_the_pools_length_fits_and_finishes():

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from .door import DoorView
 from .pages import pages_for
-from .preemption import entry_length, never_fits, park, pinned, ready_rows
+from .preemption import entry_length, never_fits, park, pinned, pinned_fit, ready_rows
 from .prompt_logprobs import new_scores
 from .request import Finished, Request, Scheduled, Status
 
@@ -120,7 +120,7 @@ def fits_alone(s: Scheduler, r: Request) -> bool:
 
 def to_lane(s: Scheduler, plan: StepPlan, r: Request) -> None:
     """A live admission's whole prompt, its pages reserved now, launches on the side lane."""
-    if not s.book.reserve(r.pages, entry_length(r)):
+    if (pinned(r) and not pinned_fit(s, r)) or not s.book.reserve(r.pages, len(r.tokens)):
         park(s, r)  # someone live will free pages: it waits at the head
         plan.why = "the head waits for pages"
         return
@@ -213,17 +213,16 @@ def room_for(s: Scheduler, r: Request) -> bool:
     that room walks, takes the pages an older stream needs next, is preempted and walks again
     (issue 25's thrash: 3-5x the useful prompt rows). With nothing live it always goes (intake
     refused a prompt that cannot fit even alone: `fits_alone`). A pinned request (preempted
-    MAX_PREEMPTIONS times) passes the same check for its whole length, then reserves all of it:
-    reserved beside walkers the check had not counted, it could take the pages an older walker
-    needs, which may not take them back (a review of issue 36 found the round then stalls)."""
-    need = entry_length(r)
+    MAX_PREEMPTIONS times) goes when the pinned requests' whole lengths fit together
+    (preemption.pinned_fit): it takes the pages it lacks from unpinned holders as it walks."""
+    if pinned(r):
+        return pinned_fit(s, r)
     if s.roster or s.walk:
-        # max(0, ...): a pinned walker holds more than its prompt (its whole length), not a negative debt
-        promised = len(s.roster) + sum(max(0, pages_for(len(o.tokens)) - len(o.pages.global_pages)) for o in s.walk)
+        promised = len(s.roster) + sum(pages_for(len(o.tokens)) - len(o.pages.global_pages) for o in s.walk)
         free = s.book.glob.available  # idle cached pages count: a reservation evicts them
-        if pages_for(need) - len(r.pages.global_pages) + promised > free:
+        if pages_for(len(r.tokens)) - len(r.pages.global_pages) + promised > free:
             return False
-    return not pinned(r) or s.book.reserve(r.pages, need)
+    return True
 
 
 def admissible(s: Scheduler, plan: StepPlan, r: Request) -> bool:

@@ -7,10 +7,13 @@ preempted: its pages return, its output is kept, and it is requeued in arrival o
 recomputed. A request that fits the pools alone is never failed.
 
 The bound: no request is preempted more than MAX_PREEMPTIONS times. The preemption that makes it
-`pinned` also changes how it comes back: it is readmitted only with pages reserved for its whole
-length (prompt + max_tokens), so no later step is ever short of a page for it, and preemption
-never chooses it. (A pinned request needing a page cannot happen; a live row short of one with
-only pinned holders beside it gives its own pages back, and a walker waits.)
+`pinned` also changes its standing: preemption never chooses it, and when it needs a page it may
+take one from any unpinned holder, older or younger. It is readmitted only while the pinned
+requests' whole lengths (prompt + max_tokens - 1 each) fit the pools together (`pinned_fit`), so
+the pages the pinned need always exist among what they hold and what unpinned requests can give
+back. It holds only the pages it has written, as any request does: reserving its whole length up
+front (issue 36's first rule) held a context for every chat whose EOS came after a few hundred
+tokens, and at a KV budget of 1-1.5 contexts drained such runs 15-58 % slower (issue 43).
 """
 
 from __future__ import annotations
@@ -46,9 +49,18 @@ def full_length(r: Request) -> int:
 
 
 def entry_length(r: Request) -> int:
-    """The tokens `r` must find room for to be admitted: its prompt (and any output to recompute),
-    or, pinned, its whole length (it comes back only with all of it reserved)."""
+    """The tokens `r` must fit the pools in with nothing else running to be admitted at all: its
+    prompt (and any output to recompute), or, pinned, its whole length (`pinned_fit` counts it)."""
     return full_length(r) if pinned(r) else len(r.tokens)
+
+
+def pinned_fit(s: Scheduler, r: Request) -> bool:
+    """Whether pinned `r` may come in: the whole lengths of every pinned request holding pages
+    (live rows, walkers, the lane's flight) and its own fit each pool together. Counted, not held:
+    a pinned request reserves page by page and takes what it lacks from unpinned holders."""
+    held = [h for h in (*s.roster, *s.walk, *((s.flight,) if s.flight is not None else ())) if pinned(h)]
+    need = sum(pages_for(full_length(h)) for h in held if h is not r) + pages_for(full_length(r))
+    return need <= s.book.glob.capacity and (s.book.local is None or need <= s.book.local.capacity)
 
 
 def never_fits(r: Request) -> str:
@@ -88,9 +100,9 @@ def frees_a_page(s: Scheduler, h: Request) -> bool:
 
 def make_room(s: Scheduler, plan: StepPlan, holder: Request, total: int, self_ok: bool) -> bool:
     """Reserve KV for `holder` (a live row or a walker) up to `total` tokens, preempting unpinned
-    holders younger than it, youngest arrival first. When none is left, a live row (`self_ok`)
-    gives its own pages back if anyone else holds pages, and a walker waits (older ones finish
-    and free theirs). For a live row the lane's flight lands first, before anyone is chosen: its
+    holders younger than it (any unpinned holder, when `holder` is pinned), youngest arrival
+    first. When none is left, an unpinned live row (`self_ok`) gives its own pages back if anyone
+    else holds pages, and a walker waits (older ones finish and free theirs). For a live row the lane's flight lands first, before anyone is chosen: its
     request then holds its pages as a live row like any other, and `ready_rows` gives its row a
     page in the same pass. A walker never lands it (a row landed mid-round would ride the round
     without a page): the flight lands at the next iteration's top. Returns whether it got them."""
@@ -104,13 +116,14 @@ def make_room(s: Scheduler, plan: StepPlan, holder: Request, total: int, self_ok
             for h in others
             if not pinned(h)
             and (
-                rank(h) > rank(holder)
+                pinned(holder)
+                or rank(h) > rank(holder)
                 or (rank(h) == rank(holder) and h.status is Status.WALKING and holder.status is not Status.WALKING)
             )
         ]
         if younger:  # equal arrivals: a walker came in after every live row
             preempt(s, plan, max(younger, key=rank))
-        elif others and self_ok:
+        elif others and self_ok and not pinned(holder):
             preempt(s, plan, holder)
             return False
         else:
@@ -125,6 +138,8 @@ def preempt(s: Scheduler, plan: StepPlan, h: Request) -> None:
     h.preemptions += 1
     s.metrics.preemptions += 1
     plan.preempted.append(h)
+    # a pinned walker takes pages from any unpinned holder, a walker planned in this round too
+    plan.chunks = [(r, take) for r, take in plan.chunks if r is not h]
     if h.status is Status.RUNNING:
         s.roster.remove(h)
         if s.prefix is not None:

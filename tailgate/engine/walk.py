@@ -38,21 +38,22 @@ def walk_round(s: Scheduler, plan: StepPlan) -> None:
     beside every live row. The budget is MIX_CHUNK_TOKENS, or under ITL_TARGET_MS what the
     step-cost model prices within the target (engine/step_cost.py). A walker short of pages takes
     them from younger page holders; with none younger it waits for a later round and leaves this
-    round's rows to the walkers behind it (a pinned one among them holds every page it needs, so
-    the round always moves), unless it is the only holder left, which means its prompt does not
-    fit the pools at all."""
+    round's rows to the walkers behind it (a pinned one among them takes its pages from any
+    unpinned holder, so the round always moves), unless it is the only holder left, which means
+    its prompt does not fit the pools at all."""
     ready_rows(s, plan)
     s.walk.sort(key=rank)  # stable: admission order among equals
     budget = round_budget(s)
-    left = math.inf if budget is None else budget
     for w in list(s.walk):
+        # what the walkers planned so far left: one waiting for pages leaves its rows to the ones
+        # behind it, and a pinned walker that preempts one planned before it takes its rows back
+        left = (math.inf if budget is None else budget) - plan.prompt_rows
         take = min(w.rest, left)
-        if take <= 0 or w not in s.walk:  # (preempted by an older walker of this round)
+        if take <= 0 or w not in s.walk:  # (preempted by a walker of this round)
             continue
         if make_room(s, plan, w, w.computed + take, self_ok=False):
             plan.chunks.append((w, take))
-            left -= take  # a walker waiting for pages leaves its rows to the ones behind it
-        elif not holders(s, w) and not plan.chunks:
+        elif not holders(s, w) and not plan.chunks and s.flight is None:
             s.finish(w, "error", never_fits(w))
             plan.finished.append((w, "error"))
     plan.budget = budget
