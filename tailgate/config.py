@@ -11,6 +11,7 @@ surrounding whitespace (one rule, so ' 0' is not off where ' 5' refuses).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -206,7 +207,20 @@ def resolve(
     lookup: Callable[[str], str | None], cores: int | None = None, lanes: tuple[str, ...] = ("cpu",)
 ) -> ServingConfig:
     """Every knob parsed and cross-checked; `cores` (default: this process's) bounds the lane;
-    `lanes` are the lane kinds the caller can run (the simulator also prices `green:NN`)."""
+    `lanes` are the lane kinds the caller can run (the simulator also prices `green:NN`). A
+    refusal names each knob where it was given (`lookup.source`: a flag, an env var, a config
+    file's key), so a user is never told of an env var they did not set (issue 44)."""
+    try:
+        return _resolve(lookup, cores, lanes)
+    except KnobError as e:
+        source = getattr(lookup, "source", None)
+        if source is None:
+            raise
+        msg = re.sub(rf"\b{PREFIX}({'|'.join(KNOB_NAMES)})\b", lambda m: source(m.group(1)), str(e))
+        raise KnobError(msg) from None
+
+
+def _resolve(lookup: Callable[[str], str | None], cores: int | None, lanes: tuple[str, ...]) -> ServingConfig:
     raw = {name: lookup(name) for name in KNOB_NAMES}
 
     def present(name):  # "" is unset; whitespace is a value, and refuses like any other non-number
@@ -244,7 +258,12 @@ def resolve(
     max_out = parse_default_max_tokens(raw["DEFAULT_MAX_TOKENS"], max_context)
     # The inter-token target's default (DEFAULT_ITL_TARGET) applies only where nothing asked for
     # another admission shape: an explicit MIX_CHUNK_TOKENS (a fixed walk width, or off) or a side
-    # lane keeps it off unless ITL_TARGET_MS is given too. Why `auto` (with TTFT_TARGET_MS's 2 s
+    # lane keeps it off unless ITL_TARGET_MS is given too. The default is off (the 64-row walk)
+    # since issue 42 judged `auto` where users feel it: AMD EPYC Zen 5, W-std, vLLM's client, two
+    # alternated rounds (docs/benchmarks/socket-tail.md): tok/s 0.99 / 1.00 / 0.99x the walk's and
+    # ITL p99 0.88 / 0.93 / 0.95x at c4 / c8 / c16, but TTFT p50 1.78x at c16 (1.02x and 2.65x),
+    # past the issue's 1.25x bound, so the default is the walk until `auto` holds it. Why `auto`
+    # had been the default (with TTFT_TARGET_MS's 2 s
     # horizon): AMD EPYC Zen 3, 256 / 64 closed loop, one run beside the fixed 64-row walk, vLLM and
     # llama.cpp (docs/benchmarks/itl-target-amd.md): output tok/s 46.7 / 64.9 / 61.8 at c4 / c8 / c16
     # against the walk's 44.6 / 49.3 / 55.5, ITL p99 152 / 157 / 392 ms against 226 / 288 / 373, for
@@ -300,22 +319,50 @@ def resolve(
     return ServingConfig(max_context, slots, gather, prompts, chunk, lane, cache, door, kv_mb, max_out, target, ttft)
 
 
+# vLLM's names for the knobs that mean the same here (issue 44: a vLLM user's flags just work).
+VLLM_ALIASES = {"MAX_CONTEXT": "--max-model-len", "DECODE_SLOTS": "--max-num-seqs"}
+# --enable-prefix-caching: vLLM's cache is bounded by its pages alone; K = the grammar's most
+# prompts remembered is the nearest (cached pages pin nothing here either: engine/prefix.py).
+PREFIX_CACHE_ON = "1024"
+
+
 def add_knob_args(parser) -> None:
-    """One --flag per knob (dest `knob_<NAME>`), for every command that runs the scheduler."""
+    """One --flag per knob (dest `knob_<NAME>`), for every command that runs the scheduler, with
+    vLLM's spelling beside ours where the meaning is the same."""
     for k in KNOBS:
+        flags = ["--" + k.name.lower().replace("_", "-")] + ([VLLM_ALIASES[k.name]] if k.name in VLLM_ALIASES else [])
         parser.add_argument(
-            "--" + k.name.lower().replace("_", "-"),
+            *flags,
             dest="knob_" + k.name,
             default=None,
             help=f"{k.doc} [{k.grammar}; default {k.default}; env {PREFIX}{k.name}]",
         )
+    parser.add_argument(
+        "--enable-prefix-caching",
+        dest="knob_PREFIX_CACHE",
+        action="store_const",
+        const=PREFIX_CACHE_ON,
+        help=f"vLLM's flag: the same as --prefix-cache {PREFIX_CACHE_ON}",
+    )
+    parser.add_argument(
+        "--no-enable-prefix-caching",
+        dest="knob_PREFIX_CACHE",
+        action="store_const",
+        const="off",
+        help="vLLM's flag: the same as --prefix-cache off",
+    )
 
 
 def cli_lookup(args) -> Callable[[str], str | None]:
     """The knobs' lookup for parsed `add_knob_args` flags: the flag, then the environment (for
     `serve`, server/settings.py `apply` has already put each knob's value from its flag, env var
-    or config file on the flag's place)."""
-    return env_lookup({name: getattr(args, "knob_" + name) for name in KNOB_NAMES})
+    or config file on the flag's place, and noted where it came from: `lookup.source`)."""
+    lookup = env_lookup({name: getattr(args, "knob_" + name) for name in KNOB_NAMES})
+    given = getattr(args, "knob_sources", None)
+    if given is None:  # not through settings.apply: a set flag is named as the flag
+        given = {n: "--" + n.lower().replace("_", "-") for n in KNOB_NAMES if getattr(args, "knob_" + n) is not None}
+    lookup.source = lambda name: given.get(name, PREFIX + name)
+    return lookup
 
 
 def knob_table_markdown() -> str:

@@ -25,7 +25,8 @@ PREFIX = "TAILGATE_"
 # forgets it then holds a slot for up to MAX_CONTEXT tokens. 2048 bounds that work (and an
 # abandoned request's) while leaving long answers possible; `context` restores vLLM's behaviour.
 DEFAULT_MAX_TOKENS = 2048
-DEFAULT_ITL_TARGET = "auto"  # ITL_TARGET_MS when neither it nor another admission shape is set (why: config.resolve)
+# ITL_TARGET_MS when unset: off, the 64-row walk (why: config.resolve). `auto` is one flag away.
+DEFAULT_ITL_TARGET = "off"
 DEFAULT_TTFT_TARGET = "2000"  # TTFT_TARGET_MS under an inter-token target (why: step_cost.RoundBudget)
 DOOR_GRAMMAR = "off | auto | N ms, 1 <= N <= 2000"
 ITL_TARGET_GRAMMAR = "off | auto | N ms, 1 <= N <= 10000"

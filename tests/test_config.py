@@ -15,11 +15,8 @@ def table(**overrides):
 
 def test_defaults_resolve_without_any_knob():
     cfg = resolve(table())
-    # the walk is on and priced against the auto inter-token target with a 2 s TTFT horizon,
-    # its rounds capped at the walk's own 64 rows
-    assert cfg == ServingConfig(
-        None, 16, 512, 4, 64, None, None, None, "auto", itl_target_ms="auto", ttft_target_ms=2000
-    )
+    # the 64-row walk, no inter-token target (issue 42: `auto` judged at the client)
+    assert cfg == ServingConfig(None, 16, 512, 4, 64, None, None, None, "auto", itl_target_ms=None, ttft_target_ms=None)
     assert cfg.with_model_limit(32768).max_context == 4096
     assert cfg.with_model_limit(2048).max_context == 2048
 
@@ -180,10 +177,10 @@ def test_the_lane_width_is_ascii_digits_too(bad):
         ("PREFIX_CACHE", "Off", None),
         ("ASYNC_PREFILL", "FALSE", None),
         ("ITL_TARGET_MS", "OFF", None),
-        ("ITL_TARGET_MS", "", "auto"),  # "" is unset: the default
+        ("ITL_TARGET_MS", "", None),  # "" is unset: the default (off)
         ("MIX_CHUNK_TOKENS", "", 64),
     ],
-)  # unset: auto's cap, the walk's width
+)  # unset: the walk's width
 def test_words_are_read_in_any_case(knob, word, want):
     assert getattr(resolve(table(**{knob: word})), knob.lower()) == want
 

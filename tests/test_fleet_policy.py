@@ -15,7 +15,7 @@ def prompt(head: int, own: int, n_head: int = 64, n_own: int = 32) -> list[int]:
 def test_a_prompt_goes_where_its_prefix_was_sent_while_loads_are_within_the_threshold():
     p = RouterPolicy("prefix", imbalance=2)
     first, why = p.choose(prompt(1, 0), {"a": 0, "b": 0})
-    assert why == "least-loaded"
+    assert why == "least-cached"
     other = "b" if first == "a" else "a"
     loads = {first: 2, other: 0}  # busier by exactly the threshold: the cache still wins
     assert p.choose(prompt(1, 1), loads) == (first, "prefix")
@@ -35,6 +35,20 @@ def test_different_prefixes_spread_over_equally_loaded_replicas():
     p = RouterPolicy("prefix")
     got = [p.choose(prompt(h, 0), {"a": 0, "b": 0, "c": 0})[0] for h in range(6)]
     assert sorted(got) == ["a", "a", "b", "b", "c", "c"]
+
+
+def test_new_prefixes_behind_a_shared_header_spread_over_both_replicas_and_repeats_stay_with_theirs():
+    """Issue 44: one request at a time, six long prompts that share only a chat template's header
+    all went to one replica (the header's block matched there); the other idled."""
+    p = RouterPolicy("prefix", seed=1)
+    header = "<start_of_turn>user\n"
+    texts = [header + f"Document {i}: " + f"lorem {i} ipsum " * 20 for i in range(6)]
+    placed = {t: p.choose(t + "Summarize.", {"a": 0, "b": 0}) for t in texts}
+    where = [rid for rid, _ in placed.values()]
+    assert sorted(where) == ["a", "a", "a", "b", "b", "b"], placed
+    assert all(why in ("least-cached", "least-loaded") for _, why in placed.values())
+    for t, (rid, _) in placed.items():  # a repeat goes where its prefix lives
+        assert p.choose(t + "List the key points.", {"a": 0, "b": 0}) == (rid, "prefix")
 
 
 def test_the_longest_match_wins_over_a_shorter_one():

@@ -67,8 +67,45 @@ def test_a_hub_id_neither_cached_nor_reachable_refuses_naming_the_cache_and_the_
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     with pytest.raises(FileNotFoundError) as e:
         hub.resolve("acme/absent", cache_dir=str(tmp_path))
-    assert "not usable from the Hugging Face cache" in str(e.value) and str(tmp_path) in str(e.value)
-    assert "not downloadable from the hub" in str(e.value)
+    assert "not in the Hugging Face cache" in str(e.value) and str(tmp_path) in str(e.value)
+    assert "the hub is unreachable (HF_HUB_OFFLINE is set)" in str(e.value)
+
+
+def closed_port() -> str:
+    """An endpoint nothing listens on: connecting to it is refused at once, as offline."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_an_uncached_hub_id_offline_refuses_at_once_with_a_line_a_person_can_act_on(tmp_path, monkeypatch):
+    """Issue 44: huggingface_hub retried for 27-32 s, then the refusal quoted its Python advice."""
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", closed_port())
+    for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(FileNotFoundError) as e:
+        hub.resolve("acme/absent", cache_dir=str(tmp_path))
+    msg = str(e.value)
+    assert "the hub is unreachable (127.0.0.1:" in msg and "`hf download acme/absent`" in msg, msg
+    assert "local_files_only" not in msg and "\n" not in msg
+
+
+def test_a_cached_repository_of_several_ggufs_names_them_without_asking_the_hub(tmp_path, smol_gguf, monkeypatch):
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", closed_port())
+    hub_cache(tmp_path, "acme/quants", {"a.gguf": smol_gguf, "b.gguf": smol_gguf})
+    with pytest.raises(hub.Ambiguous, match=r"name one with --gguf-file \(a.gguf, b.gguf\)"):
+        hub.resolve("acme/quants", cache_dir=str(tmp_path))
+
+
+def test_a_mistyped_relative_path_says_no_such_file_instead_of_asking_the_hub(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert not hub.is_hub_id("models/x.gguf")
+    with pytest.raises(FileNotFoundError, match=r"'models/x.gguf': no such file or directory"):
+        resolve_model_path("models/x.gguf")
 
 
 def test_a_path_that_exists_is_a_path_even_when_it_looks_like_a_hub_id(tmp_path, monkeypatch):

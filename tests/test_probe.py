@@ -103,6 +103,20 @@ def test_a_cached_probe_twenty_times_too_slow_is_caught_at_start_measured_again_
     assert again.cached and again.check["agreed"]  # the file now holds the re-measured probe
 
 
+def test_a_cached_probe_twice_too_slow_is_measured_again_but_a_slower_check_within_three_times_keeps_it(rig, tmp_path):
+    """A session's rounds started from a cache the suite had left 1.9x too slow (inside the old
+    symmetric 3x bound): a check faster than the cache by more than AGREE_FASTER measures again."""
+    r = rig("smollm2-135m", "auto", "auto")
+    probe.run(r.runner, r.book, r.model.source, cache_dir=tmp_path)
+    (path,) = (tmp_path / "probe").glob("*.json")
+    fresh = json.loads(path.read_text())
+    for factor, agreed in ((2.0, False), (0.5, True)):  # cache 2x slower than now; 2x faster than now
+        path.write_text(json.dumps({**fresh, "rows": [{**row, "ms": factor * row["ms"]} for row in fresh["rows"]]}))
+        got = probe.run(r.runner, r.book, r.model.source, cache_dir=tmp_path)
+        assert got.check["agreed"] is agreed and got.cached is agreed, (factor, got.check)
+    r.assert_no_leak()
+
+
 def test_a_probe_measured_on_a_busy_host_says_so_is_not_cached_and_does_not_seed():
     rows = [{"prompt_rows": 0, "decode_rows": 1, "sampled": 1, "pairs": 129, "ms": 10.0}]
     from tailgate.sim.cost import TERMS

@@ -149,8 +149,55 @@ def test_a_config_file_knob_of_the_wrong_type_or_value_refuses_naming_it(tmp_pat
     cfg.write_text("decode_slots = 0\n")
     args = build_parser().parse_args(["serve", "--config", str(cfg)])
     apply(args)
-    with pytest.raises(KnobError, match="DECODE_SLOTS"):
+    with pytest.raises(KnobError) as e:
         resolve(cli_lookup(args))
+    assert str(e.value).startswith(f"{cfg}: decode_slots='0' out of range (accepted: N, 1 <= N <= 256)")
+
+
+def test_a_bad_knob_is_named_where_it_was_given_never_as_an_env_var_nobody_set(tmp_path, monkeypatch):
+    """Issue 44: a flag's or a config file's bad knob was reported as TAILGATE_<NAME>."""
+    from tailgate.config import KnobError, cli_lookup, resolve
+    from tailgate.cli import build_parser
+    from tailgate.server.settings import apply
+
+    def refusal(argv):
+        args = build_parser().parse_args(["serve", *argv])
+        apply(args)
+        with pytest.raises(KnobError) as e:
+            resolve(cli_lookup(args), cores=2)
+        return str(e.value)
+
+    assert refusal(["--decode-slots", "x"]).startswith("--decode-slots='x' not recognized")
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text('admit_coalesce_ms = "auto"\nasync_prefill = "cpu:1"\n')
+    assert refusal(["--config", str(cfg)]).startswith(
+        f"{cfg}: admit_coalesce_ms='auto' refuses with {cfg}: async_prefill='cpu:1'"
+    )
+    monkeypatch.setenv("TAILGATE_ITL_TARGET_MS", "fast")
+    assert refusal([]).startswith("TAILGATE_ITL_TARGET_MS='fast' not recognized")
+
+
+def test_a_mistyped_tailgate_env_var_refuses_naming_the_nearest_setting(monkeypatch):
+    monkeypatch.setenv("TAILGATE_DECODE_SLOT", "4")
+    with pytest.raises(SettingsError) as e:
+        load({})
+    assert str(e.value).startswith("TAILGATE_DECODE_SLOT is not a setting (did you mean TAILGATE_DECODE_SLOTS?")
+
+
+def test_vllms_names_for_the_same_knobs_are_accepted():
+    from tailgate.config import PREFIX_CACHE_ON, cli_lookup, resolve
+    from tailgate.cli import build_parser
+    from tailgate.server.settings import apply
+
+    args = build_parser().parse_args(
+        ["serve", "--max-model-len", "1024", "--max-num-seqs", "8", "--enable-prefix-caching"]
+    )
+    apply(args)
+    got = resolve(cli_lookup(args))
+    assert (got.max_context, got.decode_slots, got.prefix_cache) == (1024, 8, int(PREFIX_CACHE_ON))
+    args = build_parser().parse_args(["serve", "--no-enable-prefix-caching"])
+    apply(args)
+    assert resolve(cli_lookup(args)).prefix_cache is None
 
 
 @pytest.fixture(scope="module")
@@ -295,3 +342,16 @@ def test_json_logs_carry_one_access_line_per_finished_request(configured):
     rec = line()
     assert rec["logger"] == "tailgate.access" and rec["status"] == 200 and rec["path"] == "/v1/completions"
     assert rec["completion_tokens"] == 3 and rec["prompt_tokens"] > 0 and rec["ttft_s"] <= rec["e2e_s"]
+
+
+def test_json_logs_are_json_on_every_line_progress_bars_included(configured):
+    """Issue 44: tqdm's bars (tokenizer, map tensors) wrote plain text between the JSON lines."""
+    p, _ = configured
+    lines = [x for x in open(p.log_path).read().splitlines() if x.strip()]
+    not_json = []
+    for x in lines:
+        try:
+            json.loads(x)
+        except ValueError:
+            not_json.append(x)
+    assert lines and not not_json, not_json[:5]

@@ -320,11 +320,14 @@ def table(**kw):
     return lambda name: kw.get(name)
 
 
-def test_the_target_is_auto_by_default_capped_at_the_walks_width_and_an_absolute_one_uncapped():
-    # auto narrows the 64-row walk where live rows ride, never widens it (step_cost.AUTO_FACTOR)
-    assert resolve(table()).itl_target_ms == "auto" and resolve(table()).mix_chunk_tokens == 64
+def test_the_target_is_off_by_default_auto_capped_at_the_walks_width_and_an_absolute_one_uncapped():
+    # off by default since issue 42 (config.resolve); auto narrows the 64-row walk where live rows
+    # ride, never widens it (step_cost.AUTO_FACTOR)
+    assert resolve(table()).itl_target_ms is None and resolve(table()).mix_chunk_tokens == 64
+    auto = resolve(table(ITL_TARGET_MS="auto"))
+    assert (auto.itl_target_ms, auto.mix_chunk_tokens, auto.ttft_target_ms) == ("auto", 64, 2000)
     assert resolve(table(MAX_CONTEXT="64")).mix_chunk_tokens is None  # no walk fits: whole prompts
-    assert resolve(table(ITL_TARGET_MS="")).itl_target_ms == "auto"  # "" is unset
+    assert resolve(table(ITL_TARGET_MS="")).itl_target_ms is None  # "" is unset
     for off in ("off", "OFF", "0"):
         assert resolve(table(ITL_TARGET_MS=off)).itl_target_ms is None
         assert resolve(table(ITL_TARGET_MS=off)).mix_chunk_tokens == 64  # the fixed walk
@@ -342,7 +345,7 @@ def test_the_ttft_target_defaults_on_under_an_itl_target_and_refuses_without_one
     assert resolve(table(ITL_TARGET_MS="auto", TTFT_TARGET_MS="off")).ttft_target_ms is None
     assert resolve(table(ITL_TARGET_MS="50", TTFT_TARGET_MS="750")).ttft_target_ms == 750
     assert resolve(table(ITL_TARGET_MS="off")).ttft_target_ms is None  # no inter-token target: nothing to widen
-    assert resolve(table()).ttft_target_ms == 2000  # the default target, and its horizon
+    assert resolve(table()).ttft_target_ms is None  # no default target, so no horizon
     assert resolve(table(TTFT_TARGET_MS="off")).ttft_target_ms is None
     with pytest.raises(KnobError, match=re.escape("TAILGATE_TTFT_TARGET_MS='500' refuses without")):
         resolve(table(TTFT_TARGET_MS="500", ITL_TARGET_MS="off"))

@@ -57,14 +57,9 @@ from ..config import DEFAULT_CHUNK
 TERMS = ("floor", "prompt_row", "decode_row", "sampled_row", "attn_per_1k")
 # ITL_TARGET_MS=auto: a round may take this many times the live batch's own decode step,
 # predicted at the batch's current depth and contexts, so one setting follows c4 and c16 and a CPU
-# where a prompt row costs more. Chosen in the simulator on the `local` preset (AMD EPYC Zen 3's
-# calibrated costs), random 256 in / 64 out, closed loop, 64 requests, factor: tok/s, TTFT p50,
-# ITL p99 against the 64-row walk (c8: 55.3 / 806 ms / 239 ms; c16: 58.3 / 1057 / 301):
-#   1.5: c8 39.7 / 10654 / 106, c16 39.7 / 23994 / 106 (rounds of ~7 rows: the walk crawls)
-#   2.0: c8 54.4 / 1089 / 141,  c16 57.9 / 2357 / 267
-#   3.0: c8 55.3 / 806 / 214,   c16 58.7 / 789 / 403
-# 2.0 is the knee: the tail cut by 41 % / 11 % for a TTFT of 1.35x / 2.2x. Not yet measured on a
-# real engine (/tmp/sweep.py-style: `tailgate sim --cost local --itl-target-ms auto`).
+# where a prompt row costs more. 2.0 is the simulator's knee on the `local` preset (AMD EPYC Zen 3):
+# the tail cut by 41 % / 11 % at c8 / c16 for a TTFT of 1.35x / 2.2x; the sweep (1.5 / 2.0 / 3.0)
+# is in docs/benchmarks/auto-factor-sim.md.
 AUTO_FACTOR = 2.0
 # Under `auto` a round with live rows never takes more prompt rows than the fixed walk's width
 # (MIX_CHUNK_TOKENS when set, else 64): the rule only ever narrows the walk, so no stream waits

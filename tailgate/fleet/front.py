@@ -293,6 +293,10 @@ async def _until(gen, left: asyncio.Event):
         await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()
         if not nxt.done():
+            # The cancelled call's future ends in Ray's RequestCancelledError: retrieve it, or
+            # asyncio logs "exception was never retrieved" with a traceback for every request
+            # whose client left before the replica's last item (issue 44: each non-streamed one).
+            nxt.add_done_callback(lambda f: f.cancelled() or f.exception())
             nxt.cancel()
             gen.cancel()
             return

@@ -44,7 +44,7 @@ def render(
     own: list[Metric] = []
     c = CounterMetricFamily(
         "tailgate:route",
-        "Requests the fleet's router placed, by why it chose the replica (prefix, imbalance, least-loaded, random).",
+        "Requests the fleet's router placed, by why it chose the replica (prefix, imbalance, least-loaded, least-cached, random).",
         labels=["reason"],
     )
     for reason, n in sorted(routes.items()):

@@ -4,7 +4,11 @@ that serves. Plain Python over opaque replica ids; no Ray, no torch.
 
 `prefix` sends a prompt to the replica that holds the longest cached prefix of it, unless that
 replica's load (requests running + waiting there) exceeds the least loaded one's by more than
-`imbalance`; then, and when no replica holds any of it, to the least loaded. `least-loaded` is
+`imbalance` (then to the least loaded). A prompt no replica holds at least MATCH_SHARE of goes to
+the least loaded too, and among the least loaded to the one holding the least cached text (ties
+at random), as SGLang's cache-aware router and Ray Serve's prefix-aware one do: routed by a short
+shared start alone (a chat template's header), every new prefix went to one replica, the other
+idled, and the fleet cached half what it could (issue 44). `least-loaded` is
 that fallback alone; `random` picks uniformly (a seeded RNG), the baseline a cache-blind proxy is.
 
 What a replica "holds" is the router's own record of the prompts it sent there (as SGLang's
@@ -37,6 +41,9 @@ CAPACITY = 4096
 # the most throughput at c4 (12 % over 4) but up to 16 % less at c16; no limit gives the worst ITL
 # p99 at c16 (1.40 / 1.42 s vs 1.27 s at 4); 4 is within 5 % of the best throughput at c8 and c16.
 IMBALANCE = 4
+# The share of a prompt's blocks a replica must hold for its cache to pick it (SGLang's
+# cache_threshold default): below it the prompt is new text, placed where least is cached.
+MATCH_SHARE = 0.5
 
 
 def chain(key: Sequence[Hashable], block: int = BLOCK) -> list[int]:
@@ -74,7 +81,8 @@ class Holdings:
 class RouterPolicy:
     """`choose(key, loads)` -> (replica id, reason); reasons: `prefix` (the longest cached prefix
     won), `imbalance` (it lost to the least loaded by more than `imbalance`), `least-loaded` (no
-    replica holds any block of it), `random`. Ties in load go to the replica chosen least
+    replica holds MATCH_SHARE of it, and one replica is the least loaded), `least-cached` (that,
+    among equally loaded replicas: the one caching least), `random`. Ties in load go to the replica chosen least
     recently, so equal replicas take turns."""
 
     def __init__(
@@ -106,9 +114,14 @@ class RouterPolicy:
             rid, reason = least, "least-loaded"
             if hashes:
                 best = max(ids, key=lambda r: (self._holdings(r).matched(hashes), -loads[r], -self.last.get(r, -1)))
-                if self._holdings(best).matched(hashes):
+                if self._holdings(best).matched(hashes) >= MATCH_SHARE * len(hashes):
                     over = loads[best] - loads[least] > self.imbalance
                     rid, reason = (least, "imbalance") if over else (best, "prefix")
+                else:  # new text: the least loaded, and among them the one that caches least
+                    idle = [r for r in ids if loads[r] == loads[least]]
+                    fewest = min(len(self._holdings(r).blocks) for r in idle)
+                    rid = self.rng.choice([r for r in idle if len(self._holdings(r).blocks) == fewest])
+                    reason = "least-cached" if len(idle) > 1 else "least-loaded"
         self.record(key, rid, hashes)
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
         return rid, reason

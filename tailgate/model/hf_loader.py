@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -56,7 +57,13 @@ def read_tensors(directory: Path, spec: ModelSpec) -> dict[str, torch.Tensor]:
         raise ValueError(f"no *.safetensors in {directory}")
     out = {}
     plus_one = families.get(spec.arch).hf_norm_plus_one
-    shards = tqdm(files, desc="load shards", unit="shard", file=sys.stderr, disable=len(files) < 2)
+    shards = tqdm(
+        files,
+        desc="load shards",
+        unit="shard",
+        file=sys.stderr,
+        disable=len(files) < 2 or bool(os.environ.get("TQDM_DISABLE")),
+    )
     for f in shards:
         for name, t in load_file(str(f)).items():
             key = internal_name(name, spec)
@@ -112,3 +119,23 @@ def read_tokenizer_meta(directory: Path, spec: ModelSpec) -> dict:
         "chat_template": template,
         "family": spec.arch,
     }
+
+
+# generation_config.json's sampling keys, read as request defaults (vLLM's `--generation-config
+# auto`, its default): a model creator's recommended temperature and cut-offs.
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def sampling_defaults(source) -> dict:
+    """The sampling defaults an HF directory's generation_config.json recommends ({} for a GGUF
+    file, a directory without one, or `do_sample: false`, which asks for nothing but greedy)."""
+    gen = Path(source) / "generation_config.json"
+    if not gen.is_file():
+        return {}
+    try:
+        cfg = json.loads(gen.read_text())
+    except (OSError, ValueError):
+        return {}
+    if cfg.get("do_sample") is False:
+        return {}
+    return {k: cfg[k] for k in SAMPLING_KEYS if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg[k], bool)}

@@ -60,6 +60,8 @@ def resolve_model_path(model: str, gguf_file: str | None = None) -> Path:
         return p
     if hub.is_hub_id(model):
         return hub.resolve(model, gguf_file)
+    if not p.exists() and (model.lower().endswith(hub.FILE_SUFFIXES) or model.startswith((".", "/", "~"))):
+        raise FileNotFoundError(f"--model {model!r}: no such file or directory ({p.absolute()})")
     raise FileNotFoundError(
         f"--model {model!r}: not a short name ({', '.join(SHORT_NAMES)}), a .gguf file, an HF directory with "
         "config.json, or a Hugging Face Hub id (ORG/NAME[@REVISION])"
@@ -127,7 +129,9 @@ def _load_gguf(path: Path, log) -> LoadedModel:
         import gguf
 
         log(f"converting {path.name}'s tokenizer (first start; cached in {cdir})")
-        with tqdm(total=2, desc="tokenizer", unit="step", file=sys.stderr) as bar:
+        with tqdm(
+            total=2, desc="tokenizer", unit="step", file=sys.stderr, disable=bool(os.environ.get("TQDM_DISABLE"))
+        ) as bar:
             tok_meta = gguf_loader.read_tokenizer_meta(gguf.GGUFReader(str(path)))
             bar.update()
             cdir.mkdir(parents=True, exist_ok=True)
@@ -143,7 +147,14 @@ def _load_gguf(path: Path, log) -> LoadedModel:
         path,
         layout,
         spec,
-        progress=lambda it: tqdm(it, desc="map tensors", unit="tensor", file=sys.stderr, mininterval=2),
+        progress=lambda it: tqdm(
+            it,
+            desc="map tensors",
+            unit="tensor",
+            file=sys.stderr,
+            mininterval=2,
+            disable=bool(os.environ.get("TQDM_DISABLE")),
+        ),
     )
     return LoadedModel(spec, weights, tok, path)
 

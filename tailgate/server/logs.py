@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 
 access = logging.getLogger("tailgate.access")
@@ -34,6 +35,9 @@ def configure(level: str, fmt: str) -> None:
     in text mode uvicorn keeps its own format, as before)."""
     handler = logging.StreamHandler()
     if fmt == "json":
+        # tqdm's own switch (read by model/ at each bar): a progress bar's plain text between the
+        # JSON lines would break every line-by-line reader of stderr (issue 44)
+        os.environ["TQDM_DISABLE"] = "1"
         handler.setFormatter(JsonFormatter())
         handler.formatter.converter = time.gmtime
     else:

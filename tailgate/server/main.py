@@ -161,6 +161,11 @@ def serve(args, lookup) -> int:
             elif (why := model.tokenizer.compile_chat_template()) is not None:
                 logging.getLogger("tailgate").warning("chat requests will get a 400: %s", why)
             state.model, state.cfg = model, settled
+            if state.sampling_defaults:
+                logging.getLogger("tailgate").info(
+                    "sampling defaults from the model's generation_config.json (a request's own values win): %s",
+                    state.sampling_defaults,
+                )
             if engine.probe is not None:  # this CPU's measured step costs beside the plan in /version
                 state.kernels = {**(state.kernels or {}), "measured": engine.probe}
             engine.on_death.append(died)

@@ -104,7 +104,10 @@ def _pick(*values, default=None):
     return next((v for v in values if v is not None), default)
 
 
-def parse_common(body: dict, kind: str, vocab_size: int) -> tuple[GenRequest, BaseModel]:
+def parse_common(body: dict, kind: str, vocab_size: int, defaults: dict | None = None) -> tuple[GenRequest, BaseModel]:
+    """`defaults`: the model's recommended sampling (hf_loader.sampling_defaults), for what the
+    request leaves unset."""
+    d = defaults or {}
     for k in _REFUSED_IF_SET + (_CHAT_ONLY if kind == "completion" else ()):
         if k == "prompt_logprobs":  # served (engine/prompt_logprobs.py); the schema bounds it
             continue
@@ -123,14 +126,14 @@ def parse_common(body: dict, kind: str, vocab_size: int) -> tuple[GenRequest, Ba
         raise bad("'best_of' other than n is not supported", "best_of")
     m = validate(CompletionRequest if kind == "completion" else ChatCompletionRequest, body)
     params = SamplingParams(
-        temperature=float(_pick(m.temperature, default=1.0)),
-        top_k=max(0, _pick(m.top_k, default=0)),
-        top_p=float(_pick(m.top_p, default=1.0)),
-        min_p=float(_pick(m.min_p, default=0.0)),
+        temperature=float(_pick(m.temperature, d.get("temperature"), default=1.0)),
+        top_k=max(0, int(_pick(m.top_k, d.get("top_k"), default=0))),
+        top_p=float(_pick(m.top_p, d.get("top_p"), default=1.0)),
+        min_p=float(_pick(m.min_p, d.get("min_p"), default=0.0)),
         seed=m.seed,
         presence_penalty=float(_pick(m.presence_penalty, default=0.0)),
         frequency_penalty=float(_pick(m.frequency_penalty, default=0.0)),
-        repetition_penalty=float(_pick(m.repetition_penalty, default=1.0)),
+        repetition_penalty=float(_pick(m.repetition_penalty, d.get("repetition_penalty"), default=1.0)),
     )
     from .structured import logit_bias
 
@@ -170,8 +173,8 @@ def parse_common(body: dict, kind: str, vocab_size: int) -> tuple[GenRequest, Ba
     return g, m
 
 
-def parse_completion(body: dict, tokenizer, vocab_size: int) -> GenRequest:
-    g, m = parse_common(body, "completion", vocab_size)
+def parse_completion(body: dict, tokenizer, vocab_size: int, defaults: dict | None = None) -> GenRequest:
+    g, m = parse_common(body, "completion", vocab_size, defaults)
     prompt = m.prompt
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         items = [prompt]
@@ -287,10 +290,10 @@ def chat_prompt(
     return text, tokenizer.encode(text, add_bos=tokenizer.add_bos)
 
 
-def parse_chat(body: dict, tokenizer, vocab_size: int) -> GenRequest:
+def parse_chat(body: dict, tokenizer, vocab_size: int, defaults: dict | None = None) -> GenRequest:
     from .tools import plan
 
-    g, m = parse_common(body, "chat", vocab_size)
+    g, m = parse_common(body, "chat", vocab_size, defaults)
     g.tools = plan(body, tokenizer)
     if g.tools is not None and g.tools.fmt.keeps_special:  # its calls open with a control token
         g.skip_special_tokens = False

@@ -34,10 +34,48 @@ def read_file(config: str) -> dict:
         raise SettingsError(f"config file {config!r}: {e}") from None
 
 
+# TAILGATE_ variables read outside the settings: the config file's path, the cache directory
+# (model/weights.py) and the browser tests' Chromium (tests/browser.py).
+ENV_ONLY = ("CONFIG", "CACHE_DIR", "CHROMIUM")
+
+
+def unknown_env(environ) -> str | None:
+    """A refusal for the first TAILGATE_ variable that names no setting (a typo would otherwise
+    be ignored without a word), with the nearest known name."""
+    import difflib
+
+    known = [PREFIX + n.upper() for n in Settings.model_fields] + [PREFIX + n for n in ENV_ONLY]
+    for k in sorted(environ):
+        if k.upper().startswith(PREFIX) and k.upper() not in known:
+            near = difflib.get_close_matches(k.upper(), known, n=1)
+            hint = f"did you mean {near[0]}? " if near else ""
+            return f"{k} is not a setting ({hint}every setting: tailgate serve --help; unset it to go on)"
+    return None
+
+
+def sources(cli: dict, config: str | None, environ=None) -> dict[str, str]:
+    """Where each knob given a value came from, as a refusal should name it: its flag, its env
+    var (as set) or the config file's key (config.resolve says it instead of TAILGATE_<NAME>)."""
+    environ = os.environ if environ is None else environ
+    config = config or environ.get(PREFIX + "CONFIG") or None
+    file_values = read_file(config) if config is not None else {}
+    out = {}
+    for name in KNOB_FIELDS:
+        if cli.get(name) is not None:
+            out[name.upper()] = "--" + name.replace("_", "-")
+        elif (env := next((k for k in environ if k.upper() == PREFIX + name.upper()), None)) is not None:
+            out[name.upper()] = env
+        elif name in file_values:
+            out[name.upper()] = f"{config}: {name}"
+    return out
+
+
 def load(cli: dict, config: str | None = None) -> Settings:
     """The settings from `cli` (flag values given, by field name), the environment and the config
     file; SettingsError naming the first bad value's source, value and grammar."""
     environ = os.environ
+    if (refusal := unknown_env(environ)) is not None:
+        raise SettingsError(refusal)
     config = config or environ.get(PREFIX + "CONFIG") or None
     file_values = read_file(config) if config is not None else {}
     given = {k: v for k, v in cli.items() if v is not None}
@@ -98,7 +136,9 @@ def apply(args) -> Settings:
     """Resolve the settings for parsed `serve` flags (unset ones are None, see args.py) and write
     them back onto `args`, so everything downstream reads one resolved value (the knobs' text
     where config.cli_lookup reads it)."""
-    s = load({k: getattr(args, dest(k), None) for k in Settings.model_fields}, config=getattr(args, "config", None))
+    given = {k: getattr(args, dest(k), None) for k in Settings.model_fields}
+    s = load(given, config=getattr(args, "config", None))
+    args.knob_sources = sources(given, getattr(args, "config", None))
     for k in Settings.model_fields:
         setattr(args, dest(k), getattr(s, k))
     return s

@@ -4,6 +4,7 @@ and the latency histograms /metrics reads."""
 from __future__ import annotations
 
 from collections import deque
+from functools import lru_cache
 from dataclasses import dataclass, field
 
 from ..engine.metrics import DELIVERY_BUCKETS, Histogram
@@ -42,5 +43,18 @@ class ServerState:
     delivery_window: deque = field(default_factory=lambda: deque(maxlen=100_000))
 
     @property
+    def sampling_defaults(self) -> dict:
+        """The model's recommended sampling for what a request leaves unset (an HF directory's
+        generation_config.json, as vLLM reads it by default; {} for a GGUF file)."""
+        return _sampling_defaults(str(self.model.source)) if self.model is not None else {}
+
+    @property
     def ready(self) -> bool:
         return self.engine is not None
+
+
+@lru_cache(maxsize=8)
+def _sampling_defaults(source: str) -> dict:
+    from ..model.hf_loader import sampling_defaults
+
+    return sampling_defaults(source)

@@ -66,7 +66,7 @@ class Clients:
             elif isinstance(ev, Scheduled):
                 on_scheduled(ev)
             elif isinstance(ev, (Finished, Rejected)):
-                res.success = isinstance(ev, Finished) and ev.reason == "length"
+                res.success = isinstance(ev, Finished) and ev.reason in ("length", "stop")  # stop: a --chat EOS
                 res.finish_reasons.append(ev.reason)
                 heapq.heappush(self.free, ev.at)  # a closed-loop client sends its next request at once
                 self.release()

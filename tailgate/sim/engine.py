@@ -16,6 +16,8 @@ from .cost import CostModel
 
 TOKEN = 7  # every row samples this (never an EOS: requests end at max_tokens, as with ignore_eos)
 SAMPLED = Sampled(TOKEN)  # shared by every row: the scheduler only reads it
+EOS = 8  # `chat` runs: a request past its min_tokens samples this and stops
+EOS_SAMPLED = Sampled(EOS)
 VOCAB = 1 << 16
 
 
@@ -49,9 +51,15 @@ class SimExecutor:
     less than its share of the cores or SMs), not a fit."""
 
     def __init__(
-        self, cost: CostModel, clock: VirtualClock, jitter: float = 0.0, seed: int = 0, lane_share: float = 0.0
+        self,
+        cost: CostModel,
+        clock: VirtualClock,
+        jitter: float = 0.0,
+        seed: int = 0,
+        lane_share: float = 0.0,
+        chat: bool = False,
     ):
-        self.cost, self.clock, self.jitter = cost, clock, jitter
+        self.cost, self.clock, self.jitter, self.chat = cost, clock, jitter, chat
         self.rng = random.Random(seed)
         self.steps = 0
         self.lane_share = lane_share
@@ -74,6 +82,8 @@ class SimExecutor:
                 work /= slow
         self.clock.t = t + work
         self.steps += 1
+        if self.chat:  # a row whose EOS is no longer masked (past min_tokens) ends its request
+            return [SAMPLED if r.suppress else EOS_SAMPLED for r in rows]
         return [SAMPLED] * len(rows)
 
     def launch(self, segments, rows):
@@ -105,6 +115,7 @@ def build(
     jitter: float = 0.0,
     seed: int = 0,
     cores: int | None = None,
+    chat: bool = False,
 ) -> Scheduler:
     """The real scheduler with the page book `assemble.build_engine` would give it: every slot's
     full context, or with `KV_CACHE_MB=N` the pools that N MiB hold at the cost model's K+V bytes
@@ -127,5 +138,5 @@ def build(
             transient_prompts=cfg.mix_max_prompts,
         )
     book = KVBook(pages["global"], pages.get("local"), cost.window)
-    ex = SimExecutor(cost, clock, jitter, seed, lane_share(cfg.async_prefill, cores))
+    ex = SimExecutor(cost, clock, jitter, seed, lane_share(cfg.async_prefill, cores), chat)
     return Scheduler(ex, book, cfg, VOCAB, clock=clock)

@@ -24,7 +24,7 @@ from .clients import Load
 from .cost import CostModel, resolve_cost
 
 # The simulated engine (sim/engine.py), named here too: this module is the simulator's face.
-from .engine import SAMPLED, TOKEN, VOCAB, SimExecutor, SimFlight, VirtualClock, build, lane_share  # noqa: F401
+from .engine import EOS, SAMPLED, TOKEN, VOCAB, SimExecutor, SimFlight, VirtualClock, build, lane_share  # noqa: F401
 
 
 def workload(n: int, input_len: int, output_len: int, range_ratio: float, seed: int) -> list[tuple[int, int]]:
@@ -33,13 +33,18 @@ def workload(n: int, input_len: int, output_len: int, range_ratio: float, seed: 
     return [draw_lengths(rng, input_len, output_len, range_ratio) for _ in range(n)]
 
 
-def simulate(cfg: ServingConfig, cost: CostModel, jobs: list[tuple[int, int]], **load) -> tuple[list[Result], dict]:
+def simulate(
+    cfg: ServingConfig, cost: CostModel, jobs: list[tuple[int, int]], chat: bool = False, **load
+) -> tuple[list[Result], dict]:
     """Run `jobs` through the scheduler under `load` (sim/clients.py `Load`'s keywords: rate,
     burstiness, concurrency, seed, offsets, jitter); returns per-request results (virtual
-    seconds) and scheduler figures (steps, door releases, when each request was scheduled)."""
+    seconds) and scheduler figures (steps, door releases, when each request was scheduled).
+    Each request runs to its output length and max_tokens is that length (ignore_eos), or with
+    `chat` it ends at EOS after its output length with max_tokens unset (the server's default),
+    as a chat does: it may then hold a slot for far less than the whole length it could reach."""
     load = Load(**load)
     clock = VirtualClock()
-    sched = build(cfg, cost, clock, load.jitter, load.seed)
+    sched = build(cfg, cost, clock, load.jitter, load.seed, chat=chat)
     scheduled: list[float | None] = [None] * len(jobs)
     results = [Result(prompt_len=il, output_len=ol, probe=False) for il, ol in jobs]
     clients = load.clients(len(jobs))
@@ -54,12 +59,12 @@ def simulate(cfg: ServingConfig, cost: CostModel, jobs: list[tuple[int, int]], *
             results[i].send = at
             # As the server does (`Generation.start`): at most what the context leaves after the prompt.
             # Distinct from the first token on (no two requests share a prefix), sliced, not built.
-            req = Request(
-                prompt=[1000 + i % 50000] + filler[: il - 1],
-                max_tokens=max(1, clamp_max_tokens(ol, il, cfg.max_context)),
-                arrival=at,
-                ignore_eos=True,
-            )
+            fits = max(1, clamp_max_tokens(ol, il, cfg.max_context))
+            prompt = [1000 + i % 50000] + filler[: il - 1]
+            if chat:
+                req = Request(prompt=prompt, max_tokens=None, arrival=at, eos_ids=frozenset({EOS}), min_tokens=fits)
+            else:
+                req = Request(prompt=prompt, max_tokens=fits, arrival=at, ignore_eos=True)
             req.sink = clients.sink(results[i], lambda ev, i=i: scheduled.__setitem__(i, ev.at))
             sched.submit(req)
             reqs.append(req)
@@ -149,7 +154,7 @@ def run(args) -> dict:
         )
         sched["scheduled_at"] = None
     else:
-        results, sched = simulate(cfg, cost, jobs, **load)
+        results, sched = simulate(cfg, cost, jobs, chat=args.chat, **load)
     wall = time.perf_counter() - t0
     pcts = tuple(float(p) for p in args.metric_percentiles.split(","))
     sched.pop("scheduled_at")
@@ -265,6 +270,12 @@ def add_args(p) -> None:
     p.add_argument("--model-max-context", type=int, default=32768, help="the simulated model's position limit")
     add_workload_args(p)
     p.add_argument("--jitter", type=float, default=0.0, help="relative std dev of each step's cost (seeded)")
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="requests end at EOS after their drawn output length, max_tokens unset (DEFAULT_MAX_TOKENS), "
+        "as chats do; without it each runs to max_tokens = its output length (ignore_eos)",
+    )
     from ..server.args import uint_arg
 
     fl = p.add_argument_group("fleet (sim/fleet.py)")

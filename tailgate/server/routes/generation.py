@@ -52,7 +52,9 @@ async def generate(req: Request, kind: str):
     parse = parse_completion if kind == "completion" else parse_chat
     # Tokenizing a long prompt (or many) takes milliseconds: off the event loop, so the
     # streams it serves keep flowing.
-    g = await run_in_threadpool(parse, body, state.model.tokenizer, state.model.spec.vocab_size)
+    g = await run_in_threadpool(
+        parse, body, state.model.tokenizer, state.model.spec.vocab_size, state.sampling_defaults
+    )
     check_model(state, g.model)
     gen = Generation(state, g)
     gen.start()

@@ -1,0 +1,63 @@
+"""The tables of docs/benchmarks/socket-tail.md from the rounds' logs (socket_tail_rounds.sh,
+socket_tail_open.sh): per arm and shape the client's figures (vLLM's `bench serve`) beside the
+server's own view, each round's value and the arms' ratios of the mean.
+
+    .venv/bin/python scripts/experiments/socket_tail_table.py OUT/all.log [OUT/open.log]
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import sys
+from collections import defaultdict
+
+CLIENT = {
+    "Output token throughput (tok/s)": "tok/s",
+    "Median TTFT (ms)": "TTFT p50",
+    "P99 TTFT (ms)": "TTFT p99",
+    "Median ITL (ms)": "ITL p50",
+    "P99 ITL (ms)": "ITL p99",
+}
+
+
+def read(paths) -> dict:
+    """{(arm, shape): {figure: [value per round]}}"""
+    cells = defaultdict(lambda: defaultdict(list))
+    for path in paths:
+        for line in open(path):
+            name, _, rest = line.strip().partition(" ")
+            m = re.match(r"r(\d+)-(\w+)-(\w+)$", name)
+            if not m:
+                continue
+            key = (m.group(2), m.group(3))
+            for label, fig in CLIENT.items():
+                if rest.startswith(label + ":"):
+                    cells[key][fig].append(float(rest.split()[-1]))
+            if rest.startswith("server-view"):
+                for what, p99 in re.findall(r"(\w+): p50 [\d.]+ p99 ([\d.]+)", rest):
+                    cells[key][f"server {what} p99"].append(float(p99))
+    return cells
+
+
+def main(paths) -> None:
+    cells = read(paths)
+    figs = list(CLIENT.values()) + ["server itl p99", "server socket_itl p99", "server delivery p99"]
+    print("| arm | shape | " + " | ".join(figs) + " |")
+    print("|---|---|" + "---|" * len(figs))
+    for (arm, shape), v in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        row = [" / ".join(f"{x:.1f}" if x < 100 else f"{x:.0f}" for x in v.get(f, [])) or "-" for f in figs]
+        print(f"| {arm} | {shape} | " + " | ".join(row) + " |")
+    print()
+    print("ratios of the round means (client figures): default / walk, default / vllm")
+    for shape in sorted({s for _, s in cells}):
+        d = cells.get(("default", shape))
+        for other in ("walk", "vllm"):
+            o = cells.get((other, shape))
+            if d and o:
+                r = {f: statistics.mean(d[f]) / statistics.mean(o[f]) for f in CLIENT.values() if d[f] and o[f]}
+                print(f"{shape} default/{other}: " + ", ".join(f"{f} {x:.2f}x" for f, x in r.items()))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
