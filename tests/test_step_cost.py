@@ -414,9 +414,10 @@ def test_serve_refuses_a_bad_target_before_any_weights_load(env, flag, tmp_path)
         text=True,
         timeout=120,
     )
-    value = env.get("TAILGATE_ITL_TARGET_MS") or flag[1]
+    # named where it was given (issue 44): the env var, or the flag
+    where = f"--itl-target-ms={flag[1]!r}" if flag else f"TAILGATE_ITL_TARGET_MS={env['TAILGATE_ITL_TARGET_MS']!r}"
     assert p.returncode == 2, p.stderr
-    assert f"TAILGATE_ITL_TARGET_MS={value!r}" in p.stderr and "missing.gguf" not in p.stderr, p.stderr
+    assert where in p.stderr and "missing.gguf" not in p.stderr, p.stderr
     assert not any(tmp_path.iterdir())
 
 

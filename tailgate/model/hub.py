@@ -74,8 +74,8 @@ def resolve(model: str, gguf_file: str | None = None, cache_dir: str | None = No
         return pick(snap, model, gguf_file)
     except Ambiguous:
         raise  # the cache has it: the user names one file, the hub would not choose either
-    except FileNotFoundError as e:
-        cached = str(e)
+    except FileNotFoundError as e:  # huggingface_hub's miss is one too: its advice is for Python callers
+        cached = "not there" if "local_files_only" in str(e) else str(e)
     except Exception:  # huggingface_hub's "not in the cache" errors (their advice is for Python callers)
         cached = "not there"
     if (why := hub_unreachable()) is not None:
