@@ -326,11 +326,16 @@ VLLM_ALIASES = {"MAX_CONTEXT": "--max-model-len", "DECODE_SLOTS": "--max-num-seq
 PREFIX_CACHE_ON = "1024"
 
 
+def flag(name: str) -> str:
+    """A knob's (or setting's) command-line flag: `MAX_CONTEXT` -> `--max-context`."""
+    return "--" + name.lower().replace("_", "-")
+
+
 def add_knob_args(parser) -> None:
     """One --flag per knob (dest `knob_<NAME>`), for every command that runs the scheduler, with
     vLLM's spelling beside ours where the meaning is the same."""
     for k in KNOBS:
-        flags = ["--" + k.name.lower().replace("_", "-")] + ([VLLM_ALIASES[k.name]] if k.name in VLLM_ALIASES else [])
+        flags = [flag(k.name)] + ([VLLM_ALIASES[k.name]] if k.name in VLLM_ALIASES else [])
         parser.add_argument(
             *flags,
             dest="knob_" + k.name,
@@ -360,7 +365,7 @@ def cli_lookup(args) -> Callable[[str], str | None]:
     lookup = env_lookup({name: getattr(args, "knob_" + name) for name in KNOB_NAMES})
     given = getattr(args, "knob_sources", None)
     if given is None:  # not through settings.apply: a set flag is named as the flag
-        given = {n: "--" + n.lower().replace("_", "-") for n in KNOB_NAMES if getattr(args, "knob_" + n) is not None}
+        given = {n: flag(n) for n in KNOB_NAMES if getattr(args, "knob_" + n) is not None}
     lookup.source = lambda name: given.get(name, PREFIX + name)
     return lookup
 
@@ -369,8 +374,5 @@ def knob_table_markdown() -> str:
     rows = ["| env var / flag | default | grammar | what it does |", "|---|---|---|---|"]
     for k in KNOBS:
         esc = lambda t: t.replace("|", "\\|")  # noqa: E731
-        rows.append(
-            f"| `{PREFIX}{k.name}` / `--{k.name.lower().replace('_', '-')}` | {esc(k.default)} | "
-            f"{esc(k.grammar)} | {esc(k.doc)} |"
-        )
+        rows.append(f"| `{PREFIX}{k.name}` / `{flag(k.name)}` | {esc(k.default)} | {esc(k.grammar)} | {esc(k.doc)} |")
     return "\n".join(rows)

@@ -727,3 +727,17 @@ def test_a_sink_that_fails_for_a_queued_request_flags_the_queue_for_the_next_tur
     s.emit(r, Scheduled(r.id, 0.0, queued_at=0.0, prompt_tokens=10, cached_tokens=0))
     s.deliver()
     assert r.cancelled and s.cancels_queued
+
+
+def test_a_pinned_lane_flight_counts_toward_the_pinned_whole_lengths():
+    """The lane's flight is held as (request, flight): its pinned request's whole length counts
+    like a live row's (read as the tuple, the check raised instead of answering)."""
+    from tailgate.engine.preemption import pinned_fit
+
+    s, _ = make(slots=4, global_pages=11, chunk=64)  # 10 usable pages
+    flying, waiting = req(30, max_tokens=60), req(30, max_tokens=60)  # 6 pages whole each
+    flying.preemptions = waiting.preemptions = 2
+    assert pinned_fit(s, waiting)
+    s.flight = (flying, object())
+    assert not pinned_fit(s, waiting)  # 6 + 6 pages > 10
+    s.flight = None

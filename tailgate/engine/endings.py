@@ -5,9 +5,8 @@ ending itself."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from collections import deque
+from typing import TYPE_CHECKING
 
 from .admission import admissible, pop
 from .request import Finished, Status

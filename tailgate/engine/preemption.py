@@ -58,7 +58,8 @@ def pinned_fit(s: Scheduler, r: Request) -> bool:
     """Whether pinned `r` may come in: the whole lengths of every pinned request holding pages
     (live rows, walkers, the lane's flight) and its own fit each pool together. Counted, not held:
     a pinned request reserves page by page and takes what it lacks from unpinned holders."""
-    held = [h for h in (*s.roster, *s.walk, *((s.flight,) if s.flight is not None else ())) if pinned(h)]
+    flying = (s.flight[0],) if s.flight is not None else ()  # (request, flight)
+    held = [h for h in (*s.roster, *s.walk, *flying) if pinned(h)]
     need = sum(pages_for(full_length(h)) for h in held if h is not r) + pages_for(full_length(r))
     return need <= s.book.glob.capacity and (s.book.local is None or need <= s.book.local.capacity)
 
@@ -102,9 +103,9 @@ def make_room(s: Scheduler, plan: StepPlan, holder: Request, total: int, self_ok
     """Reserve KV for `holder` (a live row or a walker) up to `total` tokens, preempting unpinned
     holders younger than it (any unpinned holder, when `holder` is pinned), youngest arrival
     first. When none is left, an unpinned live row (`self_ok`) gives its own pages back if anyone
-    else holds pages, and a walker waits (older ones finish and free theirs). For a live row the lane's flight lands first, before anyone is chosen: its
-    request then holds its pages as a live row like any other, and `ready_rows` gives its row a
-    page in the same pass. A walker never lands it (a row landed mid-round would ride the round
+    else holds pages, and a walker waits (older ones finish and free theirs). For a live row the
+    lane's flight lands first, before anyone is chosen: its request then holds its pages as a
+    live row like any other, and `ready_rows` gives its row a page in the same pass. A walker never lands it (a row landed mid-round would ride the round
     without a page): the flight lands at the next iteration's top. Returns whether it got them."""
     while not s.book.reserve(holder.pages, total):
         if s.flight is not None and self_ok:

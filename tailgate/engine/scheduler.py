@@ -4,11 +4,11 @@
 flight, runs an intake turn (or lets arrivals join a running walk), runs the walk's round
 (every admitted prompt is a walker), gives live rows their pages (preempting where it must) and
 returns a `StepPlan` (engine/plan.py) naming everything it decided. `step` then launches the
-lane's flight if the plan names one, runs the plan's forward pass on the executor (the model runner + sampler, or a fake in tests), and settles what it
-sampled (engine/settle.py); the pass leaves a `StepRecord` in `step_log`. The rules live in
-modules of functions over this state: admission.py (door, intake, walk joiners),
-preemption.py (pages taken back, the bound), walk.py (rounds), lane.py (the side lane). Plain
-Python, no torch; `now` is always a parameter, so every timing rule is tested without sleeping.
+lane's flight if the plan names one, runs the plan's forward pass on the executor (the model
+runner + sampler, or a fake in tests), and settles what it sampled (engine/settle.py); the pass
+leaves a `StepRecord` in `step_log`. The rules live in modules of functions over this state:
+admission.py (door, intake, walk joiners), preemption.py (pages taken back, the bound), walk.py
+(rounds), lane.py (the side lane). Plain Python, no torch; `now` is always a parameter, so every timing rule is tested without sleeping.
 """
 
 from __future__ import annotations

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
-from tqdm import tqdm
 
 from . import families
+from .progress import bar
 from .spec import ModelSpec
 
 _PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
@@ -57,13 +55,7 @@ def read_tensors(directory: Path, spec: ModelSpec) -> dict[str, torch.Tensor]:
         raise ValueError(f"no *.safetensors in {directory}")
     out = {}
     plus_one = families.get(spec.arch).hf_norm_plus_one
-    shards = tqdm(
-        files,
-        desc="load shards",
-        unit="shard",
-        file=sys.stderr,
-        disable=len(files) < 2 or bool(os.environ.get("TQDM_DISABLE")),
-    )
+    shards = bar(files, desc="load shards", unit="shard", disable=len(files) < 2)
     for f in shards:
         for name, t in load_file(str(f)).items():
             key = internal_name(name, spec)

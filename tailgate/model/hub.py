@@ -67,6 +67,7 @@ def resolve(model: str, gguf_file: str | None = None, cache_dir: str | None = No
     cache looked in and why the hub did not serve it."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.constants import HF_HUB_CACHE
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
     repo, revision = split(model)
     try:
@@ -74,9 +75,11 @@ def resolve(model: str, gguf_file: str | None = None, cache_dir: str | None = No
         return pick(snap, model, gguf_file)
     except Ambiguous:
         raise  # the cache has it: the user names one file, the hub would not choose either
-    except FileNotFoundError as e:  # huggingface_hub's miss is one too: its advice is for Python callers
-        cached = "not there" if "local_files_only" in str(e) else str(e)
-    except Exception:  # huggingface_hub's "not in the cache" errors (their advice is for Python callers)
+    except LocalEntryNotFoundError:  # (a FileNotFoundError too; its advice is for Python callers)
+        cached = "not there"
+    except FileNotFoundError as e:  # pick(): the snapshot holds nothing servable
+        cached = str(e)
+    except Exception:  # huggingface_hub's other "not in the cache" errors
         cached = "not there"
     if (why := hub_unreachable()) is not None:
         raise FileNotFoundError(

@@ -334,24 +334,30 @@ def run(runner, book, source, cache_dir=None, log=None) -> ProbeResult | None:
         took = time.perf_counter() - t0
         if rows is None:
             return None
-        if share >= BUSY_SHARE:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"rows": rows, "layer_cut": cut}))
-                tmp.replace(path)
-            except OSError:
-                pass  # a read-only cache: measured again next start
-        else:
-            path.unlink(missing_ok=True)
     model, errors = fit(rows, None, "start-up probe")
     from ..sim.cost import TERMS
 
     worst = max(abs(e["error_pct"]) for e in errors) / 100
     result = ProbeResult(rows, {t: getattr(model, t) for t in TERMS}, worst, took, cached, cut, share, check)
+    if not cached:
+        _keep(path, result)
     if log is not None:
         log(result.line())
     return result
+
+
+def _keep(path, result: ProbeResult) -> None:
+    """Cache a fresh probe, unless it was measured on a busy host (then drop any stale file)."""
+    if result.loaded:
+        path.unlink(missing_ok=True)
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"rows": result.rows, "layer_cut": result.layer_cut}))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache: measured again next start
 
 
 def seed(model, result: ProbeResult) -> None:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import sys
 
 import torch
-from tqdm import tqdm
 
 from ..engine.plan import Segment
 from . import families
+from .progress import bar
 from .blocks import Blocks, PanelRows, Panels
 from .context import build_context
 from .kv_cache import KVCache
@@ -82,14 +80,7 @@ def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, plan: KernelP
     if family.extra_weights is not None:  # e.g. Gemma 4's unit weights for its scale-free norms
         w.update(family.extra_weights(spec, device))
     mats = [k for k in w if k.rpartition(".")[2] in ("qkv", "o", "gate_up", "down") or k == "head"]
-    for k in tqdm(
-        mats,
-        desc="prepare kernels",
-        unit="matrix",
-        file=sys.stderr,
-        disable=len(mats) < 64 or bool(os.environ.get("TQDM_DISABLE")),
-        mininterval=2,
-    ):
+    for k in bar(mats, desc="prepare kernels", unit="matrix", disable=len(mats) < 64, mininterval=2):
         group = "head" if k == "head" else "layers"
         b = biases.get(k)
         w[k] = Linear(w[k], plan, group) if b is None else BiasedLinear(w[k], plan, group, b.to(device))

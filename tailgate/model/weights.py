@@ -17,9 +17,9 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tqdm import tqdm
 
 from . import gguf_loader, hf_loader, hub
+from .progress import bar as progress_bar
 from .spec import ModelSpec
 from .tokenizer import Tokenizer, convert_gguf_tokenizer
 
@@ -129,9 +129,7 @@ def _load_gguf(path: Path, log) -> LoadedModel:
         import gguf
 
         log(f"converting {path.name}'s tokenizer (first start; cached in {cdir})")
-        with tqdm(
-            total=2, desc="tokenizer", unit="step", file=sys.stderr, disable=bool(os.environ.get("TQDM_DISABLE"))
-        ) as bar:
+        with progress_bar(total=2, desc="tokenizer", unit="step") as bar:
             tok_meta = gguf_loader.read_tokenizer_meta(gguf.GGUFReader(str(path)))
             bar.update()
             cdir.mkdir(parents=True, exist_ok=True)
@@ -147,14 +145,7 @@ def _load_gguf(path: Path, log) -> LoadedModel:
         path,
         layout,
         spec,
-        progress=lambda it: tqdm(
-            it,
-            desc="map tensors",
-            unit="tensor",
-            file=sys.stderr,
-            mininterval=2,
-            disable=bool(os.environ.get("TQDM_DISABLE")),
-        ),
+        progress=lambda it: progress_bar(it, desc="map tensors", unit="tensor", mininterval=2),
     )
     return LoadedModel(spec, weights, tok, path)
 

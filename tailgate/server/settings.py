@@ -14,6 +14,7 @@ from typing import Literal, get_origin
 
 from pydantic import ValidationError
 
+from ..config import flag
 from ..settings import KNOB_FIELDS, PREFIX, SERVER_FIELDS, Settings
 
 FIELDS = SERVER_FIELDS  # the server's settings (the knobs: KNOB_FIELDS)
@@ -53,32 +54,31 @@ def unknown_env(environ) -> str | None:
     return None
 
 
-def sources(cli: dict, config: str | None, environ=None) -> dict[str, str]:
-    """Where each knob given a value came from, as a refusal should name it: its flag, its env
-    var (as set) or the config file's key (config.resolve says it instead of TAILGATE_<NAME>)."""
-    environ = os.environ if environ is None else environ
-    config = config or environ.get(PREFIX + "CONFIG") or None
-    file_values = read_file(config) if config is not None else {}
-    out = {}
-    for name in KNOB_FIELDS:
-        if cli.get(name) is not None:
-            out[name.upper()] = "--" + name.replace("_", "-")
-        elif (env := next((k for k in environ if k.upper() == PREFIX + name.upper()), None)) is not None:
-            out[name.upper()] = env
-        elif name in file_values:
-            out[name.upper()] = f"{config}: {name}"
-    return out
+def source(name: str, given: dict, environ, config: str | None) -> str:
+    """Where field `name`'s value came from, as a refusal names it: its flag, its env var as set,
+    else the config file's key."""
+    if given.get(name) is not None:
+        return flag(name)
+    env = next((k for k in environ if k.upper() == PREFIX + name.upper()), None)
+    return env if env is not None else f"{config}: {name}"
 
 
-def load(cli: dict, config: str | None = None) -> Settings:
+def load(cli: dict, config: str | None = None, knob_sources: dict | None = None) -> Settings:
     """The settings from `cli` (flag values given, by field name), the environment and the config
-    file; SettingsError naming the first bad value's source, value and grammar."""
+    file; SettingsError naming the first bad value's source, value and grammar. `knob_sources`,
+    when given, is filled with where each knob given a value came from (`source`), which
+    config.resolve names in a refusal instead of TAILGATE_<NAME>."""
     environ = os.environ
     if (refusal := unknown_env(environ)) is not None:
         raise SettingsError(refusal)
     config = config or environ.get(PREFIX + "CONFIG") or None
     file_values = read_file(config) if config is not None else {}
     given = {k: v for k, v in cli.items() if v is not None}
+    if knob_sources is not None:
+        env = {k.upper() for k in environ}
+        for name in KNOB_FIELDS:
+            if name in given or PREFIX + name.upper() in env or name in file_values:
+                knob_sources[name.upper()] = source(name, given, environ, config)
 
     class Resolved(Settings):  # the file's values ride the class config (pydantic-settings' way)
         model_config = {**Settings.model_config, "file_values": file_values}
@@ -100,12 +100,10 @@ def load(cli: dict, config: str | None = None) -> Settings:
 
 
 def _where(name: str, given: dict, environ, config, value=None) -> str:
+    where = source(name, given, environ, config)
     if name in given:
-        return f"--{name.replace('_', '-')}={given[name]!r}"
-    env = next((k for k in environ if k.upper() == PREFIX + name.upper()), None)
-    if env is not None:
-        return f"{env}={environ[env]!r}"
-    return f"{config}: {name} = {value!r}"
+        return f"{where}={given[name]!r}"
+    return f"{where}={environ[where]!r}" if where in environ else f"{where} = {value!r}"
 
 
 def grammar(name: str) -> str:
@@ -136,9 +134,12 @@ def apply(args) -> Settings:
     """Resolve the settings for parsed `serve` flags (unset ones are None, see args.py) and write
     them back onto `args`, so everything downstream reads one resolved value (the knobs' text
     where config.cli_lookup reads it)."""
-    given = {k: getattr(args, dest(k), None) for k in Settings.model_fields}
-    s = load(given, config=getattr(args, "config", None))
-    args.knob_sources = sources(given, getattr(args, "config", None))
+    args.knob_sources = {}
+    s = load(
+        {k: getattr(args, dest(k), None) for k in Settings.model_fields},
+        getattr(args, "config", None),
+        args.knob_sources,
+    )
     for k in Settings.model_fields:
         setattr(args, dest(k), getattr(s, k))
     return s
