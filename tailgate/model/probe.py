@@ -292,23 +292,24 @@ def busy_share(fn):
     return out, share
 
 
-def check_cached(runner, book, rows: list[dict]) -> dict | None:
+def check_cached(runner, book, rows: list[dict], clock=time.perf_counter) -> dict | None:
     """Time CHECK_SHAPE now against the cached row for it; None when the cache has no such row."""
     want = f"{CHECK_SHAPE[0]}+{CHECK_SHAPE[1]}"
     old = next((r["ms"] for r in rows if r.get("kind") == want), None)
     if old is None:
         return None
-    now = measure(runner, book, shapes=(CHECK_SHAPE,), reps=CHECK_REPS)
+    now = measure(runner, book, shapes=(CHECK_SHAPE,), reps=CHECK_REPS, clock=clock)
     if now is None:
         return None
     ms = now[0]["ms"]
     return {"shape": want, "cached_ms": old, "measured_ms": ms, "agreed": 1 / AGREE_FASTER <= ms / old <= AGREE}
 
 
-def run(runner, book, source, cache_dir=None, log=None) -> ProbeResult | None:
+def run(runner, book, source, cache_dir=None, log=None, clock=time.perf_counter) -> ProbeResult | None:
     """The probe's result for this machine, plan and model: from the cache when one quick shape
     measured now agrees with it, else measured (and cached unless the host was busy). None where
-    the pools cannot hold the shapes."""
+    the pools cannot hold the shapes. `clock` times the steps (a test's own clock makes the
+    cache's agreement check deterministic)."""
     from ..sim.cost import fit
     from .weights import cache_root
 
@@ -319,7 +320,7 @@ def run(runner, book, source, cache_dir=None, log=None) -> ProbeResult | None:
         rows, cut, cached = saved["rows"], saved.get("layer_cut"), True
         if cut is not None and _cut_mats(runner.w) is not None:
             apply_layer_cut(runner.w, cut)
-        check = check_cached(runner, book, rows)
+        check = check_cached(runner, book, rows, clock)
         if check is not None and not check["agreed"]:
             rows, cached = None, False  # measured again below; the stale file is replaced
     except (OSError, ValueError, KeyError):
@@ -330,7 +331,7 @@ def run(runner, book, source, cache_dir=None, log=None) -> ProbeResult | None:
             cut = measure_layer_cut(runner.w)
             if cut is not None:  # before the steps: their costs follow the cut
                 apply_layer_cut(runner.w, cut)
-        rows, share = busy_share(lambda: measure(runner, book))
+        rows, share = busy_share(lambda: measure(runner, book, clock=clock))
         took = time.perf_counter() - t0
         if rows is None:
             return None
