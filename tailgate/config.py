@@ -262,7 +262,9 @@ def _resolve(lookup: Callable[[str], str | None], cores: int | None, lanes: tupl
     # since issue 42 judged `auto` where users feel it: AMD EPYC Zen 5, W-std, vLLM's client, two
     # alternated rounds (docs/benchmarks/socket-tail.md): tok/s 0.99 / 1.00 / 0.99x the walk's and
     # ITL p99 0.88 / 0.93 / 0.95x at c4 / c8 / c16, but TTFT p50 1.78x at c16 (1.02x and 2.65x),
-    # past the issue's 1.25x bound, so the default is the walk until `auto` holds it. Why `auto`
+    # past the issue's 1.25x bound, so the default is the walk until `auto` holds it on every class
+    # (on the Intel Xeon with AMX, same rounds, `auto` held them all: tok/s 0.99-1.06x, ITL p99
+    # 0.89-0.97x, TTFT p50 0.92-1.00x). Why `auto`
     # had been the default (with TTFT_TARGET_MS's 2 s
     # horizon): AMD EPYC Zen 3, 256 / 64 closed loop, one run beside the fixed 64-row walk, vLLM and
     # llama.cpp (docs/benchmarks/itl-target-amd.md): output tok/s 46.7 / 64.9 / 61.8 at c4 / c8 / c16

@@ -21,6 +21,11 @@ CLIENT = {
 }
 
 
+# (arm, against): until issue 42 the default was `auto` and the walk an arm ("walk"); since, the
+# default is the walk and `auto` the arm ("auto").
+PAIRS = (("default", "walk"), ("auto", "default"), ("default", "vllm"), ("auto", "vllm"))
+
+
 def read(paths) -> dict:
     """{(arm, shape): {figure: [value per round]}}"""
     cells = defaultdict(lambda: defaultdict(list))
@@ -49,14 +54,13 @@ def main(paths) -> None:
         row = [" / ".join(f"{x:.1f}" if x < 100 else f"{x:.0f}" for x in v.get(f, [])) or "-" for f in figs]
         print(f"| {arm} | {shape} | " + " | ".join(row) + " |")
     print()
-    print("ratios of the round means (client figures): default / walk, default / vllm")
+    print("ratios of the round means (client figures), for each pair of arms the logs hold")
     for shape in sorted({s for _, s in cells}):
-        d = cells.get(("default", shape))
-        for other in ("walk", "vllm"):
-            o = cells.get((other, shape))
+        for arm, other in PAIRS:
+            d, o = cells.get((arm, shape)), cells.get((other, shape))
             if d and o:
                 r = {f: statistics.mean(d[f]) / statistics.mean(o[f]) for f in CLIENT.values() if d[f] and o[f]}
-                print(f"{shape} default/{other}: " + ", ".join(f"{f} {x:.2f}x" for f, x in r.items()))
+                print(f"{shape} {arm}/{other}: " + ", ".join(f"{f} {x:.2f}x" for f, x in r.items()))
 
 
 if __name__ == "__main__":
