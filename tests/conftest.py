@@ -71,6 +71,17 @@ def server():
 
 
 @pytest.fixture(scope="session")
+def smol_server():
+    """One live server of the shipped instruct model, SmolLM2-135M-Instruct (chat, structured
+    outputs and tools over HTTP; the README's "Call it" block): its base URL."""
+    from live import start_server, stop_server
+
+    p, base, _ = start_server(args=["--model", "smollm2-135m"])
+    yield base
+    stop_server(p)
+
+
+@pytest.fixture(scope="session")
 def client(server):
     import openai
 

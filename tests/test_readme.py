@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -32,13 +34,16 @@ def test_the_readme_starts_with_the_two_commands():
     assert "bash scripts/setup --browser" in Path(README.parent / ".ci" / "run").read_text()
 
 
-def test_the_readme_call_it_block_runs_against_a_live_server(server):
-    code = block("Call it", "python").replace("http://127.0.0.1:8000/v1", server[0] + "/v1")
+def test_the_readme_call_it_block_runs_against_the_instruct_model_and_its_first_chat_reads_as_an_answer(smol_server):
+    code = block("Call it", "python").replace("http://127.0.0.1:8000/v1", smol_server + "/v1")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(code, "README.md", "exec"), {})
     lines = out.getvalue().splitlines()
     assert len(lines) >= 4, out.getvalue()
+    # an answer a person reads (Gemma 3 270M base answered the README's chat with `|imagenumberwld`, issue 44)
+    assert "Paris" in lines[0], lines
+    assert httpx.get(smol_server + "/version").json()["model"]["base"] is False
     assert isinstance(ast.literal_eval(lines[-2])["city"], str)  # the schema-held answer, parsed
     assert "name='get_weather'" in lines[-1] and ("Paris" in lines[-1] or "Oslo" in lines[-1])
 

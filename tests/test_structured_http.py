@@ -12,7 +12,7 @@ import jsonschema
 import openai
 import pytest
 
-from live import post, start_server, stop_server, wait_idle
+from live import post, wait_idle
 
 PERSON = {
     "type": "object",
@@ -48,13 +48,9 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def smol():
-    p, base, _ = start_server(args=["--model", "smollm2-135m"])
-    try:
-        c = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
-        yield c, c.models.list().data[0].id, base
-    finally:
-        stop_server(p)
+def smol(smol_server):
+    c = openai.OpenAI(base_url=smol_server + "/v1", api_key="unused", max_retries=0)
+    return c, c.models.list().data[0].id, smol_server
 
 
 def test_sampled_json_schema_answers_always_parse_and_validate(smol):

@@ -52,12 +52,14 @@ def fill(d, testid, value):
     e.send_keys(value)
 
 
-def open_playground(d, base, max_tokens):
-    """The playground in completion mode (the served Gemma is a base model), greedy, EOS ignored."""
+def open_playground(d, base, max_tokens, mode="completion"):
+    """The playground once it has read the model card, in `mode` (it opens in completion mode for
+    the served Gemma, a base model), greedy, EOS ignored."""
     from selenium.webdriver.support.ui import Select
 
     d.get(base + "/")
-    Select(el(d, "mode")).select_by_value("completion")
+    assert until(lambda: el(d, "model-note").text, 60)
+    Select(el(d, "mode")).select_by_value(mode)
     fill(d, "temperature", "0")
     fill(d, "max-tokens", str(max_tokens))
     el(d, "ignore-eos").click()
@@ -94,8 +96,18 @@ def test_a_typed_message_streams_its_reply_in_over_several_frames_with_its_timin
 
 
 @needs_browser
-def test_a_chat_sends_the_system_message_and_the_conversation_so_far(server, browser):
+def test_a_base_model_opens_the_playground_in_completion_mode_saying_why(server, browser):
     browser.get(server[0] + "/")
+    assert until(lambda: "is a base model" in el(browser, "model-note").text, 60)
+    assert el(browser, "mode").get_attribute("value") == "completion"
+    assert not el(browser, "system").is_displayed()
+    assert httpx.get(server[0] + "/version").json()["model"]["base"] is True
+
+
+@needs_browser
+def test_a_chat_sends_the_system_message_and_the_conversation_so_far(server, browser):
+    open_playground(browser, server[0], 4, mode="chat")
+    el(browser, "ignore-eos").click()  # back off: the chat ends where the model does
     fill(browser, "max-tokens", "4")
     fill(browser, "system", "You answer in French.")
     prompts = []

@@ -121,6 +121,9 @@ class Tokenizer:
         # Without a template of its own: the one its family names (families.Family.chat_fallback:
         # Gemma 3's turn format, ChatML for the Llama shapes, none for Gemma 4), ChatML when unknown.
         family = families.FAMILIES.get(meta.get("family") or "")
+        # A model without a chat template of its own is, as a rule, a base (pretrained) model: it
+        # continues text, and its chat answers are weak (Gemma 3 270M's GGUF is one; issue 44).
+        self.own_template = _default_template(meta.get("chat_template")) is not None
         self.chat_template = _default_template(meta.get("chat_template")) or FALLBACK_TEMPLATES.get(
             family.chat_fallback if family is not None else "chatml"
         )
@@ -172,6 +175,7 @@ class Tokenizer:
         does not compile."""
         compile_chat_template(template)
         self.chat_template, self._compiled, self._template_error = template, template, None
+        self.own_template = True
 
     def compile_chat_template(self) -> str | None:
         """Compile the template now, once (the server does this at load, so no request pays the

@@ -175,13 +175,14 @@ def serve(args, lookup) -> int:
             url = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{args.port}"
             logging.getLogger("tailgate").info(
                 "ready: open %s/ (chat playground) and %s/dashboard (the engine "
-                "live); serving %s (max_context=%d, slots=%d, door=%s)",
+                "live); serving %s (max_context=%d, slots=%d, door=%s); %s",
                 url,
                 url,
                 state.served_name,
                 settled.max_context,
                 settled.decode_slots,
                 settled.admit_coalesce_ms or "off",
+                state.model_card["note"],
             )
         except Exception as e:
             # Like vLLM: a model that cannot load ends the process non-zero (after the traceback),

@@ -49,6 +49,22 @@ class ServerState:
         return _sampling_defaults(str(self.model.source)) if self.model is not None else {}
 
     @property
+    def model_card(self) -> dict | None:
+        """What the served model is good for (`/version`, the ready line, the playground): a model
+        with no chat template of its own is taken for a base model that continues text (issue 44:
+        the default Gemma 3 270M answered a first chat with `|imagenumberwld`)."""
+        if self.model is None:
+            return None
+        base = not self.model.tokenizer.own_template
+        note = (
+            f"{self.served_name} is a base model (no chat template of its own): it continues text, so "
+            "use /v1/completions; for chat, serve an instruct model (e.g. --model smollm2-135m)"
+            if base
+            else f"{self.served_name} is an instruct model (its own chat template): chat and completions"
+        )
+        return {"id": self.served_name, "base": base, "note": note}
+
+    @property
     def ready(self) -> bool:
         return self.engine is not None
 

@@ -153,10 +153,28 @@ async function modelName() {
   } catch { /* the name is a nicety */ }
 }
 
+// What the model is good for (/version's model card): a base model (no chat template of its own)
+// continues text, so the page opens in completion mode and says why; the mode stays the user's.
+let modeChosen = false;
+async function modelCard() {
+  try {
+    const r = await fetch("/version");
+    const card = r.ok ? (await r.json()).model : null;
+    if (!card) return void setTimeout(modelCard, 1000); // still loading
+    $("model-note").textContent = card.note;
+    if (card.base && !modeChosen) {
+      $("mode").value = "completion";
+      $("system-field").hidden = true;
+      $("prompt").placeholder = "Text for the model to continue, then Send (Ctrl+Enter)";
+    }
+  } catch { /* the note is a nicety */ }
+}
+
 bindKeyField().addEventListener("change", modelName);
 drawLegend($("legend"));
 modelName();
-$("mode").addEventListener("change", () => { $("system-field").hidden = $("mode").value !== "chat"; });
+modelCard();
+$("mode").addEventListener("change", () => { modeChosen = true; $("system-field").hidden = $("mode").value !== "chat"; });
 $("send").addEventListener("click", send);
 $("stop").addEventListener("click", () => inFlight && inFlight.abort());
 $("clear").addEventListener("click", () => { history.length = 0; $("log").innerHTML = ""; $("error").textContent = ""; });
