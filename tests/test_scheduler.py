@@ -741,3 +741,23 @@ def test_a_pinned_lane_flight_counts_toward_the_pinned_whole_lengths():
     s.flight = (flying, object())
     assert not pinned_fit(s, waiting)  # 6 + 6 pages > 10
     s.flight = None
+
+
+def test_the_fatal_path_ends_queued_and_live_requests_the_one_way():
+    """Every ending goes through `Scheduler.end` (issue 43): on the fatal path a preempted request
+    waiting in the queue is counted like a live one and reports the tokens it emitted."""
+    s, ex = make(slots=3, global_pages=11)  # 10 usable pages: two 60-token requests fit, three do not
+    rs, got = [req(10, max_tokens=50) for _ in range(3)], []
+    for i, r in enumerate(rs):
+        r.arrival, r.sink = 1.0 + i, got.append
+        s.submit(r)
+    while s.has_work() and not any(r.preemptions and r in s.queue for r in rs):
+        s.step(0.0)
+    parked = next(r for r in rs if r in s.queue)
+    assert parked.output  # it emitted tokens before it gave its pages back
+    s.fail_all("boom")
+    ends = {e.request_id: e for e in got if isinstance(e, Finished)}
+    assert set(ends) == {r.id for r in rs} and {e.reason for e in ends.values()} == {"error"}
+    for r in rs:
+        assert ends[r.id].completion_tokens == sum(1 for e in got if isinstance(e, Token) and e.request_id == r.id)
+    assert s.metrics.finished["error"] == 3 and s.book.glob.used == 0 and not s.has_work()

@@ -20,7 +20,7 @@ from .door import DoorView
 from .pages import pages_for
 from .preemption import entry_length, never_fits, park, pinned, pinned_fit, ready_rows
 from .prompt_logprobs import new_scores
-from .request import Finished, Request, Scheduled, Status
+from .request import Request, Scheduled, Status
 
 if TYPE_CHECKING:
     from .plan import StepPlan
@@ -101,10 +101,7 @@ def intake(s: Scheduler, plan: StepPlan, now: float) -> None:
             continue
         begin(s, leader)
         if not (s.roster or s.walk) and not fits_alone(s, leader):
-            s.book.free(leader.pages)  # prefix pages it attached
-            s.executor.release(leader.id)  # a preempted one's sampler state
-            s.reject(leader, never_fits(leader))
-            plan.finished.append((leader, "rejected"))
+            s.end(leader, "rejected", never_fits(leader), plan)  # its prefix pages and sampler state go back
             continue
         if s.lane and s.roster:  # a live admission takes the lane
             to_lane(s, plan, leader)
@@ -228,19 +225,11 @@ def room_for(s: Scheduler, r: Request) -> bool:
 def admissible(s: Scheduler, plan: StepPlan, r: Request) -> bool:
     """Cancelled requests retire; invalid ones are rejected (fail closed)."""
     if r.cancelled:
-        s.executor.release(r.id)
-        r.status = Status.FINISHED
-        s.metrics.finished[r.cancel_as] += 1  # a queued abort counts like a live one
-        s.emit(
-            r,
-            Finished(r.id, s.clock(), reason=r.cancel_as, prompt_tokens=len(r.prompt), completion_tokens=len(r.output)),
-        )
-        plan.finished.append((r, r.cancel_as))
+        s.end(r, r.cancel_as, plan=plan)  # a queued abort counts like a live one
         return False
     why = invalid(r, s.cfg.max_context, s.vocab_size)
     if why:
-        s.reject(r, why)
-        plan.finished.append((r, "rejected"))
+        s.end(r, "rejected", why, plan)
         return False
     return True
 

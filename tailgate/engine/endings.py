@@ -1,7 +1,7 @@
 """How requests end outside a step's tokens: cancelled ones retire at the top of a plan (live rows
 and walkers always; queued ones when `Engine.abort` flagged the queue), and the fatal path fails
-everything. Functions over the scheduler's state; `Scheduler.finish` / `close` / `reject` do the
-ending itself."""
+everything. Functions over the scheduler's state; the ending itself is `Scheduler.end`, the one
+every ending calls."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from .admission import admissible, pop
-from .request import Finished, Status
+from .request import Status
 
 if TYPE_CHECKING:
     from .plan import StepPlan
@@ -18,8 +18,7 @@ if TYPE_CHECKING:
 
 def retire_cancelled(s: Scheduler, plan: StepPlan) -> None:
     for r in [r for r in (*s.roster, *s.walk) if r.cancelled]:
-        s.finish(r, r.cancel_as)  # pages return at once
-        plan.finished.append((r, r.cancel_as))
+        s.end(r, r.cancel_as, plan=plan)  # pages return at once
     if s.cancels_queued:  # set by Engine.abort: a queued request retires now, not at the queue head
         s.cancels_queued = False
         dead = [r for r in s.queue if r.cancelled]
@@ -42,15 +41,13 @@ def fail_all(s: Scheduler, message: str) -> None:
             s.executor.join(flight)
         except Exception:
             pass  # it failed too: its pages are not written any more either
-        s.close(r, "error", message)
+        s.end(r, "error", message)
     for r in [*s.roster, *s.walk]:
-        s.finish(r, "error", message)
+        s.end(r, "error", message)
     plan, s.planned = s.planned, None
     r = plan.launch if plan is not None else None  # the lane's leader, planned but not launched
     if r is not None and r.status is Status.IN_FLIGHT:
-        s.close(r, "error", message)
+        s.end(r, "error", message)
     while s.queue:
-        r = pop(s)
-        r.status = Status.FINISHED
-        s.emit(r, Finished(r.id, s.clock(), reason="error", prompt_tokens=len(r.prompt), message=message))
+        s.end(pop(s), "error", message)
     s.deliver()

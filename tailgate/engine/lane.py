@@ -27,7 +27,7 @@ def launch(s: Scheduler, r: Request) -> None:
     try:
         flight = s.executor.launch([prompt_segment(r, toks, start, True)], [row_sample(r, r.output)])
     except Exception as e:  # the lane could not start: this request fails, nothing else
-        s.close(r, "error", f"side lane failed to start: {e}")
+        s.end(r, "error", f"side lane failed to start: {e}")
         return
     s.flight = (r, flight)
     r.status = Status.IN_FLIGHT
@@ -46,10 +46,10 @@ def land(s: Scheduler, plan: StepPlan, why: str) -> None:
     except Exception as e:
         out = e
     if r.cancelled:  # cancelled while in flight: its pages come back only now
-        s.close(r, r.cancel_as, "")
-        plan.finished.append((r, r.cancel_as))
+        s.end(r, r.cancel_as, plan=plan)
     else:
         take = r.rest
-        s.record(StepPlan("lane", [(r, take)]), t0, s.clock())  # the wait the engine saw
-        absorb(s, r, take, out, s.clock())
+        landed = StepPlan("lane", [(r, take)])  # its token's kind; its record is the wait the engine saw
+        s.record(landed, t0, s.clock())
+        absorb(s, landed, r, take, out, s.clock())
     s.deliver()

@@ -6,6 +6,10 @@ import bisect
 import copy
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
 
 LATENCY_BUCKETS = (
     0.001,
@@ -113,7 +117,7 @@ class EngineSnapshot:
     steps: tuple = ()  # the last model steps (engine/plan.py StepRecord), oldest first
 
 
-def snapshot(scheduler, inbox: int = 0) -> EngineSnapshot:
+def snapshot(scheduler: Scheduler, inbox: int = 0) -> EngineSnapshot:
     book = scheduler.book
     return EngineSnapshot(
         running=scheduler.running,

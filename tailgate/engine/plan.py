@@ -35,10 +35,12 @@ class StepPlan:
     the step (`finished`: cancelled, rejected, never fits), the lane flight it joined (`joined`)
     and the one it launches (`launch`), which prompt rows of whom (`chunks`, (request, rows) in
     order; a whole prompt is one chunk), which live rows decode one token each (`rows`), under what
-    prompt-row budget, and the segments and sample rows of its one forward pass. Page moves are
-    done when decided (reservations, preemptions, as vLLM's schedule() allocates); the step then
-    launches the lane, runs the pass and settles what it sampled, and the plan ends as a
-    `StepRecord`. Tests and the step timeline read plans and records; the runner reads `segments`."""
+    prompt-row budget, the segments and sample rows of its one forward pass, and what that pass is
+    predicted to take (`predicted_s`, with a step cost model). Page moves are done when decided
+    (reservations, preemptions, as vLLM's schedule() allocates); the step then launches the lane,
+    runs the pass and settles what it sampled (the plan handed to `settle.settle_step`), and the
+    plan ends as a `StepRecord`. Tests and the step timeline read plans and records; the runner
+    reads `segments`."""
 
     kind: str = "decode"  # decode | mixed | walk | prefill | recompute | lane | idle
     chunks: list = field(default_factory=list)  # [(Request, rows)]
@@ -54,6 +56,7 @@ class StepPlan:
     joined: tuple | None = None  # (Request, why) the lane flight landed while planning: done | idle | pages
     launch: object = None  # the Request whose whole prompt starts on the side lane
     why: str = ""  # the rule that chose the step's shape (docs/engine.md lists them)
+    predicted_s: float | None = None  # the step cost model's price of its pass (None: no model, or not ready)
 
     @property
     def prompt_rows(self) -> int:
@@ -75,7 +78,7 @@ class StepRecord:
     prompts: int
     preempted: int = 0  # requests preempted while this step was planned
     budget: int | None = None  # its prompt-row budget (StepPlan.budget)
-    predicted_s: float | None = None  # what ITL_TARGET_MS's cost model predicted it would take (None: no model)
+    predicted_s: float | None = None  # what the step cost model predicted it would take (StepPlan.predicted_s)
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}

@@ -82,8 +82,7 @@ def ready_rows(s: Scheduler, plan: StepPlan) -> bool:
             if a not in s.roster:  # preempted for an older row of this very call
                 continue
             if not make_room(s, plan, a, a.pages.frontier + 1, self_ok=True) and a in s.roster:
-                s.finish(a, "error", "KV pools exhausted: the request does not fit them alone")
-                plan.finished.append((a, "error"))
+                s.end(a, "error", "KV pools exhausted: the request does not fit them alone", plan)
     return len(plan.preempted) > before
 
 

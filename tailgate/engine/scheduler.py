@@ -28,7 +28,7 @@ from .prefix import PrefixCache
 from .prompt_logprobs import prompt_segment
 from .request import Event, Finished, Rejected, Request, RowSample, Sampled, Status, row_sample
 from .settle import settle_step
-from .step_cost import MeteredExecutor, RoundBudget, StepCostModel
+from .step_cost import MeteredExecutor, RoundBudget, StepCostModel, step_features
 from .stop import resolve_max_tokens
 from .walk import walk_round
 
@@ -107,7 +107,6 @@ class Scheduler:
         self.cancels_queued = False  # a request may have been cancelled while queued (Engine.abort)
         self.events: list[tuple[Request, Event]] = []  # not yet delivered
         self._iteration: list[Event] = []  # everything this iteration emitted (the step output)
-        self.current = StepPlan()  # the step being settled (its kind goes on each token)
         # The iteration being decided or run: the lane's leader sits in no container between the
         # plan and its launch, so the fatal path reads it here.
         self.planned: StepPlan | None = None
@@ -190,6 +189,8 @@ class Scheduler:
         plan.segments, plan.samples = segs, samples
         plan.kind = step_kind(plan.chunks, rows, chunked=bool(self.chunk))
         plan.why = plan.why or ("live rows decode" if rows else "nothing to run")
+        if segs and self.costs is not None and self.costs.ready:  # the pass's price, scored when it is recorded
+            plan.predicted_s = self.costs.predict(step_features(segs))
 
     def _execute(self, plan: StepPlan) -> list:
         """Per segment: its Sampled, None (not sampled), or the exception that failed it."""
@@ -215,21 +216,25 @@ class Scheduler:
         return out
 
     def record(self, plan: StepPlan, t0: float, t1: float) -> None:
-        """The step's record in the log; from here on `plan` is what tokens are attributed to."""
-        self.current = plan
-        pre = self.metrics.preemptions
+        """The step's record in the log, with what its plan predicted it would take; a priced
+        step's |predicted - took| / took goes to the metrics."""
+        m, took, predicted = self.metrics, t1 - t0, plan.predicted_s
+        if predicted is not None and took > 0:
+            m.step_cost_error.observe(abs(predicted - took) / took)
+            m.step_cost["predicted_s"] = predicted
+        pre = m.preemptions
         self.step_log.append(
             StepRecord(
                 self._step_seq,
                 t0,
-                t1 - t0,
+                took,
                 plan.kind,
                 len(plan.rows),
                 plan.prompt_rows,
                 len(plan.chunks),
                 pre - self._preempted_seen,
                 plan.budget,
-                getattr(self.executor, "last_predicted", None),
+                predicted,
             )
         )
         self._step_seq += 1
@@ -249,47 +254,45 @@ class Scheduler:
                     req.sink_failed = req.cancelled = True
                     self.cancels_queued = True  # it may sit in the queue (preempted): retire it there too
 
-    # ---- rows and endings -------------------------------------------------------------------
+    # ---- rows and the one ending -----------------------------------------------------------
     def _decode_sample(self, r: Request) -> RowSample:
         rs = row_sample(r, r.output)
         if len(r.output) >= r.min_tokens:  # EOS suppression is over: the row's sample is fixed
             r.sample = rs
         return rs
 
-    def finish(self, r: Request, reason: str, message: str = "") -> None:
-        """End a live row or a walker (or a landed flight): out of its container, then closed."""
+    def end(self, r: Request, why: str, message: str = "", plan: StepPlan | None = None) -> None:
+        """Every ending, wherever it is decided: `r` leaves its container (the roster or the walk;
+        a queued request was popped and a lane flight cleared by the caller), its pages and
+        sampler state go back, it is counted under `why`, and its stream is told: `Finished(why)`
+        (stop, length, error, abort, ...), or `Rejected(message)` when `why` is "rejected" (a
+        request that cannot be served). An ending decided while planning goes on `plan.finished`."""
         if r.status is Status.RUNNING:
             self.roster.remove(r)
-        elif r.status is Status.WALKING:
+        elif r.status is Status.WALKING and r in self.walk:  # (a prompt refused at intake never joined it)
             self.walk.remove(r)
-        self.close(r, reason, message)
-
-    def close(self, r: Request, reason: str, message: str) -> None:
-        """Return a request's pages and sampler state, count it, and tell its stream why it ended."""
         self.book.free(r.pages)
         self.executor.release(r.id)
         r.status = Status.FINISHED
-        self.metrics.finished[reason] += 1
-        self.emit(
-            r,
-            Finished(
+        self.metrics.finished[why] += 1
+        if why == "rejected":
+            ev = Rejected(r.id, self.clock(), reason=message)
+        else:
+            ev = Finished(
                 r.id,
                 self.clock(),
-                reason=reason,
+                reason=why,
                 prompt_tokens=len(r.prompt),
                 completion_tokens=len(r.output),
                 message=message,
-            ),
-        )
+            )
+        self.emit(r, ev)
+        if plan is not None:
+            plan.finished.append((r, why))
 
     def fail_all(self, message: str) -> None:
-        """Fatal path: finish every queued and live request with an error and deliver it."""
+        """Fatal path: end every queued and live request with an error and deliver it."""
         endings.fail_all(self, message)
-
-    def reject(self, req: Request, why: str) -> None:
-        req.status = Status.FINISHED
-        self.metrics.finished["rejected"] += 1
-        self.emit(req, Rejected(req.id, self.clock(), reason=why))
 
     def emit(self, req: Request, ev: Event) -> None:
         self.events.append((req, ev))

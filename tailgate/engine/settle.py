@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .prompt_logprobs import PromptLogprobs
-from .request import Request, Status, Token
+from .request import Request, Sampled, Status, Token
 from .stop import LENGTH, STOP, verdict
 
 if TYPE_CHECKING:
@@ -27,16 +27,16 @@ def settle_step(s: Scheduler, plan: StepPlan, per_seg: list, t0: float, now: flo
         m.decode_rows.observe(len(rows))
     s.record(plan, t0, now)
     for (r, take), out in zip(plan.chunks, per_seg):
-        absorb(s, r, take, out, now)
-    settle_rows(s, rows, per_seg[len(plan.chunks) :], now, advance=True)
+        absorb(s, plan, r, take, out, now)
+    settle_rows(s, plan, rows, per_seg[len(plan.chunks) :], now, advance=True)
     s.deliver()
 
 
-def absorb(s: Scheduler, r: Request, take: int, out, now: float) -> None:
-    """A prompt chunk's KV is written: advance the request; its final chunk's token (`out`)
+def absorb(s: Scheduler, plan: StepPlan, r: Request, take: int, out: Sampled | Exception, now: float) -> None:
+    """A prompt chunk of `plan` is written: advance the request; its final chunk's token (`out`)
     graduates it into the roster. An exception in `out` fails this prompt alone."""
     if isinstance(out, Exception):  # only this prompt fails; its pages return
-        s.finish(r, "error", f"step failed: {out}")
+        s.end(r, "error", f"step failed: {out}")
         return
     final = r.computed + take == len(r.tokens)
     # The prefix cache registers the full pages just written before the window releases any
@@ -54,29 +54,28 @@ def absorb(s: Scheduler, r: Request, take: int, out, now: float) -> None:
         s.emit(r, PromptLogprobs(r.id, now, r.scores))
     s.roster.append(r)  # graduates; settle_rows takes it out again if this token ends it
     r.status = Status.RUNNING
-    settle_rows(s, (r,), (out,), now)
+    settle_rows(s, plan, (r,), (out,), now)
 
 
-def settle_rows(s: Scheduler, rows, outs, now: float, advance: bool = False) -> None:
-    """Apply one sampled token to each row, produced by the step that ended at `now` (every row
-    of a step is stamped with the same time); with `advance`, each row's KV frontier moves past
-    the token it fed. A row whose sampling failed, or whose token ends it, leaves the roster.
-    One loop for the whole step, its lookups hoisted: this runs once per token (most of a
-    simulated run)."""
-    plan = s.current
+def settle_rows(s: Scheduler, plan: StepPlan, rows, outs, now: float, advance: bool = False) -> None:
+    """Apply one sampled token to each row, produced by `plan`'s pass, which ended at `now`
+    (every row of a step is stamped with the same time; each token's event carries the plan's
+    kind and prompt rows); with `advance`, each row's KV frontier moves past the token it fed. A
+    row whose sampling failed, or whose token ends it, leaves the roster. One loop for the whole
+    step, its lookups hoisted: this runs once per token (most of a simulated run)."""
     kind, prompt_rows, prompts = plan.kind, plan.prompt_rows, len(plan.chunks)
     book, events, m = s.book, s.events, s.metrics
     gaps, emitted = [], 0
     for r, out in zip(rows, outs):
         if isinstance(out, Exception):
-            s.finish(r, "error", f"step failed: {out}")
+            s.end(r, "error", f"step failed: {out}")
             continue
         if advance:
             book.advance(r.pages, 1)
         t = out.token
-        end = verdict(r, t, len(r.output))
-        if end is STOP:
-            s.finish(r, STOP)  # the stop token itself is not emitted
+        why = verdict(r, t, len(r.output))
+        if why is STOP:
+            s.end(r, STOP)  # the stop token itself is not emitted
             continue
         r.output.append(t)
         emitted += 1
@@ -84,11 +83,11 @@ def settle_rows(s: Scheduler, rows, outs, now: float, advance: bool = False) -> 
         if gap is not None:
             gaps.append(gap)
         r.last_at = now
-        events.append((r, Token(r.id, now, t, out.logprob, out.top_logprobs, kind, prompt_rows, prompts, gap, end)))
-        if end is LENGTH:
-            s.finish(r, LENGTH)
+        events.append((r, Token(r.id, now, t, out.logprob, out.top_logprobs, kind, prompt_rows, prompts, gap, why)))
+        if why is LENGTH:
+            s.end(r, LENGTH)
         elif out.done:  # its grammar is complete (structured outputs): nothing but EOS may follow
-            s.finish(r, STOP)
+            s.end(r, STOP)
     m.generation_tokens += emitted
     if gaps:
         m.gaps(kind).observe_all(gaps)

@@ -382,26 +382,23 @@ class RoundBudget:
 
 
 class MeteredExecutor:
-    """The scheduler's executor, wrapped: every step is priced before it runs, timed with the
-    scheduler's clock around `run`, and fed to the model; |predicted - actual| / actual goes to the metrics. A step that raises teaches nothing.
-    Everything else (`release`, `launch`, `join`, `close`, the sim's `steps`) is the wrapped one's."""
+    """The scheduler's executor, wrapped: every step is timed with the scheduler's clock around
+    `run` and fed to the model. A step that raises teaches nothing. The price comes before: the
+    scheduler puts it on the step's plan (`StepPlan.predicted_s`) and scores it when it records
+    the step (`Scheduler.record`). Everything else (`release`, `launch`, `join`, `close`, the
+    sim's `steps`) is the wrapped one's."""
 
     def __init__(self, inner, model: StepCostModel, clock, metrics=None):
         self.inner, self.model, self.clock, self.metrics = inner, model, clock, metrics
-        self.last_predicted: float | None = None  # the last step's predicted seconds (its StepRecord shows it)
 
     def run(self, segments, rows):
         x = step_features(segments)
-        predicted = self.last_predicted = self.model.predict(x) if self.model.ready else None
         t0 = self.clock()
         out = self.inner.run(segments, rows)
         took = self.clock() - t0
         self.model.observe(x, took)
         m = self.metrics
         if m is not None:
-            if predicted is not None and took > 0:
-                m.step_cost_error.observe(abs(predicted - took) / took)
-                m.step_cost["predicted_s"] = predicted
             m.step_cost["actual_s"] = took
             if self.model.ready:
                 m.step_cost.update(self.model.coefficients)

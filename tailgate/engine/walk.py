@@ -54,7 +54,6 @@ def walk_round(s: Scheduler, plan: StepPlan) -> None:
         if make_room(s, plan, w, w.computed + take, self_ok=False):
             plan.chunks.append((w, take))
         elif not holders(s, w) and not plan.chunks and s.flight is None:
-            s.finish(w, "error", never_fits(w))
-            plan.finished.append((w, "error"))
+            s.end(w, "error", never_fits(w), plan)
     plan.budget = budget
     plan.why = plan.why or "a walk round"
