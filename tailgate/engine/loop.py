@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future
 from typing import Callable
 
 from .metrics import EngineSnapshot, snapshot
@@ -56,6 +57,7 @@ class Engine:
         self.probe: dict | None = None  # the start-up probe's measurements (model/probe.py), for /version
         self._cv = threading.Condition()
         self._inbox: list[Request] = []
+        self._calls: list[tuple[Callable, Future]] = []  # `call`: work for the engine thread between steps
         self._running = False
         self._thread: threading.Thread | None = None
         self.observers: list[Callable[[list[Event]], None]] = []  # called with each step's events
@@ -104,6 +106,19 @@ class Engine:
             self.scheduler.cancels_queued = True  # a hint: the next turn looks through the queue too
             self._cv.notify()
 
+    def call(self, fn: Callable[[], object]) -> Future:
+        """Run `fn()` on the engine thread between two steps (it owns the runner and the page book:
+        e.g. an embedding's forward pass, server/embeddings.py); its result or exception lands in
+        the returned future."""
+        fut: Future = Future()
+        with self._cv:
+            if self.error is not None:
+                fut.set_exception(RuntimeError(f"engine failed: {self.error!r}"))
+            else:
+                self._calls.append((fn, fut))
+                self._cv.notify()
+        return fut
+
     @property
     def waiting(self) -> int:
         with self._cv:
@@ -114,11 +129,20 @@ class Engine:
         try:
             while True:
                 with self._cv:
-                    while self._running and not self._inbox and not sched.has_work():
+                    while self._running and not self._inbox and not self._calls and not sched.has_work():
                         self._cv.wait()
                     if not self._running:
                         return
                     inbox, self._inbox = self._inbox, []
+                    calls, self._calls = self._calls, []
+                for fn, fut in calls:
+                    if fut.set_running_or_notify_cancel():
+                        try:
+                            fut.set_result(fn())
+                        except Exception as e:  # the caller's to report, not the engine's
+                            fut.set_exception(e)
+                if calls and not inbox and not sched.has_work():
+                    continue
                 for req in inbox:
                     sched.submit(req)
                 events = sched.step(self.clock())
@@ -133,6 +157,10 @@ class Engine:
             with self._cv:
                 self.error = e
                 late, self._inbox = self._inbox, []
+                calls, self._calls = self._calls, []
+            for _, fut in calls:
+                if fut.set_running_or_notify_cancel():
+                    fut.set_exception(RuntimeError(f"engine failed: {e!r}"))
             for req in late:
                 sched.submit(req)
             sched.fail_all(f"engine failed: {e!r}")

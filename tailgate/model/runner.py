@@ -117,6 +117,17 @@ def resident_bytes(w: dict) -> dict[str, int]:
     return out
 
 
+class _Tap:
+    """Stands in for the head (`layers.linear` calls it): keeps the normed hidden rows it is given
+    and returns one zero logit a row, so what a family does after the head (a soft-cap) still runs."""
+
+    h: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor, out_dtype=None) -> torch.Tensor:
+        self.h = x
+        return x.new_zeros(x.shape[0], 1)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -146,6 +157,19 @@ class ModelRunner:
 
         Logits stay in the runtime dtype: widening 64 x 262k rows to fp32 costs ~19 ms a step;
         greedy argmax is the same either way and the sampler widens only the rows it needs."""
+        return self._forward(self.w, self.spec, self._context(segments), self.kv)
+
+    @torch.inference_mode()
+    def hidden(self, segments: list[Segment]) -> torch.Tensor:
+        """The final hidden state (after the final norm) of each sampled segment's last row,
+        [sampled rows, hidden] in the runtime dtype: `step`'s forward pass with the head swapped
+        for a tap, so no logits are computed (embeddings' last-token pooling, server/embeddings.py).
+        The weights dict is copied, not edited: a side-lane prefill may be reading it."""
+        tap = _Tap()
+        self._forward({**self.w, "head": tap}, self.spec, self._context(segments), self.kv)
+        return tap.h
+
+    def _context(self, segments: list[Segment]):
         for s in segments:
             if not s.tokens:
                 raise ValueError("empty segment")
@@ -154,7 +178,7 @@ class ModelRunner:
                 raise ValueError(f"token id {bad[0]} outside the vocabulary (0..{self.spec.vocab_size - 1})")
             if s.pages.reserved < s.end:
                 raise RuntimeError(f"segment ends at {s.end} but only {s.pages.reserved} tokens have pages")
-        ctx = build_context(
+        return build_context(
             segments,
             self.windows,
             self.device,
@@ -162,7 +186,6 @@ class ModelRunner:
             self.plan.prompt_attention,
             self.plan.dtype,
         )
-        return self._forward(self.w, self.spec, ctx, self.kv)
 
     def warm_up(self, book, rows: int = 64) -> float:
         """Run one prefill and one decode step through scratch pages, so the first requests do not

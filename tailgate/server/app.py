@@ -17,7 +17,7 @@ from .. import __version__
 from . import schema
 from .metrics import registry_for
 from .protocol import ApiError
-from .routes import generation, service, tokenize
+from .routes import embeddings, generation, responses, service, tokenize
 from . import web
 from .state import ServerState
 from .structured import unwritable
@@ -70,10 +70,18 @@ def below(n: int) -> str:
     return "^0*(" + "|".join(alts + [top]) + ")$"
 
 
-def _served_bounds(node, vocab: int | None, context: int | None, names: list[str], writable: str | None = None) -> None:
+def _served_bounds(
+    node,
+    vocab: int | None,
+    context: int | None,
+    names: list[str],
+    writable: str | None = None,
+    hidden: int | None = None,
+) -> None:
     """Say in the schema what the server enforces for the model it serves: token ids below its
-    vocabulary size (`logit_bias`' keys too), max_tokens below its context, and `model` one of
-    the names it answers to (else a 400 model_not_found)."""
+    vocabulary size (`logit_bias`' keys too), max_tokens below its context, embeddings'
+    `dimensions` its hidden size, and `model` one of the names it answers to (else a 400
+    model_not_found)."""
     if isinstance(node, dict):
         if node.pop("x-tailgate-token-id", None) and vocab is not None:
             node["maximum"] = vocab - 1
@@ -83,6 +91,8 @@ def _served_bounds(node, vocab: int | None, context: int | None, names: list[str
             node["maximum"] = context - 1
         if node.pop("x-tailgate-writable", None) and writable is not None:
             node["pattern"] = writable
+        if node.pop("x-tailgate-hidden", None) and hidden is not None:
+            node["minimum"] = node["maximum"] = hidden
         props = node.get("properties")
         if (
             isinstance(props, dict)
@@ -91,13 +101,16 @@ def _served_bounds(node, vocab: int | None, context: int | None, names: list[str
             or isinstance(props, dict)
             and "model" in props
             and "prompt" in props
+            or isinstance(props, dict)
+            and "model" in props
+            and "input" in props
         ):
             props["model"] = {"anyOf": [{"type": "string", "enum": names}, {"type": "null"}], "title": "Model"}
         for v in node.values():
-            _served_bounds(v, vocab, context, names, writable)
+            _served_bounds(v, vocab, context, names, writable, hidden)
     elif isinstance(node, list):
         for v in node:
-            _served_bounds(v, vocab, context, names, writable)
+            _served_bounds(v, vocab, context, names, writable, hidden)
 
 
 def _openapi(app: FastAPI):
@@ -113,7 +126,8 @@ def _openapi(app: FastAPI):
             vocab = state.model.spec.vocab_size if state.ready else None
             context = state.cfg.max_context if state.ready else None
             writable = unwritable(state.model.tokenizer) if state.ready else None
-            _served_bounds(comps, vocab, context, [state.served_name, "default"], writable)
+            hidden = state.model.spec.hidden if state.ready else None
+            _served_bounds(comps, vocab, context, [state.served_name, "default"], writable, hidden)
             if not state.ready:  # the bounds are the model's: asked while it loads, build it again later
                 return doc
             app.openapi_schema = doc
@@ -139,7 +153,7 @@ def create_app(state: ServerState):
     app.state.tailgate = state
     app.state.registry = registry_for(state)
     app.state.methods = {}  # path -> the methods its routes take (a 405's Allow)
-    for module in (generation, tokenize, service):
+    for module in (generation, tokenize, service, embeddings, responses):
         app.include_router(module.router)
         for r in module.router.routes:
             app.state.methods.setdefault(r.path, set()).update(r.methods)

@@ -51,7 +51,7 @@ class Generation:
         self.choices: list[Choice] = []
         self.prompt_tokens = sum(len(p) for p in g.prompts)
         self.cached_tokens = 0  # of those, served from the prefix cache (summed over choices, as prompt_tokens)
-        self.shape = shape_for(g, state.model.tokenizer)
+        self.shape = shape_for(g, state.model.tokenizer, getattr(getattr(state.model, "spec", None), "arch", None))
         # The delivery fence's share of this stream (engine/loop.py DeliveryFence): tokens the
         # engine handed over (`fenced`, engine thread) and tokens written or dropped (`written`,
         # event loop); `closed` once the stream ends, so a late step adds nothing it would wait on.

@@ -40,11 +40,18 @@ _REFUSED_IF_SET = (
     "vllm_xargs",
     "cache_salt",
     "modalities",
-    "reasoning_effort",
     "web_search_options",
 )
 # Chat's template and tool fields mean nothing to a completion: refused there like the above.
-_CHAT_ONLY = ("chat_template_kwargs", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls")
+_CHAT_ONLY = (
+    "chat_template_kwargs",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "parallel_tool_calls",
+    "reasoning_effort",
+)
 # Fields we accept only at the value that means what we do.
 _REFUSED_UNLESS = {
     "use_beam_search": False,
@@ -297,7 +304,10 @@ def parse_chat(body: dict, tokenizer, vocab_size: int, defaults: dict | None = N
     g.tools = plan(body, tokenizer)
     if g.tools is not None and g.tools.fmt.keeps_special:  # its calls open with a control token
         g.skip_special_tokens = False
-    text, ids = chat_prompt(m.messages, tokenizer, template_options(m), g.tools)
+    options = template_options(m)
+    if m.reasoning_effort is not None:  # a template variable, as vLLM passes it (gpt-oss reads it)
+        options.kwargs.setdefault("reasoning_effort", m.reasoning_effort)
+    text, ids = chat_prompt(m.messages, tokenizer, options, g.tools)
     g.prompts, g.prompt_texts = [ids], [text]
     constrain(g, body, tokenizer)
     if m.logprobs:

@@ -132,6 +132,9 @@ class _ChatTemplateFields(_Strict):
 class ChatCompletionRequest(_Sampling, _ChatTemplateFields):
     model_config = ConfigDict(json_schema_extra=schema_rules.chat_extra)
     messages: list[ChatMessage] = Field(min_length=1)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
+        None, description="passed to the chat template as `reasoning_effort` (as vLLM passes it)"
+    )
     logprobs: bool | None = None
     top_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
     prompt_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = Field(
@@ -161,6 +164,59 @@ class DetokenizeRequest(_Strict):
     tokens: list[TokenId]
 
 
+MAX_EMBED_INPUTS = 2048  # OpenAI's bound on an embeddings request's inputs
+# The served model's hidden size: app.py's /openapi.json fills it in (`dimensions` must equal it).
+HIDDEN = {"x-tailgate-hidden": True}
+
+
+class EmbeddingRequest(_Strict):
+    """OpenAI's embeddings request; every input is pooled from the served model's final hidden
+    state (server/embeddings.py)."""
+
+    model: str | None = None
+    input: (
+        Text
+        | Annotated[list[Text], Field(min_length=1, max_length=MAX_EMBED_INPUTS)]
+        | Annotated[list[TokenId], Field(min_length=1)]
+        | Annotated[
+            list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1, max_length=MAX_EMBED_INPUTS)
+        ]
+    )
+    encoding_format: Literal["float", "base64"] | None = Field(
+        None, description="base64: each vector's little-endian float32 bytes (default float)"
+    )
+    dimensions: Int(ge=1, json_schema_extra=HIDDEN) | None = Field(
+        None, description="only the model's own hidden size (no truncation)"
+    )
+    user: str | None = None
+    add_special_tokens: bool | None = Field(
+        None, description="vLLM's: the tokenizer's BOS on text inputs (default true)"
+    )
+
+
+class ResponsesRequest(_Strict):
+    """OpenAI's Responses request, served through the chat path (server/responses.py): `input` a
+    string or a list of items (message, function_call, function_call_output; reasoning items are
+    skipped), function tools only, nothing stored."""
+
+    model: str | None = None
+    input: Text | Annotated[list[dict[str, Any]], Field(min_length=1)]
+    instructions: str | None = None
+    max_output_tokens: Int(ge=1, json_schema_extra=CONTEXT) | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    tools: list[dict[str, Any]] | None = Field(None, description="function tools: {type: function, name, parameters}")
+    tool_choice: Literal["auto", "none", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    stream: bool | None = None
+    reasoning: dict[str, Any] | None = Field(None, description="{effort}: passed to the template as reasoning_effort")
+    text: dict[str, Any] | None = Field(None, description="{format: text | json_schema | json_object}")
+    previous_response_id: str | None = Field(None, description="refused: responses are not stored")
+    store: bool | None = Field(None, description="accepted; nothing is stored")
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+
+
 # ---- responses (documentation of what the routes send) -----------------------------------
 class Usage(BaseModel):
     prompt_tokens: int
@@ -188,6 +244,7 @@ class CompletionResponse(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None
+    reasoning_content: str | None = Field(None, description="a thinking model's reasoning (server/reasoning.py)")
     tool_calls: list[ToolCall] | None = None
 
 
@@ -234,6 +291,7 @@ class CompletionChunk(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[dict] | None = Field(None, description="OpenAI's streamed call deltas (index, id, type, function)")
 
 
@@ -278,6 +336,38 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
+class Embedding(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str = Field(description="floats, or base64 of little-endian float32 bytes")
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
+class ResponseObject(BaseModel):
+    """A Response (OpenAI's Responses API); streamed, typed events carry it (`response.created`,
+    `response.completed`, ...) between the items' own events."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["completed", "incomplete", "in_progress"]
+    model: str
+    output: list[dict]
+    usage: dict | None = None
+    incomplete_details: dict | None = None
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str
@@ -289,6 +379,13 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-REQUESTS = (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest)
+REQUESTS = (
+    CompletionRequest,
+    ChatCompletionRequest,
+    TokenizeRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    ResponsesRequest,
+)
 # Published beside the requests: what a stream's events carry (routes/generation.py's SSE schema).
 STREAMED = (CompletionChunk, ChatCompletionChunk, ErrorResponse)

@@ -5,6 +5,7 @@ so a new response field touches one class here."""
 
 from __future__ import annotations
 
+from .reasoning import ReasoningSplit, opened, split, thinks
 from .token_bytes import token_bytes
 from .tools import ToolStream
 
@@ -62,6 +63,24 @@ class Shape:
 class ChatShape(Shape):
     object_full, object_chunk = "chat.completion", "chat.completion.chunk"
 
+    def __init__(self, g, tokenizer, inside: bool | None = None):
+        """`inside`: None, the answer is not split (server/reasoning.py); else it is, and True when
+        the prompt opened the thinking."""
+        super().__init__(g, tokenizer)
+        self.inside = inside
+        self.splits: dict[int, ReasoningSplit] = {}
+
+    def think(self, c, text: str, finish: bool) -> tuple[str, str]:
+        """(reasoning, content) of this piece of choice `c`'s text; `finish`: with what was held."""
+        if self.inside is None:
+            return "", text
+        sp = self.splits.setdefault(c.index, ReasoningSplit(self.inside))
+        r, t = sp.push(text) if text else ("", "")
+        if finish:
+            r2, t2 = sp.finish()
+            r, t = r + r2, t + t2
+        return r, t
+
     def entry(self, t: int, lp: float) -> dict:
         p = self.piece(t)
         return {"token": p, "logprob": lp, "bytes": token_bytes(self.tok, t, p)}
@@ -76,16 +95,36 @@ class ChatShape(Shape):
         }
 
     def chunk_choice(self, c, text, items, finish, first):
+        reasoning, text = self.think(c, text, finish is not None)
+        return self.delta_choice(c, reasoning, text, items, finish, first)
+
+    def delta_choice(self, c, reasoning, text, items, finish, first):
         # A token whose text is held back (a partial character, a possible stop string) still gets
         # its chunk, with empty content, as vLLM sends it: clients time every token's arrival
         # (vLLM's bench client counts each chunk), so a skipped chunk would read as a doubled gap.
         delta = {"role": "assistant", "content": text} if first else ({"content": text} if text or not finish else {})
+        if reasoning:
+            delta["reasoning_content"] = reasoning
+            if not text and not first:
+                delta.pop("content", None)
         return {"index": c.index, "delta": delta, "logprobs": self.logprobs(c, items), "finish_reason": finish}
 
+    def close(self, choice: dict, c) -> None:
+        r, t = self.think(c, "", True)
+        delta = choice["delta"]
+        if t:
+            delta["content"] = delta.get("content", "") + t
+        if r:
+            delta["reasoning_content"] = delta.get("reasoning_content", "") + r
+        choice["finish_reason"] = c.finish
+
     def full_choice(self, c):
+        message = {"role": "assistant", "content": c.stream.final_text}
+        if self.inside is not None:
+            message["reasoning_content"], message["content"] = split(c.stream.final_text, self.inside)
         return {
             "index": c.index,
-            "message": {"role": "assistant", "content": c.stream.final_text},
+            "message": message,
             "logprobs": self.logprobs(c, c.logprobs),
             "finish_reason": c.finish,
         }
@@ -159,8 +198,8 @@ class ToolChatShape(ChatShape):
     streams, calls as `tool_calls` (whole, or OpenAI's deltas) and their finish reason. Here, not in
     tools.py, so shapes imports tools and not the other way round (issue 36's cycle)."""
 
-    def __init__(self, g, tokenizer):
-        super().__init__(g, tokenizer)
+    def __init__(self, g, tokenizer, inside: bool | None = None):
+        super().__init__(g, tokenizer, inside)
         self.streams: dict[int, ToolStream] = {}
 
     def _stream(self, c) -> ToolStream:
@@ -168,7 +207,8 @@ class ToolChatShape(ChatShape):
 
     def chunk_choice(self, c, text, items, finish, first):
         ts = self._stream(c)
-        out = super().chunk_choice(c, ts.push(text) if text else "", items, None, first)
+        reasoning, text = self.think(c, text, False)  # calls are read from the content only
+        out = self.delta_choice(c, reasoning, ts.push(text) if text else "", items, None, first)
         calls = ts.take()
         if calls:
             out["delta"]["tool_calls"] = calls
@@ -181,7 +221,10 @@ class ToolChatShape(ChatShape):
     def close(self, choice: dict, c) -> None:
         """The choice's last chunk: held text that was no call, the calls, the finish reason."""
         ts = self._stream(c)
-        rest = ts.finish()
+        r, t = self.think(c, "", True)
+        if r:
+            choice["delta"]["reasoning_content"] = choice["delta"].get("reasoning_content", "") + r
+        rest = (ts.push(t) if t else "") + ts.finish()
         if rest:
             choice["delta"]["content"] = choice["delta"].get("content", "") + rest
         calls = ts.take()
@@ -192,7 +235,8 @@ class ToolChatShape(ChatShape):
     def full_choice(self, c):
         out = super().full_choice(c)
         ts = ToolStream(self.g.tools, live=False)
-        content = ts.push(c.stream.final_text) + ts.finish()
+        text = c.stream.final_text if self.inside is None else out["message"]["content"] or ""
+        content = ts.push(text) + ts.finish()
         out["message"]["content"] = content or (None if ts.calls else "")
         if ts.calls:
             out["message"]["tool_calls"] = ts.calls
@@ -201,7 +245,11 @@ class ToolChatShape(ChatShape):
         return out
 
 
-def shape_for(g, tokenizer) -> Shape:
+def shape_for(g, tokenizer, arch: str | None = None) -> Shape:
+    """`arch`: the served family's name; a thinking family's chat answers are split (reasoning.py)."""
+    if g.kind != "chat":
+        return CompletionShape(g, tokenizer)
+    inside = opened(g.prompt_texts[0]) if thinks(arch, getattr(tokenizer, "chat_template", None)) else None
     if getattr(g, "tools", None) is not None:  # chat with tools: server/tools.py's ToolStream reads the calls
-        return ToolChatShape(g, tokenizer)
-    return (ChatShape if g.kind == "chat" else CompletionShape)(g, tokenizer)
+        return ToolChatShape(g, tokenizer, inside)
+    return ChatShape(g, tokenizer, inside)
