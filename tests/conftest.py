@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import pytest
@@ -88,53 +87,14 @@ def client(server):
     return openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0)
 
 
-@contextlib.contextmanager
 def hf_reads_gguf_once():
     """While open, each GGUF file is parsed once (transformers' loads included), by gguf's own reader
-    over a plain array view of its memory map. `from_pretrained(gguf_file=...)` builds a
-    `gguf.GGUFReader` for the config and another for the weights, and the reader makes a `np.memmap`
-    slice (Python-level
-    __getitem__ and __array_finalize__) for every part of every field: Gemma 3's 262k-token
-    vocabulary is 1.9 M parts, 15-34 s and ~670 MB a parse on this busy 2-core host; over an
-    `np.ndarray` view of the same map the same code takes a third of the time and half the memory.
-    The reader's own parsing code runs unchanged, on the same bytes (read-only: mode "r"); the
-    fields and tensors it yields are equal, part for part and dtype for dtype (compared on the Gemma
-    file when this was written). Likewise `gguf.get_tensor_name_map(arch, n_blocks)`, which
-    transformers calls once per submodule of the model it maps (~300-400 times, each building the
-    same read-only name table: 8-20 s of a load), is built once per (arch, n_blocks). What HF builds
-    from them is what the oracle gates compare with."""
-    import gguf
-    import numpy as np
+    over a plain array view of its memory map: the product's own `model/gguf_reads.py`, which the
+    first start's tokenizer conversion uses too. What HF builds from them is what the oracle gates
+    compare with."""
+    from tailgate.model.gguf_reads import plain_gguf_reads
 
-    real = gguf.GGUFReader
-
-    class PlainArrayReader(real):
-        def _get(self, offset, dtype, count=1, override_order=None):
-            if type(self.data) is not np.ndarray:
-                self.data = np.asarray(self.data)  # the same buffer, minus np.memmap's Python hooks
-            return super()._get(offset, dtype, count, override_order)
-
-    readers = {}
-
-    def reader(path, mode="r"):
-        key = (os.fspath(path), mode)
-        if key not in readers:
-            readers[key] = PlainArrayReader(path, mode)
-        return readers[key]
-
-    real_map = gguf.get_tensor_name_map
-    maps = {}
-
-    def name_map(arch, n_blocks):
-        if (arch, n_blocks) not in maps:
-            maps[(arch, n_blocks)] = real_map(arch, n_blocks)
-        return maps[(arch, n_blocks)]
-
-    gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map  # transformers imports both from `gguf` per call
-    try:
-        yield
-    finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = real, real_map
+    return plain_gguf_reads()
 
 
 @pytest.fixture(scope="session")
