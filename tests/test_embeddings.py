@@ -52,7 +52,7 @@ def test_an_engine_call_runs_on_the_engine_thread_between_steps_and_returns_its_
 
     from tailgate.engine.loop import Engine
 
-    s, _ = make(slots=1)
+    s = make(slots=1)
     engine = Engine(s).start()
     try:
         engine.submit(req(10, max_tokens=50))

@@ -17,20 +17,22 @@ from tailgate.engine.scheduler import Scheduler
 def make(k=4, slots=4, global_pages=None, chunk=None, local_pages=None, window=None):
     cfg = ServingConfig(max_context=256, decode_slots=slots, mix_chunk_tokens=chunk, prefix_cache=k)
     book = KVBook(global_pages or slots * 16 + 1, local_pages, window)
-    ex = FakeExecutor()
-    return Scheduler(ex, book, cfg, 1000, clock=lambda: 0.0), ex
+    return Scheduler(FakeExecutor(), book, cfg, 1000, clock=lambda: 0.0)
 
 
 def prompt(n, salt=0):
     return [1 + (i * 7 + salt) % 900 for i in range(n)]
 
 
-def run(s, *reqs):
+def run(s, *reqs, plans=None):
+    """Submit `reqs` and step to the end; its events (and each step's plan onto `plans`)."""
     for r in reqs:
         s.submit(r)
     events = []
     while s.has_work():
         events += s.step(0.0)
+        if plans is not None:
+            plans.append(s.last_plan)
     return events
 
 
@@ -53,18 +55,20 @@ def hit(cache, toks, **kw):
 
 
 def test_a_resumed_prompt_shares_whole_pages_and_walks_only_its_suffix():
-    s, ex = make()
+    s = make()
     base = prompt(40)
     run(s, Request(base, 3))  # its 2 full prompt pages (32 tokens) stay cached, idle, after it finishes
     assert len(s.prefix) == 1 and s.book.glob.used == 0 and s.book.glob.idle == 2
     r = Request(base + prompt(10, salt=3), 3)
-    ev = run(s, r)
+    plans = []
+    ev = run(s, r, plans=plans)
     assert cached(ev, r) == 32 and s.metrics.prefix_hits == 32 and s.metrics.prefix_queries == 40 + 50
-    assert ex.segments[-3][0] == (18, 32, True)  # one segment: the 18 suffix rows from position 32
+    # one chunk: the 18 suffix rows from position 32, sampled
+    assert [(c, seg.start, seg.sample) for p in plans for c, seg in zip(p.chunks, p.segments)] == [((r, 18), 32, True)]
 
 
 def test_at_least_one_prompt_token_is_always_computed():
-    s, _ = make()
+    s = make()
     base = prompt(32)
     run(s, Request(base, 2))
     r = Request(list(base), 2)  # the same 32 tokens: the whole prompt is cached, but its logit is not
@@ -72,7 +76,7 @@ def test_at_least_one_prompt_token_is_always_computed():
 
 
 def test_a_token_changed_in_the_middle_stops_the_match_at_its_page():
-    s, _ = make()
+    s = make()
     base = prompt(64)
     run(s, Request(base, 2))
     changed = list(base)
@@ -119,7 +123,7 @@ def test_a_reservation_the_pools_refuse_evicts_no_cached_page():
 
 
 def test_the_cache_forgets_its_least_recently_used_prompt_first():
-    s, _ = make(k=2)
+    s = make(k=2)
     a, b, c = prompt(32, 1), prompt(32, 2), prompt(32, 3)
     run(s, Request(a, 2), Request(b, 2))
     r = Request(a + [9], 2)
@@ -132,7 +136,7 @@ def test_the_cache_forgets_its_least_recently_used_prompt_first():
 
 
 def test_cached_pages_are_taken_before_a_prompt_is_requeued_or_rejected_and_only_as_many_as_it_needs():
-    s, _ = make(k=8, slots=2, global_pages=9)  # 8 usable pages
+    s = make(k=8, slots=2, global_pages=9)  # 8 usable pages
     for salt in range(3):
         run(s, Request(prompt(32, salt), 2))  # 3 entries x 2 pages = 6 idle pages
     assert s.book.glob.idle == 6 and s.book.glob.used == 0
@@ -148,7 +152,7 @@ def test_cached_pages_are_taken_before_a_prompt_is_requeued_or_rejected_and_only
 def test_a_sliding_page_the_window_passed_is_not_pinned_but_stays_idle_for_a_resume():
     # Window 64: the first 136-token prompt releases its sliding pages 0..3 as the walk passes
     # them; registered first, they go idle, not free, and the second prompt resumes at 96.
-    s, _ = make(chunk=64, local_pages=4 * 16 + 1, window=64)
+    s = make(chunk=64, local_pages=4 * 16 + 1, window=64)
     shared = prompt(96)
     run(s, Request(shared + prompt(40, 1), 2))
     assert s.book.local.used == 0 and s.book.local.available == s.book.local.capacity
@@ -179,7 +183,7 @@ def test_a_prefix_resumes_only_as_far_as_the_sliding_pages_of_its_last_window_ar
 def test_more_long_prompts_keep_a_usable_last_window_than_their_sliding_pages_would_fill():
     # Window 32, 20 sliding pages; four 128-token prompts write 8 sliding pages each. Pages the
     # window passed are evicted first, so each prompt keeps pages 6-7, all a resume at 128 reads.
-    s, _ = make(k=8, local_pages=21, window=32)
+    s = make(k=8, local_pages=21, window=32)
     prompts = [prompt(128, salt) for salt in range(4)]
     for p in prompts:
         run(s, Request(p, 1))
@@ -189,15 +193,16 @@ def test_more_long_prompts_keep_a_usable_last_window_than_their_sliding_pages_wo
 
 
 def test_a_recompute_after_preemption_rehits_its_own_prompt_and_output_pages():
-    s, ex = make(k=4, slots=3, global_pages=11)  # 10 usable pages: two 60-token requests fit, three do not
+    s = make(k=4, slots=3, global_pages=11)  # 10 usable pages: two 60-token requests fit, three do not
     rs = [Request(prompt(10, i), max_tokens=50, arrival=1.0 + i) for i in range(3)]
-    events = run(s, *rs)
+    plans = []
+    events = run(s, *rs, plans=plans)
     assert s.metrics.preemptions >= 1 and s.book.glob.used == 0
     for r in rs:
         assert [e.reason for e in events if isinstance(e, Finished) and e.request_id == r.id] == ["length"]
     # the recompute (prompt + output so far, > 10 rows) resumed past its own cached pages
-    recomputes = [seg for step in ex.segments for seg in step if seg[2] and seg[1] > 0 and seg[0] > 1]
-    assert recomputes and s.prefix.recompute_hits == sum(start for _, start, _ in recomputes) > 0
+    recomputes = [seg.start for p in plans if p.kind == "recompute" for _, seg in zip(p.chunks, p.segments)]
+    assert recomputes and s.prefix.recompute_hits == sum(recomputes) > 0
     # both are on /metrics: the recompute's hits, and the pages the cache keeps idle
     from types import SimpleNamespace
 
@@ -230,7 +235,7 @@ def test_a_preempted_requests_output_pages_are_not_served_to_another_prompt_with
 
 
 def test_no_page_leaks_after_a_mixed_workload():
-    s, _ = make(k=3, slots=3, chunk=64)
+    s = make(k=3, slots=3, chunk=64)
     base = prompt(80)
     reqs = [Request(base + prompt(n, n), m) for n, m in ((5, 3), (30, 7), (0, 2), (70, 4))]
     reqs += [Request(prompt(50, 4), 5), Request(base[:40], 3), Request(prompt(17, 8), 1)]
@@ -258,7 +263,7 @@ def test_a_page_is_free_only_when_its_last_holder_gives_it_back():
 
 
 def test_a_prompt_rejected_as_too_big_gives_back_the_cached_pages_it_attached():
-    s, _ = make(k=4, slots=2, global_pages=9)  # 8 usable pages, the walk off
+    s = make(k=4, slots=2, global_pages=9)  # 8 usable pages, the walk off
     a = prompt(32, 1)
     run(s, Request(a, 2))  # cached: 2 idle pages
     big = Request(a + prompt(120, 5), 2)  # starts at a's pages, needs 10 in all: never fits
@@ -297,7 +302,7 @@ def test_a_walker_holding_only_prefix_pages_another_request_shares_is_no_victim(
     """Preempting it would free no page and still count toward its bound (issue 43)."""
     from tailgate.engine.preemption import holders
 
-    s, ex = make(chunk=16)
+    s = make(chunk=16)
     base = prompt(40)
     run(s, Request(base, 3))  # 2 prompt pages stay cached
     live = Request(base + prompt(8, salt=5), 50)

@@ -110,6 +110,8 @@ class Scheduler:
         # The iteration being decided or run: the lane's leader sits in no container between the
         # plan and its launch, so the fatal path reads it here.
         self.planned: StepPlan | None = None
+        # The plan of the iteration `step` is running, or ran last (what tests read of a step).
+        self.last_plan: StepPlan | None = None
         # The last STEP_LOG model steps (the step timeline); `_preempted_seen` is the preemption
         # count at the previous record, so each record says how many its planning took.
         self.step_log: deque[StepRecord] = deque(maxlen=STEP_LOG)
@@ -140,8 +142,9 @@ class Scheduler:
 
     # ---- one iteration ----------------------------------------------------------------------
     def step(self, now: float | None = None) -> list[Event]:
-        """schedule -> (launch the lane) -> one forward pass -> settle; returns what it emitted."""
-        plan = self.schedule(self.clock() if now is None else now)
+        """schedule -> (launch the lane) -> one forward pass -> settle; returns what it emitted
+        (its plan stays on `last_plan`)."""
+        plan = self.last_plan = self.schedule(self.clock() if now is None else now)
         if plan.launch is not None:
             lane.launch(self, plan.launch)
         if plan.segments:
