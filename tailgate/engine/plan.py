@@ -50,7 +50,7 @@ class StepPlan:
     budget: int | None = None  # a walk round's prompt-row budget (MIX_CHUNK_TOKENS or ITL_TARGET_MS); None: none
     at: float = 0.0  # the `now` it was decided at
     admitted: list = field(default_factory=list)  # [Request] taken from the queue this iteration
-    held: int = 0  # requests the door holds after this iteration's turn
+    held: int = 0  # requests the door began holding in this iteration's turn (Scheduler.held: all it holds)
     preempted: list = field(default_factory=list)  # [Request] whose pages were taken back
     finished: list = field(default_factory=list)  # [(Request, reason)] ended while planning
     joined: tuple | None = None  # (Request, why) the lane flight landed while planning: done | idle | pages
