@@ -434,9 +434,14 @@ def test_version_names_the_kernel_plan_of_this_cpu(server):
     # beside the plan, the step costs the start-up probe measured (or read back) on this CPU
     from tailgate.model.probe import SHAPES
 
-    measured = k.pop("measured")
-    assert [(r["decode_rows"], r["prompt_rows"]) for r in measured["rows"]] == list(SHAPES)
-    assert all(r["ms"] > 0 for r in measured["rows"]) and set(measured["fit"]) >= {"floor", "prompt_row"}
+    # This server's pools (live.ENV: 2 slots x 512 tokens) cannot hold the probe's shapes (8 rows of
+    # 129 tokens + a 256-token prompt), so it shows what the probe cache holds for this CPU, plan and
+    # file, when another server of the suite left one (a probe measured on a busy host is not kept:
+    # the order of the suite decides); tests/test_probe.py measures through pools that hold them.
+    measured = k.pop("measured", None)
+    if measured is not None:
+        assert [(r["decode_rows"], r["prompt_rows"]) for r in measured["rows"]] == list(SHAPES)
+        assert all(r["ms"] > 0 for r in measured["rows"]) and set(measured["fit"]) >= {"floor", "prompt_row"}
     assert sorted(k) == sorted(want)
     for field in want:
         assert k[field] == want[field], field
