@@ -74,9 +74,9 @@ def make_checkpoint(carry: Path, out: Path):
 
 def oracle(hf, ckpt: Path, report: dict):
     from tailgate.engine.pages import KVBook, pool_pages
-    from tailgate.model import serial
-    from tailgate.model.runner import ModelRunner
-    from tailgate.model.weights import load_model
+    from tailgate.model.runtime import serial
+    from tailgate.model.runtime.runner import ModelRunner
+    from tailgate.model.formats.weights import load_model
     from harness import ids
 
     m = load_model(str(ckpt), log=print)
@@ -110,8 +110,8 @@ def oracle(hf, ckpt: Path, report: dict):
 
 def engine_exact(m, report: dict):
     from tailgate.engine.pages import KVBook, pool_pages
-    from tailgate.model import serial
-    from tailgate.model.runner import ModelRunner
+    from tailgate.model.runtime import serial
+    from tailgate.model.runtime.runner import ModelRunner
     from harness import Harness, ids
 
     prompts = [ids(n, s) for s, n in enumerate((20, 90, 300, 600, 33, 256, 511, 130))]

@@ -33,7 +33,7 @@ def check_kv_budget(spec, config: ServingConfig, kv_dtype) -> None:
     shapes alone, before any weights load (KnobError naming the minimum MiB). `config` must have
     its MAX_CONTEXT settled (with_model_limit); `auto` depends on the RAM free after loading and is
     checked in build_engine."""
-    from .model.kv_cache import token_bytes
+    from .model.runtime.kv_cache import token_bytes
 
     if not isinstance(config.kv_cache_mb, int):
         return
@@ -62,8 +62,8 @@ def preflight(model: str, config: ServingConfig, dtype: str = "auto", kernels: s
     config we cannot run, a file that is not a model), and MAX_CONTEXT and an explicit KV budget
     against them (KnobError naming the minimum). `config` must come from `config.resolve`.
     Returns (the plan, the name the model is served under by default)."""
-    from .model.kernels import choose
-    from .model.weights import read_spec, resolve_model_path, served_name
+    from .model.kernels.choice import choose
+    from .model.formats.weights import read_spec, resolve_model_path, served_name
 
     plan = choose(dtype, kernels, device)
     path = resolve_model_path(model)
@@ -88,12 +88,12 @@ def build_engine(
 ):
     """Returns (engine not yet started, loaded model, settled config). `config` must come from
     `config.resolve`, so every knob was checked before this touches any weights."""
-    from .model import probe
-    from .model.executor import ModelExecutor
-    from .model.kernels import choose
-    from .model.kv_cache import token_bytes
-    from .model.runner import ModelRunner
-    from .model.weights import load_model, release_free_heap
+    from .model.kernels import probe
+    from .model.runtime.executor import ModelExecutor
+    from .model.kernels.choice import choose
+    from .model.runtime.kv_cache import token_bytes
+    from .model.runtime.runner import ModelRunner
+    from .model.formats.weights import load_model, release_free_heap
 
     plan = choose(dtype, kernels, device)  # a choice this machine cannot run refuses before loading
     log(plan.line())
@@ -124,7 +124,7 @@ def build_engine(
     log(resident_line(runner, m.source))
     book = KVBook(pages["global"], pages.get("local"), window)
     log(f"warm-up step: {runner.warm_up(book):.2f} s")
-    # This CPU's step costs (model/probe.py): logged beside the kernels line, and the inter-token
+    # This CPU's step costs (model/kernels/probe.py): logged beside the kernels line, and the inter-token
     # target's first prices.
     probed = probe.run(runner, book, m.source, log=log) if plan.device == "cpu" else None
     release_free_heap()
@@ -142,7 +142,7 @@ def build_engine(
 
 def resident_line(runner, source) -> str:
     """One line: the weights' resident size by form, beside the model file's, and the process's RSS."""
-    from .model.runner import resident_bytes
+    from .model.runtime.runner import resident_bytes
 
     held = resident_bytes(runner.w)
     mib = lambda n: f"{n / 2**20:.0f} MiB"  # noqa: E731
@@ -152,7 +152,7 @@ def resident_line(runner, source) -> str:
             rss = next((int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS")), 0)
     except OSError:  # not Linux
         rss = 0
-    from .model.blocks import PanelRows
+    from .model.kernels.blocks import PanelRows
 
     lookups = (
         "; embedding lookups read the head's panels"

@@ -50,14 +50,14 @@ def cmd_generate(args) -> int:
     import torch
 
     from .engine.pages import KVBook, pool_pages
-    from .model import serial
-    from .model.runner import ModelRunner
-    from .model.sampler import SamplingParams
-    from .model.weights import load_model
+    from .model.runtime import serial
+    from .model.runtime.runner import ModelRunner
+    from .model.runtime.sampler import SamplingParams
+    from .model.formats.weights import load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from .model.kernels import choose
+    from .model.kernels.choice import choose
 
     plan = choose(args.dtype, args.kernels, args.device)  # refuses before any weights load
     print(f"[{plan.line()}]", file=sys.stderr)
@@ -129,8 +129,8 @@ def cmd_bench_kernels(args) -> int:
 def local_model(args) -> None:
     """A hub id (or --gguf-file) resolved once to the local path every later step reads; it is
     served under the repository id unless --served-model-name says otherwise."""
-    from .model.hub import is_hub_id
-    from .model.weights import resolve_model_path, served_name
+    from .model.formats.hub import is_hub_id
+    from .model.formats.weights import resolve_model_path, served_name
 
     if args.gguf_file is not None and not (is_hub_id(args.model) or os.path.isdir(args.model)):
         raise FileNotFoundError(
@@ -327,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from .config import KnobError
-    from .model.cpu import KernelError
+    from .model.kernels.cpu import KernelError
 
     try:
         if args.fn is not cmd_serve and hasattr(args, "gguf_file"):  # serve resolves it after its settings

@@ -88,7 +88,7 @@ class Settings(BaseSettings):
     # The model's flags (cli.py adds them to every command that loads one; these read them for serve).
     model: str = "gemma3-270m"
     gguf_file: str | None = None  # which GGUF file of a hub id or a directory holding several
-    dtype: str = "auto"  # these three are checked where they are used (model/kernels.py's choose)
+    dtype: str = "auto"  # these three are checked where they are used (model/kernels/choice.py's choose)
     kernels: str = "auto"
     device: str = "auto"
     threads: UInt() = 0

@@ -9,8 +9,8 @@ import torch
 
 from tailgate.engine.pages import KVBook, pool_pages
 from tailgate.model.check import LONG_TEXT  # noqa: F401  (the tests import it from here)
-from tailgate.model.runner import ModelRunner
-from tailgate.model.weights import load_model, resolve_model_path
+from tailgate.model.runtime.runner import ModelRunner
+from tailgate.model.formats.weights import load_model, resolve_model_path
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 

@@ -9,7 +9,7 @@ import time
 from tailgate.assemble import build_engine
 from tailgate.config import resolve
 from tailgate.engine.request import Finished, Rejected, Request, Scheduled, Token
-from tailgate.model import runner as _runner
+from tailgate.model.runtime import runner as _runner
 
 
 def ids(n: int, salt: int = 0) -> list[int]:

@@ -12,7 +12,7 @@ import pytest
 from conftest import hf_reads_gguf_once
 from live import post, start_server, stop_server
 from tailgate.model.tokenizer import GEMMA_TEMPLATE, ChatTemplateError, load_chat_template
-from tailgate.model.weights import load_tokenizer, resolve_model_path
+from tailgate.model.formats.weights import load_tokenizer, resolve_model_path
 from tailgate.server.main import chat_template
 
 ISSUE_EXAMPLE = "{% for m in messages %}\n{% if m.role == 'user' %}\n<u>{{ m.content }}\n{% endif %}\n{% endfor %}"
@@ -65,7 +65,7 @@ def test_a_tokenizer_imports_transformers_only_when_its_template_is_compiled():
     import sys
 
     code = (
-        "import sys; from tailgate.model.weights import load_tokenizer; t = load_tokenizer('smollm2-135m'); "
+        "import sys; from tailgate.model.formats.weights import load_tokenizer; t = load_tokenizer('smollm2-135m'); "
         "print('transformers' in sys.modules); t.compile_chat_template(); print('transformers' in sys.modules, "
         "'torch._dynamo' in sys.modules)"
     )
@@ -116,7 +116,7 @@ def test_an_hf_directorys_template_and_special_tokens_are_the_ones_hf_reads(tmp_
     from tokenizers.models import WordLevel
     from transformers import AutoTokenizer
 
-    from tailgate.model.hf_loader import read_tokenizer_meta
+    from tailgate.model.formats.hf_loader import read_tokenizer_meta
     from tailgate.model.tokenizer import Tokenizer
 
     words = ["<unk>", "<s>", "</s>", "<pad>", "hi"]

@@ -15,8 +15,8 @@ import torch
 
 from tailgate.engine.request import RowSample, SamplingParams
 from tailgate.model.constraint import GrammarError, book_for
-from tailgate.model.executor import ModelExecutor
-from tailgate.model.weights import load_tokenizer
+from tailgate.model.runtime.executor import ModelExecutor
+from tailgate.model.formats.weights import load_tokenizer
 from tailgate.server.protocol import ApiError
 from tailgate.server.structured import JSON_OPTIONS, _vocab_bytes, check_writable, unwritable
 

@@ -8,7 +8,7 @@ import torch
 
 from tailgate.engine.pages import SeqPages
 from tailgate.engine.plan import Segment
-from tailgate.model.sampler import SamplingParams, apply_penalties, filter_logits, make_generator, sample
+from tailgate.model.runtime.sampler import SamplingParams, apply_penalties, filter_logits, make_generator, sample
 from device_guard import DeviceGuard
 
 
@@ -61,10 +61,10 @@ def test_the_sampler_creates_its_tensors_on_the_logits_device():
 def test_the_guard_catches_a_factory_without_a_device(rig, monkeypatch):
     """The mutation the guard exists for: the attention output allocated without q's device (the
     bug that broke the CUDA path once)."""
-    from tailgate.model import layers
+    from tailgate.model.runtime import layers
 
     real = torch.empty
     monkeypatch.setattr(layers.torch, "empty", lambda *a, device=None, **kw: real(*a, **kw))
     r = rig("gemma3-270m", "fp32", "torch")
     guard = guarded_steps(r.runner, r.book, r.model.spec.sliding_window)
-    assert any("torch.empty at tailgate/model/layers.py" in d for d in guard.deviceless), guard.deviceless
+    assert any("torch.empty at tailgate/model/runtime/layers.py" in d for d in guard.deviceless), guard.deviceless

@@ -13,7 +13,7 @@ import torch
 
 from conftest import MODELS
 from live import MODEL, post, wait_idle
-from tailgate.model.pooling import NoRoom, embed
+from tailgate.model.runtime.pooling import NoRoom, embed
 
 TEXTS = ["The capital of France is Paris.", "Embeddings pool a decoder's last hidden state."]
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tailgate.engine.request import Finished, Rejected, Scheduled
-from tailgate.model import serial
+from tailgate.model.runtime import serial
 from harness import Harness, ManualClock, ids, shared_weights
 
 
@@ -189,7 +189,7 @@ def test_a_preempted_request_finishes_token_exact_and_the_pages_all_return(gemma
     import torch
 
     from tailgate.engine.pages import pool_pages
-    from tailgate.model.kv_cache import token_bytes
+    from tailgate.model.runtime.kv_cache import token_bytes
 
     spec = gemma.spec
     # fp32 bytes of a global page, and the sliding pool's fixed share of the budget.
@@ -215,7 +215,7 @@ def test_the_auto_kv_budget_is_half_the_free_ram_when_slots_times_context_do_not
     from tailgate.assemble import build_engine
     from tailgate.config import resolve
     from tailgate.engine.pages import pool_pages
-    from tailgate.model.kv_cache import token_bytes
+    from tailgate.model.runtime.kv_cache import token_bytes
 
     cfg = resolve(lambda name: {"DECODE_SLOTS": "64", "MAX_CONTEXT": "2048"}.get(name))
     full = pool_pages(2048, 64, gemma.spec.sliding_window, cfg.mix_max_prompts)

@@ -14,9 +14,9 @@ import torch.nn.functional as F
 
 from tailgate.model import families
 from tailgate.model.check import check_against_hf, precision_class, report
-from tailgate.model.hf_loader import read_spec
-from tailgate.model.kernels import BiasedLinear, Linear, runnable_plans
-from tailgate.model.weights import load_model
+from tailgate.model.formats.hf_loader import read_spec
+from tailgate.model.kernels.choice import BiasedLinear, Linear, runnable_plans
+from tailgate.model.formats.weights import load_model
 import families_tiny
 from live import chat_on_directory
 
@@ -53,7 +53,7 @@ def test_a_family_directory_matches_hf_logits_and_greedy_tokens(tiny, name):
     llama3 remap, the q/k/v biases, the q/k norms or the window the same check fails (mean |Δlp|
     0.003..0.36, 1.7..2.1, 1.0..2.0, 0.34 from the first prompt past the window; measured once)."""
     from tailgate.engine.pages import pool_pages
-    from tailgate.model.runner import ModelRunner
+    from tailgate.model.runtime.runner import ModelRunner
 
     d = tiny(name)
     spec = read_spec(d)
@@ -196,7 +196,7 @@ def test_every_family_is_registered_once_and_runs_a_forward():
     for f in families.FAMILIES.values():
         assert callable(f.forward_fn) and f.read_hf is not None
     with pytest.raises(ValueError, match="unknown GGUF tensor"):  # Llama 3's rope_freqs is Llama's alone
-        from tailgate.model.gguf_loader import internal_name
+        from tailgate.model.formats.gguf_loader import internal_name
 
         internal_name("rope_freqs.weight", families.get("qwen2"))
 

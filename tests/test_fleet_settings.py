@@ -11,7 +11,7 @@ from tailgate.cli import build_parser
 from tailgate.config import resolve
 from tailgate.fleet.launch import replica_spec
 from tailgate.fleet.replica import replica_state
-from tailgate.model.kernels import choose
+from tailgate.model.kernels.choice import choose
 from tailgate.server.main import state_settings
 from tailgate.server.settings import apply
 from tailgate.server.state import ServerState

@@ -10,11 +10,11 @@ import jinja2
 import pytest
 import torch
 
-from tailgate.model import serial
+from tailgate.model.runtime import serial
 from tailgate.model.check import check_against_hf, report
-from tailgate.model.hf_loader import read_spec
-from tailgate.model.kv_cache import token_bytes
-from tailgate.model.weights import load_model
+from tailgate.model.formats.hf_loader import read_spec
+from tailgate.model.runtime.kv_cache import token_bytes
+from tailgate.model.formats.weights import load_model
 import gemma4_tiny
 from harness import Harness, ids
 from live import chat_on_directory
@@ -62,7 +62,7 @@ def test_gemma4_logits_and_greedy_tokens_match_hf_past_the_sliding_window(tiny, 
 
 def test_bf16_weights_load_as_stored_and_the_per_layer_table_stays_narrow(tiny):
     from tailgate.engine.pages import pool_pages
-    from tailgate.model.runner import ModelRunner
+    from tailgate.model.runtime.runner import ModelRunner
 
     m = load_model(str(tiny("bf16")), log=lambda m: None)
     assert m.weights["layers.0.q"].dtype == torch.bfloat16 and m.weights["layers.0.attn_norm"].dtype == torch.float32
@@ -74,7 +74,7 @@ def test_a_bf16_runtime_runs_every_switch(everything):
     """The MoE router's fp32 scales and the experts' dense dtype meet bf16 activations here."""
     from tailgate.engine.pages import KVBook, SeqPages, pool_pages
     from tailgate.engine.plan import Segment
-    from tailgate.model.runner import ModelRunner
+    from tailgate.model.runtime.runner import ModelRunner
 
     out = []
     for dtype in ("fp32", "bf16"):
@@ -184,7 +184,7 @@ def test_check_and_serve_refuse_an_unsupported_config_by_name(tmp_path):
 
 def test_gemma4_gather_mixed_steps_and_the_walk_are_token_exact_vs_serial(everything):
     from tailgate.engine.pages import KVBook, pool_pages
-    from tailgate.model.runner import ModelRunner
+    from tailgate.model.runtime.runner import ModelRunner
 
     pages = pool_pages(1024, 1, everything.spec.sliding_window)
     runner = ModelRunner(everything.spec, everything.weights, pages, dtype="fp32", device="cpu")

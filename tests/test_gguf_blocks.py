@@ -1,4 +1,4 @@
-"""GGUF matrices kept as stored (model/blocks.py, csrc/blocks.c): every block format dequantizes to
+"""GGUF matrices kept as stored (model/kernels/blocks.py, csrc/blocks.c): every block format dequantizes to
 gguf's own values, the block matmul is the exact product of the blocks and the rounded activations,
 the panels made from blocks are the q8 plan's, and the gguf plan holds no fp32 matrix."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from tailgate.model import native
-from tailgate.model.blocks import (
+from tailgate.model.kernels import native
+from tailgate.model.kernels.blocks import (
     BLOCK,
     BlockMatmul,
     Blocks,
@@ -19,8 +19,8 @@ from tailgate.model.blocks import (
     dequantize_all,
     q8_panels,
 )
-from tailgate.model.kernels import Linear
-from tailgate.model.runner import resident_bytes
+from tailgate.model.kernels.choice import Linear
+from tailgate.model.runtime.runner import resident_bytes
 
 _LIB, _WHY = native.load()
 pytestmark = pytest.mark.skipif(_LIB is None, reason=f"{_WHY}: no block kernels here")
@@ -270,7 +270,7 @@ def test_the_gguf_plan_holds_no_fp32_matrix_and_its_panels_are_the_q8_plans(load
     the head's panels and give the file's rows bit for bit, no matrix has a dense copy, and the
     kernels hold one int8 a weight plus its block's scale, nothing else."""
     from conftest import Rig
-    from tailgate.model.kernels import choose
+    from tailgate.model.kernels.choice import choose
 
     m = loaded("smollm2-135m")
     stored = Rig(m, "fp32", slots=1, max_context=64, kernels="gguf")
@@ -306,7 +306,7 @@ def test_the_gguf_plan_holds_no_fp32_matrix_and_its_panels_are_the_q8_plans(load
     assert torch.equal(w["layers.3.qkv"](x), Linear(qkv, q8, "layers")(x))
     ids = m.tokenizer.encode("The capital of France is")
     assert stored.runner.step  # and it serves: greedy tokens from the blocks' embedding and the panels
-    from tailgate.model import serial
+    from tailgate.model.runtime import serial
 
     assert len(serial.generate(stored.runner, stored.book, ids, 4)) == 4
     stored.assert_no_leak()

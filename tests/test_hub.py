@@ -1,4 +1,4 @@
-"""`--model ORG/NAME[@REVISION]` through huggingface_hub (model/hub.py): a cache laid out as the hub
+"""`--model ORG/NAME[@REVISION]` through huggingface_hub (model/formats/hub.py): a cache laid out as the hub
 lays it (models--ORG--NAME/refs/main -> snapshots/<commit>/...), built from the shipped
 checkpoints, serves offline; what is neither cached nor downloadable refuses naming both."""
 
@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from live import start_server, stop_server
-from tailgate.model import hub
-from tailgate.model.weights import resolve_model_path, served_name
+from tailgate.model.formats import hub
+from tailgate.model.formats.weights import resolve_model_path, served_name
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tailgate.model import native
-from tailgate.model.cpu import parse_cpuinfo, this_cpu
-from tailgate.model.kernels import KernelError, Linear, choose, quantize_int4
-from tailgate.model.runner import ModelRunner
+from tailgate.model.kernels import native
+from tailgate.model.kernels.cpu import parse_cpuinfo, this_cpu
+from tailgate.model.kernels.choice import KernelError, Linear, choose, quantize_int4
+from tailgate.model.runtime.runner import ModelRunner
 
 EPYC = parse_cpuinfo("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse sse2 avx f16c fma avx2 bmi2\n")
 XEON = parse_cpuinfo(
@@ -317,8 +317,8 @@ def test_bench_kernels_times_every_kernel_this_cpu_can_run(capsys):
 @pytest.mark.parametrize("hq,hkv,d", [(4, 1, 256), (9, 3, 64), (6, 1, 40), (2, 2, 16)])
 @pytest.mark.parametrize("lanes", [8, 16])  # the AVX2 and the AVX-512 build of the same kernel
 def test_native_decode_attention_matches_sdpa_over_the_same_pages(hq, hkv, d, pool, lanes, monkeypatch):
-    from tailgate.model.context import FamilyView
-    from tailgate.model.layers import paged_attention
+    from tailgate.model.runtime.context import FamilyView
+    from tailgate.model.runtime.layers import paged_attention
 
     if lanes == 16 and native.attention_lanes() < 16:
         pytest.skip(f"this CPU ({this_cpu().model}) has no AVX-512")
@@ -367,8 +367,8 @@ def test_native_decode_attention_matches_sdpa_over_the_same_pages(hq, hkv, d, po
 @needs_native
 @pytest.mark.parametrize("rows,heads,d", [(1, 4, 256), (16, 9, 64), (300, 4, 256)])  # 300: the threaded path
 def test_the_fused_elementwise_ops_match_torch_and_do_not_depend_on_the_batch(rows, heads, d):
-    from tailgate.model.layers import rope_tables
-    from tailgate.model.ops import NATIVE, TORCH
+    from tailgate.model.runtime.layers import rope_tables
+    from tailgate.model.runtime.ops import NATIVE, TORCH
 
     g = torch.Generator().manual_seed(rows)
     n, f = 640, 2048
@@ -409,7 +409,7 @@ def test_the_bf16_geglu_gives_the_bits_of_the_fp32_one_then_a_cast(rows, f):
 
 
 def test_the_mlp_keeps_the_gate_up_product_in_its_kernels_dtype_only_for_an_activation_that_takes_it():
-    from tailgate.model.layers import glu_mlp
+    from tailgate.model.runtime.layers import glu_mlp
 
     plan = choose("bf16", "onednn") if this_cpu().onednn_bf16 and torch.backends.mkldnn.is_available() else None
     if plan is None:
@@ -434,7 +434,7 @@ def test_the_mlp_keeps_the_gate_up_product_in_its_kernels_dtype_only_for_an_acti
 @needs_native
 @pytest.mark.parametrize("rows,n,d", [(1, 640, 256), (77, 640, 256), (300, 640, 256), (3, 13, 10)])  # 13, 10: tails
 def test_the_fused_norms_read_and_write_bf16_with_the_bits_of_fp32_and_a_cast(rows, n, d):
-    from tailgate.model.layers import rope_tables
+    from tailgate.model.runtime.layers import rope_tables
 
     g = torch.Generator().manual_seed(rows)
     bits = lambda t: t.view(torch.int16)  # noqa: E731
@@ -497,7 +497,8 @@ def test_steps_on_bf16_dense_weights_give_the_logits_of_casting_around_every_mat
 
     from tailgate.engine.pages import SeqPages
     from tailgate.engine.plan import Segment
-    from tailgate.model import context, gemma3, layers, llama
+    from tailgate.model.runtime import context, layers
+    from tailgate.model.families import gemma3_forward, llama_forward
 
     r = rig(name, "auto")
     assert r.runner.plan.dense_dtype == torch.bfloat16
@@ -527,7 +528,7 @@ def test_steps_on_bf16_dense_weights_give_the_logits_of_casting_around_every_mat
 
     new = steps()
     monkeypatch.setattr(Linear, "takes", lambda self, rows: None)
-    for mod in (gemma3, llama):
+    for mod in (gemma3_forward, llama_forward):
         monkeypatch.setattr(mod, "raw", layers.linear)
     monkeypatch.setattr(
         layers,
@@ -549,7 +550,7 @@ def test_every_kernel_call_returns_a_tensor_no_later_call_writes():
     the model files keep one product while computing the next): for every plan this CPU can run,
     each matrix's kernel at row counts under and over its cut, biased or not, returns a tensor that
     a second call with other inputs leaves unchanged."""
-    from tailgate.model.kernels import BiasedLinear, runnable_plans
+    from tailgate.model.kernels.choice import BiasedLinear, runnable_plans
 
     g = torch.Generator().manual_seed(1)
     w, b = torch.randn(96, 64, generator=g) / 8, torch.randn(96, generator=g)

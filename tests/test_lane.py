@@ -8,7 +8,7 @@ import pytest
 
 from tailgate.config import KnobError, resolve
 from tailgate.engine.request import Finished, Rejected, Scheduled, Token
-from tailgate.model import serial
+from tailgate.model.runtime import serial
 from harness import Harness, ids
 
 

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from tailgate.model import serial
-from tailgate.model.gguf_loader import internal_name
-from tailgate.model.weights import load_model, resolve_model_path
+from tailgate.model.runtime import serial
+from tailgate.model.formats.gguf_loader import internal_name
+from tailgate.model.formats.weights import load_model, resolve_model_path
 from conftest import MODELS, Rig, hf_reads_gguf_once
 
 
@@ -72,8 +72,8 @@ def test_the_stored_loader_gives_the_gguf_readers_values_for_every_tensor(loaded
     from gguf.quants import dequantize
 
     from tailgate.model import families
-    from tailgate.model.blocks import Blocks
-    from tailgate.model.gguf_loader import _unpermute
+    from tailgate.model.kernels.blocks import Blocks
+    from tailgate.model.formats.gguf_loader import _unpermute
 
     m = loaded("smollm2-135m")
     family = families.get(m.spec.arch)
@@ -98,7 +98,7 @@ def test_the_loaders_block_sizes_and_float_formats_are_ggufs_own():
     import numpy as np
     from gguf.quants import dequantize
 
-    from tailgate.model.gguf_loader import QUANT_SIZES, _widen
+    from tailgate.model.formats.gguf_loader import QUANT_SIZES, _widen
 
     assert QUANT_SIZES == {k: gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[k]] for k in QUANT_SIZES}
     raw = np.random.default_rng(0).integers(0, 256, size=(3, 64), dtype=np.uint8)
@@ -114,7 +114,7 @@ def test_the_cache_key_reads_the_size_mtime_and_header_not_the_tensor_data(tmp_p
     import gguf
     import numpy as np
 
-    from tailgate.model.weights import _cache_dir
+    from tailgate.model.formats.weights import _cache_dir
 
     path = tmp_path / "tiny.gguf"
     w = gguf.GGUFWriter(str(path), "llama")

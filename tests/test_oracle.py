@@ -8,9 +8,9 @@ import contextlib
 import pytest
 import torch
 
-from tailgate.model import serial
+from tailgate.model.runtime import serial
 from tailgate.model.check import PLAN_BOUNDS, PROMPTS, compare, precision_class
-from tailgate.model.kernels import KernelError, choose
+from tailgate.model.kernels.choice import KernelError, choose
 from conftest import LONG_TEXT, MODELS, Rig
 from harness import shared_weights
 

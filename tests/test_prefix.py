@@ -280,8 +280,8 @@ def test_on_the_real_model_a_recompute_that_rehits_its_own_pages_is_token_exact_
     import torch
 
     from harness import Harness, ids
-    from tailgate.model import serial
-    from tailgate.model.kv_cache import token_bytes
+    from tailgate.model.runtime import serial
+    from tailgate.model.runtime.kv_cache import token_bytes
 
     m = loaded("smollm2-135m")
     page = 16 * token_bytes(m.spec, torch.float32)["global"]

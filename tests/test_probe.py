@@ -1,4 +1,4 @@
-"""The start-up probe (model/probe.py): this CPU's step costs, measured once per machine, plan
+"""The start-up probe (model/kernels/probe.py): this CPU's step costs, measured once per machine, plan
 and model file, and the inter-token target's first prices."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from tailgate.engine.step_cost import StepCostModel, step_features
 from tailgate.engine.plan import Segment
-from tailgate.model import probe
+from tailgate.model.kernels import probe
 
 
 def test_the_probe_times_every_shape_through_scratch_pages_caches_it_and_seeds_a_ready_fit(rig, tmp_path):
@@ -62,7 +62,7 @@ def test_a_plan_with_a_row_cut_races_its_layer_kernels_and_takes_the_cut_it_meas
 
     import torch
 
-    from tailgate.model.kernels import EVERY, Linear, choose
+    from tailgate.model.kernels.choice import EVERY, Linear, choose
 
     plan = choose("auto", "q8")
     g = torch.Generator().manual_seed(2)

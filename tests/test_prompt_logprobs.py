@@ -1,4 +1,4 @@
-"""Prompt logprobs out of the engine (engine/prompt_logprobs.py, model/prompt_scores.py): each
+"""Prompt logprobs out of the engine (engine/prompt_logprobs.py, model/runtime/prompt_scores.py): each
 prompt token's logprob given the tokens before it, as the model computes it on that prompt alone."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from tailgate.engine.prompt_logprobs import PromptLogprobs
 from tailgate.engine.request import Finished, Token
-from tailgate.model import serial
+from tailgate.model.runtime import serial
 from harness import Harness, ids
 
 

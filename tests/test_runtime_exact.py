@@ -6,7 +6,7 @@ import torch
 
 from tailgate.engine.pages import SeqPages
 from tailgate.engine.plan import Segment
-from tailgate.model import serial
+from tailgate.model.runtime import serial
 from conftest import LONG_TEXT
 
 PROMPTS = ["The capital of France is", "My favourite recipe for soup starts with", "In 1905, Einstein published"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tailgate.model.sampler import SamplingParams, apply_penalties, filter_logits, make_generator, sample
+from tailgate.model.runtime.sampler import SamplingParams, apply_penalties, filter_logits, make_generator, sample
 
 
 def test_greedy_rows_take_the_argmax():
@@ -109,7 +109,7 @@ def run_engine(logits, reqs):
     from tailgate.engine.pages import KVBook
     from tailgate.engine.request import Finished, Token
     from tailgate.engine.scheduler import Scheduler
-    from tailgate.model.executor import ModelExecutor
+    from tailgate.model.runtime.executor import ModelExecutor
 
     cfg = ServingConfig(max_context=256, decode_slots=4, mix_gather_rows=512, mix_max_prompts=4)
     s = Scheduler(ModelExecutor(ConstantRunner(logits)), KVBook(65, None, None), cfg, len(logits), clock=lambda: 0.0)

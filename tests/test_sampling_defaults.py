@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tailgate.model.hf_loader import sampling_defaults
+from tailgate.model.formats.hf_loader import sampling_defaults
 from tailgate.server.protocol import parse_common
 
 

@@ -13,7 +13,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from live import MODEL, metric, post, until, wait_idle
-from tailgate.model import serial
+from tailgate.model.runtime import serial
 from tailgate.server.app import ServerState, create_app
 
 
@@ -425,14 +425,14 @@ def test_version_names_the_kernel_plan_of_this_cpu(server):
     import os
     import re
 
-    from tailgate.model.kernels import choose
+    from tailgate.model.kernels.choice import choose
 
     k = httpx.get(server[0] + "/version").json()["kernels"]
     # the plan this machine's choice gives for the server's flags (live.ARGS: --dtype auto; --kernels
     # from TAILGATE_KERNELS, default auto; --device auto), field by field
     want = choose("auto", os.environ.get("TAILGATE_KERNELS", "auto"), "auto").as_dict()
     # beside the plan, the step costs the start-up probe measured (or read back) on this CPU
-    from tailgate.model.probe import SHAPES
+    from tailgate.model.kernels.probe import SHAPES
 
     # This server's pools (live.ENV: 2 slots x 512 tokens) cannot hold the probe's shapes (8 rows of
     # 129 tokens + a 256-token prompt), so it shows what the probe cache holds for this CPU, plan and

@@ -17,8 +17,8 @@ import torch
 
 from tailgate.assemble import check_kv_budget
 from tailgate.config import KnobError, resolve
-from tailgate.model import gguf_loader
-from tailgate.model.weights import resolve_model_path
+from tailgate.model.formats import gguf_loader
+from tailgate.model.formats.weights import resolve_model_path
 
 # Bounds for a process to exit, not expected durations: a refusal takes seconds (imports).
 EXIT_TIMEOUT = 180

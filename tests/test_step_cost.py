@@ -628,7 +628,7 @@ def test_the_rows_the_target_chose_and_the_fits_error_are_exported_on_metrics():
 def test_under_a_target_a_walked_prompt_is_token_exact_vs_serial_and_its_rounds_are_priced(loaded, rig):
     from harness import Harness, ids
     from tailgate.engine.request import Token
-    from tailgate.model import serial
+    from tailgate.model.runtime import serial
 
     r = rig("gemma3-270m", "fp32")
     long_prompt, short = ids(600, 3), ids(20, 4)  # 600 rows cross the 512-token sliding window

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tailgate.model.weights import load_tokenizer
+from tailgate.model.formats.weights import load_tokenizer
 from tailgate.server.text import TextStream
 
 TEXTS = ["Héllo wörld — 日本語のテキスト 🙂🙂 and code: def f(x):\n    return x**2  ", "  leading spaces\n\nnew  lines"]

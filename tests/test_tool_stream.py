@@ -143,7 +143,7 @@ def test_a_forced_call_holds_every_piece_until_the_end():
     ],
 )
 def test_a_malformed_tools_ask_is_a_400_naming_the_field(body, param):
-    from tailgate.model.weights import load_tokenizer
+    from tailgate.model.formats.weights import load_tokenizer
     from tailgate.server.tools import plan
 
     with pytest.raises(ApiError) as e:
@@ -154,7 +154,7 @@ def test_a_malformed_tools_ask_is_a_400_naming_the_field(body, param):
 def test_tools_that_share_a_name_are_served_as_vllm_serves_them():
     # No JSON schema can say a list's names are unique, and vLLM does not ask it (66c5ad5): a
     # schema-valid body must not be refused.
-    from tailgate.model.weights import load_tokenizer
+    from tailgate.model.formats.weights import load_tokenizer
     from tailgate.server.tools import plan
 
     p = plan({"tools": [FN, FN], "tool_choice": "required"}, load_tokenizer("smollm2-135m"))

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from tailgate.bench.ab import free_port, start, stop, wait_healthy
 from tailgate.bench.serve import Sample, checks, compute_metrics, run_load
-from tailgate.model.cpu import this_cpu
+from tailgate.model.kernels.cpu import this_cpu
 
 ARMS = {"prefix": "--replicas 2 --router prefix", "pow2": "--replicas 2 --router pow2", "single": ""}
 FIELDS = ("output_throughput", "median_ttft_ms", "p99_itl_ms")
@@ -82,7 +82,7 @@ def main() -> int:
     p.add_argument("--health-timeout", type=float, default=900)
     p.add_argument("--save", default=None)
     a = p.parse_args()
-    from tailgate.model.weights import load_tokenizer
+    from tailgate.model.formats.weights import load_tokenizer
 
     tok = load_tokenizer("gemma3-270m")
     data = samples(tok, a.num_prompts, a.input_len, a.output_len, a.prefix_len, a.groups, seed=1)

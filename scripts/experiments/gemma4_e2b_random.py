@@ -78,7 +78,7 @@ def main(out: Path) -> None:
     print(f"saved in {time.time() - t0:.0f} s", flush=True)
     del model
 
-    from tailgate.model.weights import load_model
+    from tailgate.model.formats.weights import load_model
 
     tok = load_model("gemma3-270m", log=lambda m: None).tokenizer._tok
     assert tok.get_vocab_size() == 262_144, tok.get_vocab_size()

@@ -3,7 +3,7 @@ faked CPU (issue 35: resident weights <= 1.5x the model file on every class).
 
     .venv/bin/python scripts/experiments/resident_by_class.py [MODEL]
 
-For each class (its real cpuinfo flags, as tests/test_kernels.py has them) `kernels.choose` gives
+For each class (its real cpuinfo flags, as tests/test_kernels.py has them) `choice.choose` gives
 the plan; the weights are prepared as `ModelRunner` prepares them (the panels of the class's
 variant are built here whatever this CPU is: building them is layout only, running the AMX or
 VNNI ones needs that CPU) and `assemble.resident_line`'s counts are printed beside the file's
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import sys
 
-from tailgate.model.cpu import parse_cpuinfo
-from tailgate.model.kernels import choose
-from tailgate.model.runner import prepare_weights, resident_bytes
-from tailgate.model.weights import load_model
+from tailgate.model.kernels.cpu import parse_cpuinfo
+from tailgate.model.kernels.choice import choose
+from tailgate.model.runtime.runner import prepare_weights, resident_bytes
+from tailgate.model.formats.weights import load_model
 
 CLASSES = {
     "AMD EPYC Zen 3 (AVX2)": "model name\t: AMD EPYC 7B13\nflags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 fma f16c avx avx2\n",

@@ -71,7 +71,7 @@ def smaps_by_mapping() -> dict[str, tuple[int, int]]:
 def smallest_kv_mb(spec, cfg, plan) -> int:
     """The least KV_CACHE_MB `check_kv_budget` accepts for these knobs (the refusal names it)."""
     from tailgate.engine.pages import budget_pool_pages
-    from tailgate.model.kv_cache import token_bytes
+    from tailgate.model.runtime.kv_cache import token_bytes
 
     window = spec.sliding_window if spec.has_sliding else None
     tb = token_bytes(spec, plan.kv)
@@ -98,8 +98,8 @@ def main() -> int:
     rss_torch = rss_bytes()
     from tailgate.assemble import build_engine
     from tailgate.config import resolve
-    from tailgate.model.kernels import choose
-    from tailgate.model.weights import _cache_dir, load_model, read_spec, resolve_model_path
+    from tailgate.model.kernels.choice import choose
+    from tailgate.model.formats.weights import _cache_dir, load_model, read_spec, resolve_model_path
 
     path = resolve_model_path(args.model)
     rss_imports = rss_bytes()

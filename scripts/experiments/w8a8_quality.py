@@ -11,9 +11,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 torch.set_num_threads(2)
 from conftest import Rig
-from tailgate.model.weights import load_model
-from tailgate.model import serial
-from tailgate.model.kernels import Linear
+from tailgate.model.formats.weights import load_model
+from tailgate.model.runtime import serial
+from tailgate.model.kernels.choice import Linear
 from test_oracle import PROMPTS, sequences
 
 torch.backends.quantized.engine = "fbgemm"
@@ -48,11 +48,11 @@ class Dyn:
         return torch.ops.quantized.linear_dynamic(x, self.p, rr)
 
 
-from tailgate.model.runner import prepare_weights
+from tailgate.model.runtime.runner import prepare_weights
 
 raw = m.weights
 # reconstruct dense fp32 weights from the packed? take from raw via prepare on fp32 torch plan
-from tailgate.model.kernels import choose
+from tailgate.model.kernels.choice import choose
 
 dense = prepare_weights(raw, m.spec, choose("fp32", "torch", "cpu"))
 n = 0

@@ -241,7 +241,7 @@ def table(result: dict) -> str:
 
 
 def main(args) -> int:
-    from ..model.weights import load_tokenizer
+    from ..model.formats.weights import load_tokenizer
 
     arms = []
     for a in args.arm:

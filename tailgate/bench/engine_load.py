@@ -144,7 +144,7 @@ def run(
     emit=print,
 ):
     from ..assemble import build_engine
-    from ..model.weights import load_model
+    from ..model.formats.weights import load_model
 
     m = loaded or load_model(model)
     results = {}

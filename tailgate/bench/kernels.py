@@ -12,9 +12,9 @@ import dataclasses
 
 import torch
 
-from ..model.kernels import EVERY, KernelPlan, runnable_plans
-from ..model.layers import linear
-from ..model.runner import prepare_weights
+from ..model.kernels.choice import EVERY, KernelPlan, runnable_plans
+from ..model.runtime.layers import linear
+from ..model.runtime.runner import prepare_weights
 from .step import _time, layer_inputs
 
 
@@ -30,8 +30,8 @@ def plans(device: str = "cpu") -> list[tuple[str, KernelPlan]]:
 
 
 def run(model: str = "gemma3-270m", rows=(1, 4, 16, 64, 256), head_rows_max: int = 64, reps: int = 3) -> list[dict]:
-    from ..model.cpu import this_cpu
-    from ..model.weights import load_model
+    from ..model.kernels.cpu import this_cpu
+    from ..model.formats.weights import load_model
 
     m = load_model(model)
     spec = m.spec

@@ -173,7 +173,7 @@ def print_engine_view(view: dict | None) -> None:
 
 
 def main(args) -> int:
-    from ..model.weights import load_tokenizer
+    from ..model.formats.weights import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)
     chat = "chat" in args.endpoint

@@ -10,8 +10,8 @@ import torch
 
 from ..engine.pages import KVBook, SeqPages, pool_pages
 from ..engine.plan import Segment
-from ..model.kernels import KernelPlan, choose, runnable_plans
-from ..model.runner import ModelRunner
+from ..model.kernels.choice import KernelPlan, choose, runnable_plans
+from ..model.runtime.runner import ModelRunner
 from ..model.spec import ModelSpec
 
 
@@ -95,8 +95,8 @@ def run(
     device: str = "cpu",
     mixed=((64, 4), (64, 16)),
 ) -> list[dict]:
-    from ..model.cpu import this_cpu
-    from ..model.weights import load_model
+    from ..model.kernels.cpu import this_cpu
+    from ..model.formats.weights import load_model
 
     chosen = choose(dtype, kernels, device)
     m = loaded or load_model(model)
@@ -205,7 +205,7 @@ def run_plan(
 def matmuls_only(runner: ModelRunner, rows: int, sampled: int) -> None:
     """The step's weight matmuls (every layer for every row, the head for the sampled rows) with
     nothing else, through the same kernels (and row-count choice) as the step."""
-    from ..model.layers import linear
+    from ..model.runtime.layers import linear
 
     spec, w = runner.spec, runner.w
     rnd = lambda n: torch.randn(rows, n, dtype=runner.dtype, device=runner.device)  # noqa: E731

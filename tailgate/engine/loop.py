@@ -54,7 +54,7 @@ class Engine:
     def __init__(self, scheduler: Scheduler, clock=time.monotonic):
         self.scheduler = scheduler
         self.clock = clock
-        self.probe: dict | None = None  # the start-up probe's measurements (model/probe.py), for /version
+        self.probe: dict | None = None  # the start-up probe's measurements (model/kernels/probe.py), for /version
         self._cv = threading.Condition()
         self._inbox: list[Request] = []
         self._calls: list[tuple[Callable, Future]] = []  # `call`: work for the engine thread between steps

@@ -1,5 +1,5 @@
 """Prompt logprobs (completions' `echo` + `logprobs`, vLLM's `prompt_logprobs`): what the scheduler
-asks of the executor and what it hands back. Plain data, no torch (model/prompt_scores.py scores).
+asks of the executor and what it hands back. Plain data, no torch (model/runtime/prompt_scores.py scores).
 
 A request that asks prefills every prompt row itself (no prefix-cache pages: a cached row has no
 logits) with each chunk's segment marked `all_logits` and carrying a `PromptScore`; the executor

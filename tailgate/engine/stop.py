@@ -1,5 +1,5 @@
 """The stop rule and the `max_tokens` default, decided once for every path that generates: the
-scheduler, the serial reference (`model/serial.py`) and, through the scheduler, HTTP and the
+scheduler, the serial reference (`model/runtime/serial.py`) and, through the scheduler, HTTP and the
 simulator. Text-level stop *strings* are not here: they need detokenized text, which only the
 server has (it cancels the request as `stop` when one matches)."""
 

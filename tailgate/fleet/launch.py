@@ -18,7 +18,7 @@ ROUTERS = ("prefix", "least-loaded", "random", "pow2")
 def replica_spec(args, cfg, plan, template: str | None) -> dict:
     """What each replica is built from: the engine's settings, and `state`, the app's settings
     exactly as the single server derives them (`server.main.state_settings`), with the log format."""
-    from ..model.weights import served_name
+    from ..model.formats.weights import served_name
     from ..server.main import state_settings
 
     state = state_settings(args, os.environ)

@@ -121,11 +121,11 @@ def check_against_hf(
     from transformers import AutoModelForCausalLM
 
     from ..engine.pages import KVBook, pool_pages
-    from . import serial
-    from .hf_loader import read_spec, read_tokenizer_meta
-    from .runner import ModelRunner
+    from .runtime import serial
+    from .formats.hf_loader import read_spec, read_tokenizer_meta
+    from .runtime.runner import ModelRunner
     from .tokenizer import Tokenizer
-    from .weights import load_model
+    from .formats.weights import load_model
 
     directory = Path(directory)
     spec = read_spec(directory)  # refuses an unsupported config before any weights load

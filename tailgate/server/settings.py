@@ -36,7 +36,7 @@ def read_file(config: str) -> dict:
 
 
 # TAILGATE_ variables read outside the settings: the config file's path, the cache directory
-# (model/weights.py) and the browser tests' Chromium (tests/browser.py).
+# (model/formats/weights.py) and the browser tests' Chromium (tests/browser.py).
 ENV_ONLY = ("CONFIG", "CACHE_DIR", "CHROMIUM")
 
 

@@ -71,6 +71,6 @@ class ServerState:
 
 @lru_cache(maxsize=8)
 def _sampling_defaults(source: str) -> dict:
-    from ..model.hf_loader import sampling_defaults
+    from ..model.formats.hf_loader import sampling_defaults
 
     return sampling_defaults(source)

@@ -32,7 +32,7 @@ class CostModel:
     attn_per_1k: float = 0.0  # seconds per 1000 query-key pairs
     window: int | None = None  # the model's sliding window (None: every layer global)
     # K+V bytes one token takes in each pool ({"global": ..., "local": ...}, as
-    # `model.kv_cache.token_bytes`): what `KV_CACHE_MB` budgets are sized with. None: no budget.
+    # `model.runtime.kv_cache.token_bytes`): what `KV_CACHE_MB` budgets are sized with. None: no budget.
     kv_token_bytes: dict | None = None
     source: str = ""
 

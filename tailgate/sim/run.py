@@ -177,8 +177,8 @@ def calibrate(args) -> int:
     import torch
 
     from ..bench.step import run as step_run
-    from ..model.cpu import this_cpu
-    from ..model.weights import load_model
+    from ..model.kernels.cpu import this_cpu
+    from ..model.formats.weights import load_model
     from .cost import fit, save_preset
 
     m = load_model(args.calibrate_model)
@@ -194,8 +194,8 @@ def calibrate(args) -> int:
         mixed=(),
     )
     cpu = this_cpu()
-    from ..model.kernels import choose
-    from ..model.kv_cache import token_bytes
+    from ..model.kernels.choice import choose
+    from ..model.runtime.kv_cache import token_bytes
 
     model, errors = fit(rows, m.spec.sliding_window, "")
     worst = max(abs(e["error_pct"]) for e in errors)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..gemma4_spec import read_gemma4_spec
+from .gemma4_spec import read_gemma4_spec
 from ..spec import ModelSpec, gemma3_layer_sliding
 from .registry import HF_LAYER, Family, register
 
@@ -113,7 +113,7 @@ def gemma4_units(spec: ModelSpec, device) -> dict:
 GEMMA3 = register(
     Family(
         name="gemma3",
-        forward="gemma3",
+        forward="gemma3_forward",
         hf_types=("gemma3_text",),
         hf_composite=("gemma3",),
         read_hf=read_gemma3_hf,
@@ -129,7 +129,7 @@ GEMMA3 = register(
 GEMMA4 = register(
     Family(
         name="gemma4",
-        forward="gemma4",
+        forward="gemma4_forward",
         hf_types=("gemma4_text",),
         hf_composite=("gemma4",),
         read_hf=read_gemma4_spec,

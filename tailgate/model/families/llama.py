@@ -1,7 +1,7 @@
-"""Llama-shaped families, one forward (`model/llama.py`): RMSNorm, SwiGLU, RoPE, GQA.
+"""Llama-shaped families, one forward (`model/families/llama_forward.py`): RMSNorm, SwiGLU, RoPE, GQA.
 
 - Llama (SmolLM2; Llama 3.x with `rope_type: "llama3"` frequencies and, at 1B/3B, a tied head)
-- Qwen2 / Qwen2.5: biases on q/k/v (any projection's bias is carried: `kernels.BiasedLinear`)
+- Qwen2 / Qwen2.5: biases on q/k/v (any projection's bias is carried: `choice.BiasedLinear`)
 - Qwen3: per-head q/k RMSNorm before RoPE (a plain weight, not Gemma's 1 + w), no biases
 - Mistral: Llama's layers, every one sliding over `sliding_window` keys when the config sets one
 
@@ -131,7 +131,7 @@ def _family(name: str, hf_types, gguf_archs=(), window_rule="none", **kw) -> Fam
     return register(
         Family(
             name=name,
-            forward="llama",
+            forward="llama_forward",
             hf_types=hf_types,
             hf_layer=LLAMA_LAYER,
             gguf_archs=gguf_archs,

@@ -46,7 +46,7 @@ BIASED = ("q", "k", "v", "o", "gate", "up", "down")
 @dataclass(frozen=True)
 class Family:
     name: str  # ModelSpec.arch
-    forward: str  # the module under tailgate.model whose forward(w, spec, ctx, kv) runs it
+    forward: str  # the module under tailgate.model.families whose forward(w, spec, ctx, kv) runs it
     hf_types: tuple[str, ...] = ()  # config.json model_type values of a text model
     hf_composite: tuple[str, ...] = ()  # multimodal model_type values whose text_config is this family
     read_hf: Callable[[dict], ModelSpec] | None = None  # config.json (the text part) -> spec
@@ -66,7 +66,7 @@ class Family:
 
     @property
     def forward_fn(self) -> Callable:
-        return importlib.import_module(f"tailgate.model.{self.forward}").forward
+        return importlib.import_module(f"tailgate.model.families.{self.forward}").forward
 
 
 FAMILIES: dict[str, Family] = {}

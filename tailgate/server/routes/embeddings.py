@@ -1,6 +1,6 @@
 """OpenAI's /v1/embeddings, from the served decoder LM: each input's last-token final hidden state,
 L2-normalized (vLLM's default pooling for a decoder served as an embedding model;
-`model/pooling.py`). The forward passes run on the engine thread, between its steps
+`model/runtime/pooling.py`). The forward passes run on the engine thread, between its steps
 (`Engine.call`): the engine thread owns the runner and the page book, and a pass on another thread
 would race its steps for the KV pools and the cores."""
 
@@ -18,7 +18,7 @@ from .. import schema
 from ..errors import ApiError, bad
 from ..guards import ERRORS, admitted_body, check_model, openapi_body, server_state
 from ..protocol import validate
-from ...model.pooling import NoRoom, embed
+from ...model.runtime.pooling import NoRoom, embed
 
 router = APIRouter()
 

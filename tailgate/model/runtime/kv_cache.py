@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.pages import PAGE_SIZE
-from .spec import ModelSpec
+from ...engine.pages import PAGE_SIZE
+from ..spec import ModelSpec
 
 
 def token_bytes(spec: ModelSpec, dtype) -> dict[str, int]:

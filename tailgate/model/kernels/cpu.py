@@ -1,6 +1,6 @@
 """What the CPU can do, read from /proc/cpuinfo text (injectable, so tests fake any CPU).
 
-Every kernel decision in `kernels.py` comes from a `CpuInfo`, never from torch's own probes of
+Every kernel decision in `choice.py` comes from a `CpuInfo`, never from torch's own probes of
 the real CPU: a test can then ask "what would an AVX2-only EPYC get?" on an AMX Xeon.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 class KernelError(ValueError):
     """A --dtype/--kernels choice this machine cannot honour; raised before any weights load.
-    (Here, not in kernels.py, so the CLI can catch it without importing torch.)"""
+    (Here, not in choice.py, so the CLI can catch it without importing torch.)"""
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class CpuInfo:
     def q8_variant(self) -> str:
         """The q8 matmul's int8 dot products (csrc/q8.c; the same int32 sums in every variant):
         AMX int8 tiles, else AVX-512 VNNI's 64-byte vpdpbusd, else AVX-VNNI's 32-byte one, else
-        AVX2's four-instruction sequence. (`kernels.choose` steps down from AMX where the kernel
+        AVX2's four-instruction sequence. (`choice.choose` steps down from AMX where the kernel
         does not grant this process the tiles.)"""
         if self.avx512 and {"amx_tile", "amx_int8"} <= self.flags:
             return "amx"

@@ -1,18 +1,18 @@
 """Llama-shaped families (`families/llama.py`: Llama 1-3.x, Qwen2/2.5, Qwen3, Mistral): RMSNorm,
 SwiGLU, RoPE (Llama 3's frequency remap where the spec or a GGUF's `rope_freqs` says), GQA, tied or
 untied head; Qwen3's per-head q/k norms where the weights have them; projection biases ride in
-their `kernels.BiasedLinear`; sliding layers (Mistral) read their window through the step context."""
+their `choice.BiasedLinear`; sliding layers (Mistral) read their window through the step context."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from .context import StepContext
-from .kv_cache import KVCache
-from .layers import linear, paged_attention, raw, rope_tables, takes
-from .ops import ops
-from .spec import ModelSpec
+from ..runtime.context import StepContext
+from ..runtime.kv_cache import KVCache
+from ..runtime.layers import linear, paged_attention, raw, rope_tables, takes
+from ..runtime.ops import ops
+from ..spec import ModelSpec
 
 
 def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Tensor:
@@ -33,7 +33,7 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
         p = f"layers.{i}."
         fam, k_pool, v_pool = kv.layer(i)
         # The norms write what the next matmul reads (`takes`) and the fused norm_rope reads qkv as
-        # the matmul left it: casts spared on bf16 dense weights, the same bits (gemma3.py).
+        # the matmul left it: casts spared on bf16 dense weights, the same bits (gemma3_forward.py).
         qkv = raw(op.rms_norm(h, w[p + "attn_norm"], spec.eps, takes(w[p + "qkv"], T)), w[p + "qkv"])
         q = op.norm_rope(qkv, 0, hq, d, w.get(p + "q_norm"), spec.eps, cos, sin)  # Qwen3 has q/k norms
         k = op.norm_rope(qkv, hq * d, hkv, d, w.get(p + "k_norm"), spec.eps, cos, sin)

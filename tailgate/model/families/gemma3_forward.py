@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from .context import StepContext
-from .kv_cache import KVCache
-from .layers import glu_mlp, linear, paged_attention, raw, rope_tables, takes
-from .ops import ops
-from .spec import ModelSpec
+from ..runtime.context import StepContext
+from ..runtime.kv_cache import KVCache
+from ..runtime.layers import glu_mlp, linear, paged_attention, raw, rope_tables, takes
+from ..runtime.ops import ops
+from ..spec import ModelSpec
 
 
 def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """Our own CPU kernels (`csrc/*.c`), AVX2 + FMA + F16C: the q8 matmul, the matmul over GGUF blocks as
-stored (`csrc/blocks.c`, wrapped in model/blocks.py), paged decode attention, and the step's fused
+stored (`csrc/blocks.c`, wrapped in model/kernels/blocks.py), paged decode attention, and the step's fused
 elementwise work (norms, residual adds, q/k norm + RoPE, GeGLU).
 
 torch 2.13 has no int8 x int8 matmul that is both fast and exact enough on an AVX2 CPU
@@ -83,7 +83,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.geglu.argtypes, lib.geglu.restype = [P, B, I64, I64, P], None
     lib.gather_f16_bf16.argtypes, lib.gather_f16_bf16.restype = [P, I64, P, I64, P], None
     lib.kv_write_f16.argtypes, lib.kv_write_f16.restype = [P, I64, P, I64, P, I64, B], None
-    # csrc/blocks.c: GGUF matrices as stored (model/blocks.py)
+    # csrc/blocks.c: GGUF matrices as stored (model/kernels/blocks.py)
     lib.gq_row_bytes.argtypes, lib.gq_row_bytes.restype = [B, I64], I64
     lib.gq_dequantize.argtypes, lib.gq_dequantize.restype = [P, B, I64, P, I64, P], None
     lib.gq_q8_0_panels.argtypes, lib.gq_q8_0_panels.restype = [P, I64, I64, P, P, B], ctypes.c_int
@@ -124,7 +124,7 @@ def _lib() -> ctypes.CDLL:
 # q8 panel variants: the int8 dot products through AVX2 (vpmaddubsw), one VNNI instruction, or AMX tiles.
 Q8_VARIANTS = {"avx2": 0, "avx_vnni": 1, "avx512_vnni": 2, "amx": 3}
 # Forms of the AVX2 panels beyond code 0 (int8, fp32 scales), made from GGUF blocks as stored
-# (model/blocks.py q8_panels): int8 with fp16 scales (a Q8_0 matrix moved, its scales as the file's),
+# (model/kernels/blocks.py q8_panels): int8 with fp16 scales (a Q8_0 matrix moved, its scales as the file's),
 # 5 bits a value with fp16 scales (a Q5_0 matrix's own values, csrc/q8.c q5_rows), and 4 bits a
 # value with Q4_K's scales and mins (a Q4_K matrix's own values, q4k_rows).
 Q8_F16_SCALES, Q5_PANELS, Q4K_PANELS = 4, 5, 6

@@ -21,7 +21,7 @@ Why these kernels (torch 2.13, 2 threads, Gemma 3 270M shapes; see docs/kernels.
   18 layers against oneDNN fp32's ~1.7, so every layer call and head calls up to 64 rows take it;
   oneDNN fp32 keeps the larger head calls. Where q8 cannot be built, weight-only int8 (torch's
   `_weight_int8pack_mm`, bf16 activations, small steps only) takes its place.
-  `auto` there is the gguf plan: a GGUF file's matrices stay in their stored blocks (model/blocks.py),
+  `auto` there is the gguf plan: a GGUF file's matrices stay in their stored blocks (model/kernels/blocks.py),
   the embedding looks its rows up in them (or, a tied Q8_0 table, in the head's panels, which then
   hold it as stored), and those q8 panels are made from the blocks at load for every call, so no
   fp32 copy of any matrix is held (an HF checkpoint's matrices run q8 throughout).

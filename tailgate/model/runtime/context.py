@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..engine.pages import PAGE_SIZE
-from ..engine.plan import Segment
+from ...engine.pages import PAGE_SIZE
+from ...engine.plan import Segment
 
 
 @dataclass

@@ -8,7 +8,7 @@ text prompt does not produce them).
 
 from __future__ import annotations
 
-from .spec import ModelSpec
+from ..spec import ModelSpec
 
 # Sliding layers: default RoPE at 10k; global layers: "proportional" RoPE rotating a quarter of
 # each (wider) head at 1M. HF's defaults when `rope_parameters` is absent.

@@ -16,7 +16,7 @@ rows fit the simulator's cost form (`sim.cost.fit`), and:
 
 A plan with a row cut (`--kernels q8` beside dense weights) first races its layers' two kernels
 on layer 0's matrices at CUT_ROWS and sets the cut it measured (`measure_layer_cut`); the table
-in kernels.py is then only the fallback.
+in choice.py is then only the fallback.
 
 Cached per CPU model and flags, kernel plan, torch and tailgate version and model file (size,
 mtime) under the cache directory (`TAILGATE_CACHE_DIR`, else ~/.cache/tailgate/probe/): a warm
@@ -34,9 +34,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.pages import SeqPages
-from ..engine.plan import Segment
-from ..engine.step_cost import step_features
+from ...engine.pages import SeqPages
+from ...engine.plan import Segment
+from ...engine.step_cost import step_features
 
 # (decode rows, prompt rows): decode rows each read CONTEXT keys; prompt rows sit half-way into a
 # prompt of twice their length (a walk round), or at position 0 when no decode rows ride (a prefill).
@@ -75,7 +75,7 @@ BUSY_SHARE = 0.6
 
 # The row counts at which a plan with a row cut (`--kernels q8` beside bf16 / fp32 dense weights)
 # has its layers' two kernels raced on layer 0's matrices; the cut is the largest count at which
-# the quantized one won. The tables in kernels.QUANT_ROWS are the fallback (a cached or failed probe
+# the quantized one won. The tables in choice.QUANT_ROWS are the fallback (a cached or failed probe
 # keeps them); they disagreed with serving on the AMX Xeon (issue 35).
 CUT_ROWS = (8, 16, 32, 48, 64, 96, 128)
 
@@ -194,7 +194,7 @@ def measure(runner, book, shapes=SHAPES, reps: int = REPS, clock=time.perf_count
 
 def _cut_mats(w: dict) -> list | None:
     """Layer 0's q8 matrices that also hold a dense form (a plan with a row cut), else None."""
-    from .kernels import EVERY, Linear
+    from .choice import EVERY, Linear
 
     mats = [v for k, v in w.items() if k.startswith("layers.0.") and isinstance(v, Linear)]
     ok = mats and all(m.quant == "q8" and m.w is not None and 0 < m.max_q_rows < EVERY for m in mats)
@@ -239,7 +239,7 @@ def apply_layer_cut(w: dict, cut: int) -> None:
 
 
 def cache_key(plan, source) -> str:
-    from .. import __version__
+    from ... import __version__
     from .cpu import this_cpu
 
     cpu = this_cpu()
@@ -310,8 +310,8 @@ def run(runner, book, source, cache_dir=None, log=None, clock=time.perf_counter)
     measured now agrees with it, else measured (and cached unless the host was busy). None where
     the pools cannot hold the shapes. `clock` times the steps (a test's own clock makes the
     cache's agreement check deterministic)."""
-    from ..sim.cost import fit
-    from .weights import cache_root
+    from ...sim.cost import fit
+    from ..formats.weights import cache_root
 
     path = (cache_dir or cache_root()) / "probe" / f"{cache_key(runner.plan, source)}.json"
     rows, took, cached, cut, share, check = None, 0.0, False, None, None, None
@@ -336,7 +336,7 @@ def run(runner, book, source, cache_dir=None, log=None, clock=time.perf_counter)
         if rows is None:
             return None
     model, errors = fit(rows, None, "start-up probe")
-    from ..sim.cost import TERMS
+    from ...sim.cost import TERMS
 
     worst = max(abs(e["error_pct"]) for e in errors) / 100
     result = ProbeResult(rows, {t: getattr(model, t) for t in TERMS}, worst, took, cached, cut, share, check)

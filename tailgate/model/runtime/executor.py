@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.plan import Segment
-from ..engine.request import RowSample, Sampled
+from ...engine.plan import Segment
+from ...engine.request import RowSample, Sampled
 from .lane import CpuLane, LaneJob
 from .prompt_scores import scoring
-from .constraint import Constraint, apply_masks, new_masks
+from ..constraint import Constraint, apply_masks, new_masks
 from .runner import ModelRunner
 from .sampler import apply_penalties, make_generator, sample
 
@@ -26,7 +26,7 @@ class Flight:
 class ModelExecutor:
     def __init__(self, runner: ModelRunner, lane_threads: int | None = None):
         self.runner = runner
-        # Prompt logprobs (model/prompt_scores.py): the rows of a segment that asks are scored and
+        # Prompt logprobs (model/runtime/prompt_scores.py): the rows of a segment that asks are scored and
         # dropped inside the step, so what follows sees one row per sampled segment, as always.
         self._step = scoring(runner)
         self._gens: dict[str, torch.Generator] = {}

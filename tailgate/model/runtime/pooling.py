@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..engine.pages import SeqPages
-from ..engine.plan import Segment
+from ...engine.pages import SeqPages
+from ...engine.plan import Segment
 
 
 class NoRoom(RuntimeError):

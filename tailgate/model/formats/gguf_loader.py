@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import families
-from .spec import ModelSpec
+from .. import families
+from ..spec import ModelSpec
 
 # GGUF tensor types the two packaged models use (and their close relatives): (values, bytes) per
 # block, as gguf's GGML_QUANT_SIZES has them (a test holds the two equal). Kept here so a start
@@ -239,7 +239,7 @@ def read_stored(path, layout: Layout, spec: ModelSpec, progress=None) -> dict:
     kernel reads stays a `blocks.Blocks` view of the file (Llama's q/k rows un-permuted into a copy:
     whole rows of blocks move as they are); vectors, float matrices and the few other formats are
     read into fp32 tensors (exact for every GGUF format). The map stays open while a view lives."""
-    from .blocks import BLOCK, Blocks
+    from ..kernels.blocks import BLOCK, Blocks
 
     kinds = check_qtypes(layout)
     with open(path, "rb") as f:

@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from . import families
-from .progress import bar
-from .spec import ModelSpec
+from .. import families
+from ..progress import bar
+from ..spec import ModelSpec
 
 _PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
 _TOWERS = ("vision_tower", "audio_tower", "embed_vision", "embed_audio", "multi_modal_projector")

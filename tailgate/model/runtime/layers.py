@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from .context import FamilyView
-from .native import decode_attention, gather_f16_bf16, kv_write_f16
+from ..kernels.native import decode_attention, gather_f16_bf16, kv_write_f16
 
 
 def linear(x: torch.Tensor, w, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """x @ w.T in `out_dtype` (default x's): a plain tensor goes to F.linear; a `kernels.Linear`
+    """x @ w.T in `out_dtype` (default x's): a plain tensor goes to F.linear; a `choice.Linear`
     picks its own kernel."""
     if isinstance(w, torch.Tensor):
         y = F.linear(x, w)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.request import SamplingParams
+from ...engine.request import SamplingParams
 
 __all__ = ["SamplingParams", "apply_penalties", "filter_logits", "make_generator", "sample"]
 

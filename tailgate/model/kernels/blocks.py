@@ -5,7 +5,7 @@ bytes per row, usually a read-only view of the memory-mapped file (a copy only w
 to reorder rows: Llama's q/k un-permutation). Nothing widens it whole: the embedding dequantizes
 the rows a step looks up, the tied head and every layer matrix run `matmul` on the blocks, and the
 one wider form the plan may ask for (q8 panels for the layers' large calls) is made at load by
-`kernels.Linear` and counted in the resident size it logs.
+`choice.Linear` and counted in the resident size it logs.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class Blocks:
         lo = start // mmap.PAGESIZE * mmap.PAGESIZE
         self._map.madvise(mmap.MADV_DONTNEED, lo, start + self.data.nbytes - lo)
 
-    # What the model files ask of an embedding table (gemma3.py: emb.dtype, emb.device, emb[ids]).
+    # What the model files ask of an embedding table (gemma3_forward.py: emb.dtype, emb.device, emb[ids]).
     dtype = torch.float32
     device = torch.device("cpu")
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.plan import Segment
-from . import families
-from .progress import bar
-from .blocks import Blocks, PanelRows, Panels
+from ...engine.plan import Segment
+from .. import families
+from ..progress import bar
+from ..kernels.blocks import Blocks, PanelRows, Panels
 from .context import build_context
 from .kv_cache import KVCache
-from .kernels import BiasedLinear, KernelPlan, Linear, choose
-from .spec import ModelSpec
+from ..kernels.choice import BiasedLinear, KernelPlan, Linear, choose
+from ..spec import ModelSpec
 
 
 def _fused_bias(raw: dict[str, torch.Tensor], parts: list[str]) -> torch.Tensor | None:
@@ -26,12 +26,12 @@ def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, plan: KernelP
     """Fuse q/k/v and gate/up into one matmul each, keep matrices [out, in] for F.linear, cast.
 
     Vectors (norm weights, scales) stay fp32: the norms run in fp32 (as HF's do) and cast back
-    afterwards. Every layer matrix and the head becomes a `kernels.Linear` holding the kernels
+    afterwards. Every layer matrix and the head becomes a `choice.Linear` holding the kernels
     the plan chose (prepacked oneDNN, F.linear, and for small steps a weight-only int8 copy);
     other matrices (Gemma 4's per-layer inputs, router, experts) are plain tensors.
     A KV-sharing Gemma 4 layer has no K/V weights and a k = v layer no V: the fused qkv holds
     what the layer has, and the model file knows where each part starts.
-    A matrix with a bias (`<name>.bias`: Qwen2's q/k/v) becomes a `kernels.BiasedLinear`, the
+    A matrix with a bias (`<name>.bias`: Qwen2's q/k/v) becomes a `choice.BiasedLinear`, the
     fused ones with their parts' biases concatenated; the others stay plain `Linear`s.
     """
     dtype, device = plan.dtype, torch.device(plan.device)
@@ -194,7 +194,7 @@ class ModelRunner:
         after). Returns the seconds spent; the pages go back before it returns."""
         import time
 
-        from ..engine.pages import SeqPages
+        from ...engine.pages import SeqPages
 
         t0 = time.perf_counter()
         seq = SeqPages()

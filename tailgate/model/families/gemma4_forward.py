@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .context import StepContext
-from .kv_cache import KVCache
-from .layers import glu_mlp, linear, paged_attention, rope_tables
-from .ops import ops
-from .spec import ModelSpec
+from ..runtime.context import StepContext
+from ..runtime.kv_cache import KVCache
+from ..runtime.layers import glu_mlp, linear, paged_attention, rope_tables
+from ..runtime.ops import ops
+from ..spec import ModelSpec
 
 
 def _ple_inputs(w: dict, spec: ModelSpec, ctx: StepContext, h: torch.Tensor, op) -> torch.Tensor:

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import torch.nn.functional as F
 
-from . import native
+from ..kernels import native
 from .context import StepContext
 from .layers import apply_rope, rms_norm
 

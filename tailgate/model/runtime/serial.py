@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.pages import KVBook, SeqPages
-from ..engine.plan import Segment
-from ..engine.request import Request
-from ..engine.stop import LENGTH, STOP, verdict
+from ...engine.pages import KVBook, SeqPages
+from ...engine.plan import Segment
+from ...engine.request import Request
+from ...engine.stop import LENGTH, STOP, verdict
 from .runner import ModelRunner
 from .sampler import SamplingParams, make_generator, sample
 
