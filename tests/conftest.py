@@ -89,10 +89,10 @@ def client(server):
 
 def hf_reads_gguf_once():
     """While open, each GGUF file is parsed once (transformers' loads included), by gguf's own reader
-    over a plain array view of its memory map: the product's own `model/gguf_reads.py`, which the
+    over a plain array view of its memory map: the product's own `model/formats/gguf_reads.py`, which the
     first start's tokenizer conversion uses too. What HF builds from them is what the oracle gates
     compare with."""
-    from tailgate.model.gguf_reads import plain_gguf_reads
+    from tailgate.model.formats.gguf_reads import plain_gguf_reads
 
     return plain_gguf_reads()
 

@@ -249,7 +249,7 @@ def convert_gguf_tokenizer(gguf_path: str, out_path: str) -> None:
 
     from transformers import AutoTokenizer
 
-    from .gguf_reads import plain_gguf_reads
+    from .formats.gguf_reads import plain_gguf_reads
 
     with plain_gguf_reads():
         tok = AutoTokenizer.from_pretrained(os.path.dirname(gguf_path) or ".", gguf_file=os.path.basename(gguf_path))
