@@ -13,6 +13,7 @@ with `trim_blocks` / `lstrip_blocks`, loop controls, `strftime_now`, its `tojson
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 from tokenizers import Tokenizer as _HFTokenizer
@@ -241,17 +242,35 @@ class Tokenizer:
         return self.encode(self.render_chat(messages, add_generation_prompt), add_bos=self.add_bos)
 
 
+# transformers' top-level names are lazy (`_LazyModule.__getattr__`), and two threads importing
+# through it at once can see a half-made module: a first start's tokenizer conversion (`from
+# transformers import AutoTokenizer`, the load thread) beside the server's template-renderer import
+# (its own thread) failed with "cannot import name 'AutoTokenizer'" once the conversion got fast
+# enough to overlap it (SmolLM2, AMX Xeon). Every import of transformers made while the server
+# loads goes through this lock.
+TRANSFORMERS_IMPORT = threading.Lock()
+
+
+def import_template_renderer() -> None:
+    """Import transformers' chat-template renderer now (~1 s, beside the weights' load), so
+    compiling a template later costs milliseconds; a failure is reported where it matters."""
+    try:
+        with TRANSFORMERS_IMPORT:
+            import transformers.utils.chat_template_utils  # noqa: F401
+    except Exception:
+        pass
+
+
 def convert_gguf_tokenizer(gguf_path: str, out_path: str) -> None:
     """One-time conversion of GGUF tokenizer metadata into tokenizer.json (slow, hence cached by the
     caller: 22.6 s of a 28.9 s cold start for Gemma's 262k vocab on the AMX Xeon through gguf's
-    memory-mapped reader; gguf_reads.plain_gguf_reads parses the file once over a plain array)."""
+    memory-mapped reader; the caller runs it inside gguf_reads.plain_gguf_reads, which parses the
+    file once over a plain array)."""
     import os
 
-    from transformers import AutoTokenizer
+    with TRANSFORMERS_IMPORT:
+        from transformers import AutoTokenizer
 
-    from .formats.gguf_reads import plain_gguf_reads
-
-    with plain_gguf_reads():
-        tok = AutoTokenizer.from_pretrained(os.path.dirname(gguf_path) or ".", gguf_file=os.path.basename(gguf_path))
+    tok = AutoTokenizer.from_pretrained(os.path.dirname(gguf_path) or ".", gguf_file=os.path.basename(gguf_path))
     backend = getattr(tok, "backend_tokenizer", None) or getattr(tok, "_tokenizer")
     backend.save(out_path)

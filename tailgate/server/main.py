@@ -80,13 +80,6 @@ def allowed_hosts(bind: str, extra: str | None) -> frozenset | None:
     return frozenset(names | {bind.strip("[]").lower()}) if names else None
 
 
-def _import_template_renderer() -> None:
-    try:
-        import transformers.utils.chat_template_utils  # noqa: F401
-    except Exception:  # compile_chat_template reports it where it matters
-        pass
-
-
 def _build_grammar_vocabulary(tokenizer) -> None:
     """The grammar engine's view of the vocabulary (model/constraint.py), built before `ready`:
     built at the first structured request instead, it held the GIL for its whole build (3.1 s for
@@ -137,7 +130,9 @@ def serve(args, lookup) -> int:
         try:
             # transformers' template renderer takes ~1 s to import (not torch): import it beside the
             # weights' load, so compiling the template below costs milliseconds.
-            warm = threading.Thread(target=_import_template_renderer, name="tailgate-template", daemon=True)
+            from ..model.tokenizer import import_template_renderer
+
+            warm = threading.Thread(target=import_template_renderer, name="tailgate-template", daemon=True)
             warm.start()
             import torch
 

@@ -22,6 +22,7 @@ from . import gguf_loader, hf_loader, hub
 from ..progress import bar as progress_bar
 from ..spec import ModelSpec
 from ..tokenizer import Tokenizer, convert_gguf_tokenizer
+from .gguf_reads import plain_gguf_reads
 
 SHORT_NAMES = ("gemma3-270m", "smollm2-135m")
 CACHE_VERSION = "2"  # 2: no weights in the cache (served from the GGUF file itself)
@@ -129,7 +130,9 @@ def _load_gguf(path: Path, log) -> LoadedModel:
         import gguf
 
         log(f"converting {path.name}'s tokenizer (first start; cached in {cdir})")
-        with progress_bar(total=2, desc="tokenizer", unit="step") as bar:
+        # One parse of the file over a plain array for both steps (gguf_reads: 9.3 s of a 23 s cold
+        # start was the metadata step's own memmap parse once the conversion had its plain one).
+        with plain_gguf_reads(), progress_bar(total=2, desc="tokenizer", unit="step") as bar:
             tok_meta = gguf_loader.read_tokenizer_meta(gguf.GGUFReader(str(path)))
             bar.update()
             cdir.mkdir(parents=True, exist_ok=True)
