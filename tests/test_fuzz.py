@@ -42,6 +42,11 @@ SHAPING = (
 # 400s for what a schema cannot count: the prompt's tokens against the context, a request's
 # entries (prompts x n) and tokens against the queue's bounds (the test server queues 3).
 CAPACITY = ("maximum context length", "queue entries")
+# continue_final_message is declared valid beside add_generation_prompt false, but whether a chat
+# template keeps the final message as given is the template's (HF's renderer checks it, as vLLM's
+# does, and the server answers a 400 naming the field): Gemma's turn format trims and folds roles.
+# A case reached it once the schema admitted reasoning_effort (issue 44; the seeded draws moved).
+TEMPLATE_REFUSES = "the final message does not appear in the chat after applying the chat template"
 
 
 def bounded(body) -> None:
@@ -87,7 +92,12 @@ def test_fuzzed_requests_get_an_answer_never_a_5xx_and_errors_are_openai_bodies(
             err = r.json()["error"]
             assert isinstance(err["message"], str) and err["message"] and err["type"], r.text[:500]
         if mode == VALID:
-            assert r.status_code < 300 or r.status_code == 429 or any(c in err["message"] for c in CAPACITY), (
+            refused = (
+                r.status_code == 400 and err["param"] == "continue_final_message" and TEMPLATE_REFUSES in err["message"]
+            )
+            assert (
+                r.status_code < 300 or r.status_code == 429 or refused or any(c in err["message"] for c in CAPACITY)
+            ), (
                 case.body,
                 r.text[:500],
             )
