@@ -58,12 +58,20 @@ async def generate(req: Request, kind: str):
     check_model(state, g.model)
     gen = Generation(state, g)
     gen.start()
+    return await answer(req, gen, g.stream)
+
+
+async def answer(req: Request, gen: Generation, stream: bool, events=None, whole=None):
+    """A started generation's answer, logged once it ends: its SSE events (`events(gen)`, default
+    the generation's own chunks) to the end or until the client goes (499), or, collected, its
+    whole body (`whole(body)`, default as is). The chat and completion routes and /v1/responses
+    answer through it."""
     started, path = time.monotonic(), req.url.path
-    if g.stream:
+    if stream:
 
         async def logged():
             try:
-                async for event in gen.sse():
+                async for event in events(gen) if events is not None else gen.sse():
                     yield event
             finally:  # streamed out, or cut by its client
                 log_request(gen, "POST", path, 200 if not gen.live() else 499, started)
@@ -74,7 +82,7 @@ async def generate(req: Request, kind: str):
     if not await gen.collect(req.is_disconnected):
         log_request(gen, "POST", path, 499, started)
         return Response(status_code=499)
-    body = gen.full()
+    body = gen.full() if whole is None else whole(gen.full())
     log_request(gen, "POST", path, 200, started)
     return JSONResponse(body)
 

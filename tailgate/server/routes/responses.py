@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import json
-import time
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
-from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .. import schema
 from ..generation import Generation
 from ..guards import ERRORS, admitted_body, check_model, openapi_body, server_state
-from ..logs import log_request
 from ..protocol import parse_chat, validate
 from ..responses import ResponseEvents, chat_body, response_from
+from .generation import answer
 
 router = APIRouter()
 
@@ -48,29 +46,18 @@ async def responses(req: Request):
     )
     gen = Generation(state, g)
     gen.start()
-    started, path = time.monotonic(), req.url.path
-    if g.stream:
-        events = ResponseEvents(m, state.served_name)
+    if not g.stream:
+        return await answer(req, gen, False, whole=lambda body: response_from(body, m))
+    events = ResponseEvents(m, state.served_name)
 
-        async def stream():
-            try:
-                yield events.start()
-                async for piece in gen.sse():
-                    out = ""
-                    for obj in _events(piece):
-                        out += events.error(obj) if "error" in obj else events.chunk(obj)
-                    if out:
-                        yield out
-                yield events.end()
-            finally:
-                log_request(gen, "POST", path, 200 if not gen.live() else 499, started)
+    async def typed(gen):
+        yield events.start()
+        async for piece in gen.sse():
+            out = ""
+            for obj in _events(piece):
+                out += events.error(obj) if "error" in obj else events.chunk(obj)
+            if out:
+                yield out
+        yield events.end()
 
-        return StreamingResponse(
-            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        )
-    if not await gen.collect(req.is_disconnected):
-        log_request(gen, "POST", path, 499, started)
-        return Response(status_code=499)
-    out = response_from(gen.full(), m)
-    log_request(gen, "POST", path, 200, started)
-    return JSONResponse(out)
+    return await answer(req, gen, True, events=typed)
