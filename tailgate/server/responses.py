@@ -270,6 +270,14 @@ class ResponseEvents:
             )
         return out
 
+    def _text(self, kind: str, event: str, text: str, **extra) -> str:
+        """A text delta of a `kind` item (reasoning or message): the item opened first unless it
+        is the open one, then its delta event."""
+        out = "" if self.open is not None and self.open["kind"] == kind else self._open(kind)
+        o = self.open
+        o["text"] += text
+        return out + self._ev(event, item_id=o["id"], output_index=o["index"], content_index=0, delta=text, **extra)
+
     def chunk(self, c: dict) -> str:
         """One chat chunk's events."""
         if c.get("usage"):
@@ -278,30 +286,9 @@ class ResponseEvents:
         for ch in c.get("choices") or []:
             d = ch.get("delta") or {}
             if d.get("reasoning_content"):
-                if self.open is None or self.open["kind"] != "reasoning":
-                    out += self._open("reasoning")
-                self.open["text"] += d["reasoning_content"]
-                o = self.open
-                out += self._ev(
-                    "response.reasoning_text.delta",
-                    item_id=o["id"],
-                    output_index=o["index"],
-                    content_index=0,
-                    delta=d["reasoning_content"],
-                )
+                out += self._text("reasoning", "response.reasoning_text.delta", d["reasoning_content"])
             if d.get("content"):
-                if self.open is None or self.open["kind"] != "message":
-                    out += self._open("message")
-                self.open["text"] += d["content"]
-                o = self.open
-                out += self._ev(
-                    "response.output_text.delta",
-                    item_id=o["id"],
-                    output_index=o["index"],
-                    content_index=0,
-                    delta=d["content"],
-                    logprobs=[],
-                )
+                out += self._text("message", "response.output_text.delta", d["content"], logprobs=[])
             for tc in d.get("tool_calls") or []:
                 fn = tc.get("function") or {}
                 if self.open is None or self.open["kind"] != "call" or self.open["tc"] != tc.get("index"):
