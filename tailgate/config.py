@@ -19,6 +19,7 @@ from .settings import (
     DEFAULT_ITL_TARGET,
     DEFAULT_MAX_TOKENS,
     DEFAULT_TTFT_TARGET,
+    DEFAULT_WALK_TTFT,
     DOOR_GRAMMAR,
     ITL_TARGET_GRAMMAR,
     KNOB_FIELDS,
@@ -311,13 +312,25 @@ def _resolve(lookup: Callable[[str], str | None], cores: int | None, lanes: tupl
             chunk = None  # (under auto, unset keeps the default walk's width parsed above)
     ttft = parse_ttft_target_ms(raw["TTFT_TARGET_MS"] if present("TTFT_TARGET_MS") else DEFAULT_TTFT_TARGET)
     if target is None:
-        if present("TTFT_TARGET_MS") and ttft is not None:
+        if present("TTFT_TARGET_MS") and ttft is not None and (chunk is None or lane is not None):
             raise KnobError(
-                f"{PREFIX}TTFT_TARGET_MS={raw['TTFT_TARGET_MS']!r} refuses without "
-                f"{PREFIX}ITL_TARGET_MS: it widens the walk rounds the inter-token target prices, "
-                "and no target is on (set ITL_TARGET_MS=auto or N)"
+                f"{PREFIX}TTFT_TARGET_MS={raw['TTFT_TARGET_MS']!r} refuses without the walk: it "
+                "widens walk rounds, and "
+                + (
+                    f"{PREFIX}ASYNC_PREFILL={raw['ASYNC_PREFILL']!r} prefills on the side lane"
+                    if lane
+                    else "the walk is off"
+                )
             )
-        ttft = None
+        if not present("TTFT_TARGET_MS"):
+            # The default walk widens under a backlog (engine/step_cost.py WIDEN_S says how far) unless
+            # a width was asked for, which stays fixed. 500 ms: the AMX Xeon, gamma arrivals (60
+            # requests, 1.5 req/s): the 64-row walk's TTFT p99 737 ms, vLLM's 407-553; a 1000 ms horizon
+            # barely moved it (714-777 ms). In the simulator's measured presets (three classes, three
+            # seeds) 500 ms kept W-std c4 / c8 ITL p99 within 1.02x the walk's and cost c16 1.4-2.0x
+            # on Zen 5 / AMX, still below vLLM's there (docs/benchmarks/socket-tail.md).
+            fixed = present("MIX_CHUNK_TOKENS") or lane is not None or chunk is None
+            ttft = None if fixed else parse_ttft_target_ms(DEFAULT_WALK_TTFT)
     return ServingConfig(max_context, slots, gather, prompts, chunk, lane, cache, door, kv_mb, max_out, target, ttft)
 
 

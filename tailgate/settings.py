@@ -28,6 +28,7 @@ DEFAULT_MAX_TOKENS = 2048
 # ITL_TARGET_MS when unset: off, the 64-row walk (why: config.resolve). `auto` is one flag away.
 DEFAULT_ITL_TARGET = "off"
 DEFAULT_TTFT_TARGET = "2000"  # TTFT_TARGET_MS under an inter-token target (why: step_cost.RoundBudget)
+DEFAULT_WALK_TTFT = "500"  # TTFT_TARGET_MS under the default walk (why: config.resolve)
 DOOR_GRAMMAR = "off | auto | N ms, 1 <= N <= 2000"
 ITL_TARGET_GRAMMAR = "off | auto | N ms, 1 <= N <= 10000"
 TTFT_TARGET_GRAMMAR = "off | N ms, 100 <= N <= 600000"
@@ -214,12 +215,13 @@ class Settings(BaseSettings):
         "with MIX_CHUNK_TOKENS=off and with ASYNC_PREFILL (unset, the default yields to them)",
     )
     ttft_target_ms: KnobText = knob(
-        DEFAULT_TTFT_TARGET + " (under ITL_TARGET_MS)",
+        f"{DEFAULT_WALK_TTFT} (the default walk), {DEFAULT_TTFT_TARGET} (under ITL_TARGET_MS), off (a MIX_CHUNK_TOKENS given)",
         TTFT_TARGET_GRAMMAR,
-        "under an inter-token target, a walk round widens past it to the prompt rows that clear every waiting "
-        "prompt (the walkers' rest and the queue's) within N ms at the predicted step time, so arrivals do not "
-        "queue without bound behind narrow rounds; off: the inter-token target alone. Given explicitly it refuses "
-        "without ITL_TARGET_MS",
+        "a walk round with live rows widens past its width (MIX_CHUNK_TOKENS, or the inter-token target's price) "
+        "to the prompt rows that clear every waiting prompt (the walkers' rest and the queue's) within N ms at the "
+        "predicted step time, so arrivals do not queue behind narrow rounds; a widened round stays within a "
+        "150 ms predicted step (engine/step_cost.py WIDEN_S), so a CPU where prompt rows are dear keeps its "
+        "walk; off: the fixed width alone. It refuses where there is no walk (MIX_CHUNK_TOKENS=off, a lane)",
     )
     default_max_tokens: KnobText = knob(
         f"min({DEFAULT_MAX_TOKENS}, MAX_CONTEXT)",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 42 goal 4's other shapes, the default against vLLM's CPU build, alternated round by round
+# Issue 42 goal 4's other shapes, the default against the fixed 64-row walk and vLLM's CPU build, alternated round by round
 # (docs/benchmarks/socket-tail.md): open loop, 60 requests of mixed lengths (input 128-384, output
 # 32-96: random 256/64 with range ratio 0.5) arriving Poisson (burstiness 1) and gamma (0.5) at
 # 1.5 req/s (~70 % of the default's closed-loop c8 rate here); long prompts, 768 in / 64 out, c12
@@ -18,6 +18,7 @@ declare -A shapes=(
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for shape in poisson gamma long; do
     WORKLOAD=${shapes[$shape]} bash $arm "r$round-default-$shape" 0
+    WORKLOAD=${shapes[$shape]} bash $arm "r$round-walk-$shape" 0 --ttft-target-ms off
     WORKLOAD=${shapes[$shape]} PEER=vllm PORT=8100 bash $arm "r$round-vllm-$shape" 0
   done
 done

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from typing import Protocol
 
-from ..config import ServingConfig
+from ..config import DEFAULT_CHUNK, ServingConfig
 from . import admission, endings, lane, preemption
 from .door import make_door
 from .metrics import EngineMetrics
@@ -28,7 +28,7 @@ from .prefix import PrefixCache
 from .prompt_logprobs import prompt_segment
 from .request import Event, Finished, Rejected, Request, RowSample, Sampled, Status, row_sample
 from .settle import settle_step
-from .step_cost import MeteredExecutor, RoundBudget, StepCostModel, step_features
+from .step_cost import WALK, MeteredExecutor, RoundBudget, StepCostModel, step_features
 from .stop import resolve_max_tokens
 from .walk import walk_round
 
@@ -85,7 +85,7 @@ class Scheduler:
         # One step-cost model (engine/step_cost.py), fitted from every measured step, when anything
         # prices steps: ITL_TARGET_MS's walk budget and ADMIT_COALESCE_MS=auto's door read the same fit.
         self.costs = None
-        if config.itl_target_ms is not None or config.admit_coalesce_ms == "auto":
+        if config.itl_target_ms is not None or config.ttft_target_ms is not None or config.admit_coalesce_ms == "auto":
             self.costs = StepCostModel()
             self.executor = MeteredExecutor(executor, self.costs, clock, self.metrics)
         self.door = make_door(config.admit_coalesce_ms, config.mix_max_prompts, config.mix_chunk_tokens, self.costs)
@@ -93,14 +93,15 @@ class Scheduler:
         # target turns the walk on, capped by MIX_CHUNK_TOKENS only when that is set. Without it no
         # budget object exists.
         self.pace = None
-        if config.itl_target_ms is not None:
+        if config.itl_target_ms is not None or config.ttft_target_ms is not None:
             t = config.itl_target_ms
             ttft = config.ttft_target_ms
             self.pace = RoundBudget(
-                None if t == "auto" else t / 1000,
-                config.mix_chunk_tokens,
+                WALK if t is None else None if t == "auto" else t / 1000,
+                None if t is None else config.mix_chunk_tokens,  # the walk's width is its fallback below
                 self.metrics,
                 model=self.costs,
+                fallback=config.mix_chunk_tokens or DEFAULT_CHUNK,
                 horizon_s=None if ttft is None else ttft / 1000,
             )
             self.chunk = self.chunk or config.max_context  # the walk is on; its width is the budget's

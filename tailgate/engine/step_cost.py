@@ -76,6 +76,20 @@ AUTO_FACTOR = 2.0
 # in two real A/Bs (docs/benchmarks/raw-ab-target-factor-zen5.log); the bound keeps the extra
 # step time of absorbing a prompt within AUTO_OVERHEAD of the walk's.
 AUTO_OVERHEAD = 0.1
+# The fixed walk (no ITL_TARGET_MS) as a budget: its width, widened only by the TTFT horizon.
+WALK = "walk"
+# How far the TTFT horizon may widen a round with live rows: to the most rows whose predicted step
+# stays within WIDEN_S, and never past WIDEN x the walk's width (a bound on a mispredicting fit).
+# The price, not a row count, is what makes it follow the CPU: where a prompt row is cheap beside
+# the step's floor (the AMX Xeon: ~0.29 ms a row on a ~16 ms floor) a 150 ms round holds ~400
+# rows, where it is dear (AMD EPYC Zen 3: ~1.3 ms a row beside ~6 ms a decode row) a round with
+# live rows is near 150 ms at the walk's 64 and does not widen. 150 ms: the AMX Xeon, one round
+# each (docs/benchmarks/socket-tail.md, walk width): long prompts (768 in, c12) TTFT p99 6.7 s at
+# the fixed walk, 4.7 s widened within 100 ms, 4.2 s within 150 ms (vLLM 3.2-3.4 s), for ITL p99
+# 69 / 115 / 161 ms (vLLM 738); below vLLM's W-std ITL p99 there (124-365 ms), and the simulator's
+# measured presets keep W-std c4 / c8 at <= 1.01x the walk's ITL p99 on all three classes.
+WIDEN_S = 0.15
+WIDEN = 8
 # The fit's error on a W-std c8 run: p90 0.11 on the AMX Xeon (its step trace in
 # ../shared/design/measured/), 0.13-0.17 on AMD EPYC Zen 3 (issue 26).
 TRUST_ERROR = 0.35
@@ -257,9 +271,10 @@ class RoundBudget:
         self.target, self.cap, self.horizon = target_s, cap, horizon_s
         self.model = model or StepCostModel()
         self.fallback = cap or fallback
+        self.wide = WIDEN * self.fallback  # the horizon's ceiling on a round with live rows
         self.metrics = metrics
         self.predicted: float | None = None  # the last round's predicted step seconds (None: not priced)
-        if metrics is not None and target_s is not None:
+        if metrics is not None and target_s is not None and target_s != WALK:
             metrics.step_cost["target_s"] = target_s
 
     def rows(self, walkers, live, queued_rows: int = 0) -> int:
@@ -270,18 +285,23 @@ class RoundBudget:
         total = sum(w.rest for w in walkers)
         widest = total if self.cap is None else min(self.cap, total)
         self.predicted = None
-        if not live:  # nobody to protect: full width
+        if not live and self.target != WALK:  # nobody to protect: full width
             take = widest
         elif not self.model.trusted:  # not fitted yet, or its error says it does not know this host
             take = min(self.fallback, widest)
         else:
-            take = self._largest_within(walkers, live, widest)
-            # Widened at most to the fixed walk's width (MIX_CHUNK_TOKENS, else 64): under load
-            # a stream waits no longer than it would behind the plain walk. Uncapped, a backlog
-            # no width clears in time took every walker's rest at once (the simulator, `local`
-            # costs, c8 with a 1 s horizon: ITL p99 2.1 s, one 1000-row round).
-            if self.horizon is not None and take < min(widest, self.fallback):
-                wide = self._clearing(walkers, live, min(widest, self.fallback), total + queued_rows)
+            if self.target == WALK:  # the fixed walk: its width, widened below
+                take = min(self.fallback, widest)
+            else:
+                take = self._largest_within(walkers, live, widest)
+            # Widened at most to WIDEN x the fixed walk's width (MIX_CHUNK_TOKENS, else 64). Uncapped,
+            # a backlog no width clears in time took every walker's rest at once (the simulator,
+            # `local` costs, c8 with a 1 s horizon: ITL p99 2.1 s, one 1000-row round).
+            ceiling = min(widest, self.wide)
+            if self.horizon is not None and take < ceiling:
+                ceiling = max(take, self._largest_priced(walkers, live, ceiling, WIDEN_S))
+            if self.horizon is not None and take < ceiling:
+                wide = self._clearing(walkers, live, ceiling, total + queued_rows)
                 if wide > take:
                     take = wide
                     self.predicted = self._cost(walkers, live, take)
@@ -336,6 +356,20 @@ class RoundBudget:
                 hi = mid
             else:
                 lo = mid + 1
+        return lo
+
+    def _largest_priced(self, walkers, live, widest: int, seconds: float) -> int:
+        """The most rows (<= widest) a round can take at a predicted step time within `seconds`;
+        0 when none can."""
+        n = len(live)
+        kpairs = sum(a.pages.frontier + 1 for a in live) / 1000
+        lo, hi = 0, widest
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.model.predict(self.round_features(walkers, n, kpairs, mid)) <= seconds:
+                lo = mid
+            else:
+                hi = mid - 1
         return lo
 
     def _largest_within(self, walkers, live, widest: int) -> int:

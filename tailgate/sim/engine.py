@@ -139,4 +139,22 @@ def build(
         )
     book = KVBook(pages["global"], pages.get("local"), cost.window)
     ex = SimExecutor(cost, clock, jitter, seed, lane_share(cfg.async_prefill, cores), chat)
-    return Scheduler(ex, book, cfg, VOCAB, clock=clock)
+    sched = Scheduler(ex, book, cfg, VOCAB, clock=clock)
+    if sched.costs is not None:  # as the real engine's start-up probe seeds it (model/kernels/probe.seed)
+        seed_costs(sched.costs, cost)
+    return sched
+
+
+# The start-up probe's shapes (decode rows, prompt rows) at its 128-key context: what a real
+# engine's step-cost model has seen before its first request (model/kernels/probe.SHAPES).
+PROBE_SHAPES = ((1, 0), (8, 0), (8, 32), (8, 64), (0, 128))
+PROBE_CONTEXT = 128
+
+
+def seed_costs(model, cost: CostModel) -> None:
+    """Teach a step-cost model the probe's shapes priced by `cost`, as the real probe does."""
+    for decode, prompt in PROBE_SHAPES:
+        pairs = decode * (PROBE_CONTEXT + 1) + (prompt * (prompt if decode else 0) + prompt * (prompt + 1) // 2)
+        f = (prompt, decode, decode + (0 if decode else 1 if prompt else 0), pairs / 1000)
+        seconds = cost.floor + cost.prompt_row * f[0] + cost.decode_row * f[1] + cost.sampled_row * f[2]
+        model.observe(f, seconds + cost.attn_per_1k * f[3])

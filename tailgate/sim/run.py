@@ -96,8 +96,9 @@ def target_summary(m) -> dict:
         f"within_{int(b * 100)}pct": sum(err.counts[: err.buckets.index(b) + 1]) / max(1, err.n) for b in (0.05, 0.15)
     }
     return {
-        "target_ms": 1000 * m.step_cost.get("target_s", 0.0),
+        "target_ms": 1000 * m.step_cost["target_s"] if "target_s" in m.step_cost else None,  # None: the walk
         "rounds": rows.n,
+        "rounds_widened": m.rounds_widened,
         "mean_round_rows": rows.total / max(1, rows.n),
         "priced_steps": err.n,
         **within,
@@ -245,8 +246,9 @@ def main(args) -> int:
         t = out["itl_target"]
         fit = ", ".join(f"{k} {v:.3g}" if k == "pace" else f"{k} {1000 * v:.4g} ms" for k, v in t["fit"].items())
         print(
-            f"ITL target {t['target_ms']:.0f} ms: {t['rounds']} walk rounds of {t['mean_round_rows']:.1f} prompt rows on "
-            f"average; step time predicted within 5 % / 15 % for {100 * t['within_5pct']:.0f} % / "
+            ("the walk" if t["target_ms"] is None else f"ITL target {t['target_ms']:.0f} ms")
+            + f": {t['rounds']} walk rounds of {t['mean_round_rows']:.1f} prompt rows on average "
+            f"({t['rounds_widened']} widened by the TTFT horizon); step time predicted within 5 % / 15 % for {100 * t['within_5pct']:.0f} % / "
             f"{100 * t['within_15pct']:.0f} % of {t['priced_steps']} priced steps; fit: {fit}"
         )
     if args.save_result:
