@@ -15,8 +15,9 @@ def table(**overrides):
 
 def test_defaults_resolve_without_any_knob():
     cfg = resolve(table())
-    # the 64-row walk, no inter-token target (issue 42: `auto` judged at the client)
-    assert cfg == ServingConfig(None, 16, 512, 4, 64, None, None, None, "auto", itl_target_ms=None, ttft_target_ms=None)
+    # the 64-row walk, no inter-token target (issue 42: `auto` judged at the client), widened under a
+    # backlog by its 500 ms TTFT horizon
+    assert cfg == ServingConfig(None, 16, 512, 4, 64, None, None, None, "auto", itl_target_ms=None, ttft_target_ms=500)
     assert cfg.with_model_limit(32768).max_context == 4096
     assert cfg.with_model_limit(2048).max_context == 2048
 

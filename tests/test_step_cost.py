@@ -20,6 +20,9 @@ from tailgate.engine.step_cost import (
     AUTO_OVERHEAD,
     TERMS,
     TRUST_ERROR,
+    WALK,
+    WIDEN,
+    WIDEN_S,
     MeteredExecutor,
     RoundBudget,
     StepCostModel,
@@ -293,6 +296,50 @@ def test_a_ttft_horizon_never_widens_past_the_fixed_walk_nor_narrows_a_round_the
     assert RoundBudget(0.005, None, model=fitted(), horizon_s=600.0).rows(walkers, rows) == 1
 
 
+def test_the_walk_keeps_its_width_until_a_backlog_would_miss_the_horizon_then_widens_to_the_fewest_rows_that_clear_it():
+    walkers, rows = [walker(300), walker(256)], live(100, 700, 350)
+    kp = sum(c + 1 for c in (100, 700, 350)) / 1000
+    metrics = EngineMetrics()
+    b = RoundBudget(WALK, None, metrics, model=fitted(), fallback=64, horizon_s=1.0)
+    assert b.rows(walkers, rows) == 64 and metrics.rounds_widened == 0  # 556 rows clear within 1 s at 64
+    assert metrics.step_cost.get("target_s") is None  # the walk prices no target
+    take = b.rows(walkers, rows, queued_rows=1200)
+
+    def rate(n):  # prompt rows a second at n rows a round
+        return n / b.model.predict(b.round_features(walkers, 3, kp, n))
+
+    assert take > 64 and rate(take) >= (556 + 1200) / 1.0 > rate(take - 1)
+    assert metrics.rounds_widened == 1 and b.predicted == pytest.approx(
+        b.model.predict(b.round_features(walkers, 3, kp, take))
+    )
+    # the fit untrusted (nothing seen yet): the walk's width, whatever the backlog
+    assert RoundBudget(WALK, None, model=StepCostModel(), fallback=64, horizon_s=0.1).rows(walkers, rows, 10_000) == 64
+
+
+def test_a_widened_walk_round_stays_within_the_price_bound_so_a_cpu_with_dear_prompt_rows_keeps_its_width():
+    walkers, rows = [walker(4000), walker(4000)], live(*range(100, 1300, 100))
+    kp = sum(a.pages.frontier + 1 for a in rows) / 1000
+    cheap = RoundBudget(WALK, None, model=fitted(), fallback=64, horizon_s=0.1)
+    take = cheap.rows(walkers, rows, 10_000)  # a backlog no width clears within 0.1 s
+    assert 64 < take < WIDEN * 64
+    assert cheap.predicted <= WIDEN_S < cheap.model.predict(cheap.round_features(walkers, 12, kp, take + 1))
+    # prompt rows 10x dearer: the walk's 64-row round is past the bound already, and stays 64
+    dear = CostModel(floor=0.010, prompt_row=0.005, decode_row=0.002, sampled_row=0.0003, attn_per_1k=0.004)
+    assert RoundBudget(WALK, None, model=fitted(dear), fallback=64, horizon_s=0.1).rows(walkers, rows, 10_000) == 64
+    # and never past WIDEN x the width, however cheap the rows are priced
+    free = CostModel(floor=0.010, prompt_row=0.00001, decode_row=0.0001, sampled_row=0.0, attn_per_1k=0.0)
+    assert (
+        RoundBudget(WALK, None, model=fitted(free), fallback=64, horizon_s=0.1).rows(walkers, rows, 10_000)
+        == WIDEN * 64
+    )
+
+
+def test_with_no_live_rows_the_walk_still_takes_its_width_unless_the_backlog_widens_it():
+    b = RoundBudget(WALK, None, model=fitted(), fallback=64, horizon_s=10.0)
+    assert b.rows([walker(3000)], []) == 64  # a long prompt alone: clears within 10 s at 64 rows
+    assert 64 < RoundBudget(WALK, None, model=fitted(), fallback=64, horizon_s=0.5).rows([walker(3000)], []) <= 512
+
+
 def test_the_metered_executor_times_and_teaches_every_step_and_passes_the_rest_through():
     now = [0.0]
 
@@ -341,17 +388,21 @@ def test_the_target_is_off_by_default_auto_capped_at_the_walks_width_and_an_abso
     assert resolve(table(ITL_TARGET_MS="Auto")).itl_target_ms == "auto"
 
 
-def test_the_ttft_target_defaults_on_under_an_itl_target_and_refuses_without_one_or_as_garbage():
+def test_the_ttft_horizon_defaults_on_wherever_a_walk_widens_and_refuses_where_none_does_or_as_garbage():
     assert resolve(table(ITL_TARGET_MS="auto")).ttft_target_ms == 2000
     assert resolve(table(ITL_TARGET_MS="auto", TTFT_TARGET_MS="off")).ttft_target_ms is None
     assert resolve(table(ITL_TARGET_MS="50", TTFT_TARGET_MS="750")).ttft_target_ms == 750
-    assert resolve(table(ITL_TARGET_MS="off")).ttft_target_ms is None  # no inter-token target: nothing to widen
-    assert resolve(table()).ttft_target_ms is None  # no default target, so no horizon
+    # the default walk widens under a backlog (config.resolve: 500 ms); a width given stays fixed
+    assert resolve(table()).ttft_target_ms == 500
+    assert resolve(table(ITL_TARGET_MS="off")).ttft_target_ms == 500
+    assert resolve(table(MIX_CHUNK_TOKENS="128", MAX_CONTEXT="1024")).ttft_target_ms is None
+    assert resolve(table(MIX_CHUNK_TOKENS="64", TTFT_TARGET_MS="750")).ttft_target_ms == 750  # asked for: widens
     assert resolve(table(TTFT_TARGET_MS="off")).ttft_target_ms is None
-    with pytest.raises(KnobError, match=re.escape("TAILGATE_TTFT_TARGET_MS='500' refuses without")):
-        resolve(table(TTFT_TARGET_MS="500", ITL_TARGET_MS="off"))
-    with pytest.raises(KnobError, match=re.escape("TAILGATE_TTFT_TARGET_MS='500' refuses without")):
-        resolve(table(TTFT_TARGET_MS="500", MIX_CHUNK_TOKENS="64"))  # a fixed walk: the default target is off
+    assert resolve(table(ASYNC_PREFILL="cpu:1"), cores=2).ttft_target_ms is None  # the lane: no walk
+    with pytest.raises(KnobError, match=re.escape("TAILGATE_TTFT_TARGET_MS='500' refuses without the walk")):
+        resolve(table(TTFT_TARGET_MS="500", MIX_CHUNK_TOKENS="off"))
+    with pytest.raises(KnobError, match=re.escape("TAILGATE_TTFT_TARGET_MS='500' refuses without the walk")):
+        resolve(table(TTFT_TARGET_MS="500", ASYNC_PREFILL="cpu:1"), cores=2)
     for bad in ("99", "600001", "2s", " 500", "auto"):
         with pytest.raises(KnobError) as e:
             resolve(table(ITL_TARGET_MS="auto", TTFT_TARGET_MS=bad))
@@ -581,7 +632,7 @@ def test_a_tighter_target_gives_a_lower_itl_p99_under_the_simulator():
     t = s_tight["itl_target"]
     assert t["target_ms"] == 110 and t["within_5pct"] > 0.95 and t["rounds"] > 0
     assert t["fit"]["prompt_row"] == pytest.approx(load_preset("local").prompt_row, rel=0.05)
-    assert "itl_target" not in sim_run("off")[1]
+    assert "itl_target" not in sim_run("off", TTFT_TARGET_MS="off")[1]  # the fixed walk prices nothing
 
 
 def test_a_ttft_horizon_buys_back_the_wait_a_tight_target_adds_under_the_simulator():
@@ -589,6 +640,33 @@ def test_a_ttft_horizon_buys_back_the_wait_a_tight_target_adds_under_the_simulat
     held, _ = sim_run("110", TTFT_TARGET_MS="1000")
     assert held["mean_ttft_ms"] < alone["mean_ttft_ms"]
     assert held["p99_itl_ms"] >= alone["p99_itl_ms"]  # what the wider rounds cost the streams
+
+
+def walk_sim(preset: str, input_len: int, concurrency: int, n: int, **knobs):
+    cfg = resolve(table(**knobs)).with_model_limit(32768)
+    jobs = sim.workload(n, input_len, 64, 0.0, 0)
+    res, s = sim.simulate(cfg, load_preset(preset), jobs, concurrency=concurrency)
+    return sim.metrics(res, (50, 99)), s
+
+
+def test_the_default_walk_clears_long_prompts_sooner_by_widening_under_the_simulator():
+    wide, s_wide = walk_sim("zen5-measured", 768, 12, 48)  # the default: the walk with its 500 ms horizon
+    fixed, _ = walk_sim("zen5-measured", 768, 12, 48, TTFT_TARGET_MS="off")
+    t = s_wide["itl_target"]
+    assert t["target_ms"] is None and t["rounds_widened"] > 0 and t["mean_round_rows"] > 64
+    assert wide["median_ttft_ms"] < 0.5 * fixed["median_ttft_ms"] and wide["p99_ttft_ms"] < fixed["p99_ttft_ms"]
+    assert wide["p99_itl_ms"] > fixed["p99_itl_ms"]  # what the wider rounds cost the streams
+    assert wide["p99_itl_ms"] <= 1000 * WIDEN_S * 1.05  # the price bound holds at the client (no jitter here)
+
+
+def test_where_prompt_rows_are_dear_the_default_walk_is_the_fixed_walk_under_the_simulator():
+    # AMD EPYC Zen 3's measured costs: a 64-row round beside 12 live rows is past WIDEN_S already
+    wide, s_wide = walk_sim("zen3-measured", 768, 12, 24)
+    fixed, _ = walk_sim("zen3-measured", 768, 12, 24, TTFT_TARGET_MS="off")
+    assert s_wide["itl_target"]["rounds_widened"] == 0
+    assert wide["p99_itl_ms"] == pytest.approx(fixed["p99_itl_ms"]) and wide["p99_ttft_ms"] == pytest.approx(
+        fixed["p99_ttft_ms"]
+    )
 
 
 # ---- /metrics -------------------------------------------------------------------------------

@@ -18,6 +18,10 @@ decode rows, their contexts, the sampled rows):
   `auto` alone held ITL p99 at 164 ms against the 64-row walk's 363 but TTFT p50 went 1.3 -> 13.3 s,
   above vLLM's 11.0, docs/benchmarks/itl-target-amd.md). The term bounds that wait near N ms and
   costs nothing below saturation (a short backlog clears within N at the inter-token width);
+- without a target (the default walk) the same horizon widens the walk's own rounds, priced: to at
+  most the rows whose predicted step stays within WIDEN_S (150 ms), so the widening follows the
+  CPU (where prompt rows are dear beside the floor a round with live rows is near that already and
+  keeps the walk's width); with no backlog past the horizon a round is the walk's, row for row;
 - until the model has seen a few steps with prompt rows, at two widths or beside decode-only
   steps (`ready`), rounds with live rows take the fixed width (MIX_CHUNK_TOKENS, else the default 64): the engine's
   behaviour without a target, whose rounds are also what teaches the model a prompt row's price.
@@ -257,7 +261,8 @@ class StepCostModel:
 class RoundBudget:
     """The prompt rows of each walk round under a target of `target_s` seconds a step (module
     doc); `target_s` None is `auto`: AUTO_FACTOR x the predicted decode-only step of the round's
-    live rows. `cap` is MIX_CHUNK_TOKENS when set explicitly (None: uncapped)."""
+    live rows; WALK is the fixed walk of `fallback` rows, which only the horizon widens (within
+    WIDEN_S and WIDEN). `cap` is MIX_CHUNK_TOKENS when set explicitly (None: uncapped)."""
 
     def __init__(
         self,
@@ -271,7 +276,7 @@ class RoundBudget:
         self.target, self.cap, self.horizon = target_s, cap, horizon_s
         self.model = model or StepCostModel()
         self.fallback = cap or fallback
-        self.wide = WIDEN * self.fallback  # the horizon's ceiling on a round with live rows
+        self.wide = WIDEN * self.fallback  # under the walk, the horizon's ceiling in rows (WIDEN)
         self.metrics = metrics
         self.predicted: float | None = None  # the last round's predicted step seconds (None: not priced)
         if metrics is not None and target_s is not None and target_s != WALK:
@@ -290,18 +295,20 @@ class RoundBudget:
         elif not self.model.trusted:  # not fitted yet, or its error says it does not know this host
             take = min(self.fallback, widest)
         else:
-            if self.target == WALK:  # the fixed walk: its width, widened below
+            if self.target == WALK:  # the fixed walk: its width, widened below within WIDEN_S
                 take = min(self.fallback, widest)
+                ceiling = min(widest, self.wide)
             else:
                 take = self._largest_within(walkers, live, widest)
-            # Widened at most to WIDEN x the fixed walk's width (MIX_CHUNK_TOKENS, else 64). Uncapped,
-            # a backlog no width clears in time took every walker's rest at once (the simulator,
-            # `local` costs, c8 with a 1 s horizon: ITL p99 2.1 s, one 1000-row round).
-            ceiling = min(widest, self.wide)
-            if self.horizon is not None and take < ceiling:
-                ceiling = max(take, self._largest_priced(walkers, live, ceiling, WIDEN_S))
+                # Widened at most to the fixed walk's width (MIX_CHUNK_TOKENS, else 64): a stream
+                # waits no longer than it would behind the plain walk. Uncapped, a backlog no width
+                # clears in time took every walker's rest at once (the simulator, `local` costs, c8
+                # with a 1 s horizon: ITL p99 2.1 s, one 1000-row round).
+                ceiling = min(widest, self.fallback)
             if self.horizon is not None and take < ceiling:
                 wide = self._clearing(walkers, live, ceiling, total + queued_rows)
+                if wide > take and self.target == WALK:
+                    wide = max(take, self._largest_priced(walkers, live, wide, WIDEN_S))
                 if wide > take:
                     take = wide
                     self.predicted = self._cost(walkers, live, take)
