@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from .config import PREFIX, KnobError, ServingConfig
 from .engine.loop import Engine
-from .engine.pages import KVBook, budget_pool_pages, pool_bytes, pool_pages
+from .engine.pages import PAGE_SIZE, KVBook, budget_pool_pages, pool_bytes, pool_pages
 from .engine.scheduler import Scheduler
 
 
@@ -107,19 +107,27 @@ def build_engine(
     tb = token_bytes(m.spec, plan.kv)
     pages = pool_pages(cfg.max_context, cfg.decode_slots, window, transient_prompts=cfg.mix_max_prompts)
     budget_mb = cfg.kv_cache_mb
+    need = pool_bytes(pages, tb)
+    rule = "KV_CACHE_MB" if budget_mb else "DECODE_SLOTS x MAX_CONTEXT (KV_CACHE_MB=off)"
     if budget_mb == "auto":  # slots x context while it fits half the free RAM, else that half
-        need = pool_bytes(pages, tb)
         share = (available_ram() if ram_bytes is None else ram_bytes) // 2
         budget_mb = share >> 20 if need > share else None
-        log(
-            f"KV cache: {need >> 20} MiB for {cfg.decode_slots} x {cfg.max_context} tokens; "
-            + (f"over half the free RAM, so a {budget_mb} MiB budget with preemption" if budget_mb else "fits")
+        rule = (
+            f"auto: DECODE_SLOTS x MAX_CONTEXT needs {need >> 20} MiB, over half the RAM available ({share >> 20} "
+            "MiB), so that half, with preemption"
+            if budget_mb
+            else f"auto: DECODE_SLOTS x MAX_CONTEXT fits half the RAM available ({share >> 20} MiB)"
         )
     cfg = replace(cfg, kv_cache_mb=budget_mb)
     if budget_mb:  # a budget: the global pool holds what fits, live rows may be preempted
         pages = budget_pool_pages(
             budget_mb << 20, tb, cfg.max_context, cfg.decode_slots, window, transient_prompts=cfg.mix_max_prompts
         )
+    kv = kv_report(pages, tb, cfg, rule)
+    log(
+        f"KV cache: {kv['mib']} MiB, {kv['tokens']} tokens of context at once ({kv['contexts']:.2f} x "
+        f"MAX_CONTEXT={cfg.max_context}; {cfg.decode_slots} slots); {rule}"
+    )
     runner = ModelRunner(m.spec, m.weights, pages, plan=plan)
     log(resident_line(runner, m.source))
     book = KVBook(pages["global"], pages.get("local"), window)
@@ -133,11 +141,28 @@ def build_engine(
         log(f"side lane: one prefill at a time on {lane} thread(s) of its own while the live batch decodes")
     sched = Scheduler(ModelExecutor(runner, lane_threads=lane), book, cfg, m.spec.vocab_size, clock=clock)
     engine = Engine(sched, clock=clock)
+    engine.kv = kv
     if probed is not None:
         engine.probe = probed.as_dict()
         if sched.costs is not None:
             probe.seed(sched.costs, probed)
     return engine, m, cfg
+
+
+def kv_report(pages: dict[str, int], token_bytes: dict[str, int], cfg: ServingConfig, rule: str) -> dict:
+    """What the KV pools hold, for the log and /version: MiB, the global pool's tokens (the context
+    all live requests share; less the padding page), as MAX_CONTEXT-long requests, and the rule that
+    sized it."""
+    tokens = (pages["global"] - 1) * PAGE_SIZE
+    return {
+        "mib": pool_bytes(pages, token_bytes) >> 20,
+        "tokens": tokens,
+        "contexts": tokens / cfg.max_context,
+        "slots": cfg.decode_slots,
+        "max_context": cfg.max_context,
+        "preempts": bool(cfg.kv_cache_mb),
+        "rule": rule,
+    }
 
 
 def resident_line(runner, source) -> str:

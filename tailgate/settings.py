@@ -165,7 +165,8 @@ class Settings(BaseSettings):
     max_context: KnobText = knob(
         "min(4096, model limit)",
         "N, 64 <= N <= model's max positions",
-        "serving ceiling: prompt + max_tokens; sizes the global KV pool",
+        "serving ceiling: one request's prompt + max_tokens. The KV cache holds DECODE_SLOTS x MAX_CONTEXT "
+        "tokens unless KV_CACHE_MB bounds it, so a lower ceiling costs less memory and refuses longer requests",
     )
     decode_slots: KnobText = knob("16", "N, 1 <= N <= 256", "roster size: requests decoding together")
     mix_gather_rows: KnobText = knob(
@@ -233,8 +234,11 @@ class Settings(BaseSettings):
         "auto",
         "auto | off | N MiB, 1 <= N <= 1048576",
         "size the global KV pool from a memory budget instead of DECODE_SLOTS x MAX_CONTEXT; a live row "
-        "that cannot grow preempts the latest arrival (requeued at the head, recomputed). auto: "
-        "DECODE_SLOTS x MAX_CONTEXT while that fits half the RAM available at start, else half that RAM",
+        "that cannot grow preempts the latest arrival (requeued at the head, recomputed). The trade: fewer MiB "
+        "hold less context at once, so long requests preempt each other (recomputed work, later first tokens); "
+        "more leave less RAM to everything else. auto: DECODE_SLOTS x MAX_CONTEXT while that fits half the RAM "
+        "available at start, else half that RAM; off: DECODE_SLOTS x MAX_CONTEXT whatever the RAM. The start "
+        "log and /version (kv_cache) say what it holds and why",
     )
 
     @classmethod

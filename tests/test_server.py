@@ -427,7 +427,12 @@ def test_version_names_the_kernel_plan_of_this_cpu(server):
 
     from tailgate.model.kernels.choice import choose
 
-    k = httpx.get(server[0] + "/version").json()["kernels"]
+    v = httpx.get(server[0] + "/version").json()
+    k = v["kernels"]
+    # the KV cache it serves with (live.ENV: 2 slots x 512 tokens, pools that fit), and why
+    kv = v["kv_cache"]
+    assert (kv["slots"], kv["max_context"], kv["tokens"], kv["preempts"]) == (2, 512, 1024, False)
+    assert kv["mib"] > 0 and kv["rule"].startswith("auto: DECODE_SLOTS x MAX_CONTEXT fits")
     # the plan this machine's choice gives for the server's flags (live.ARGS: --dtype auto; --kernels
     # from TAILGATE_KERNELS, default auto; --device auto), field by field
     want = choose("auto", os.environ.get("TAILGATE_KERNELS", "auto"), "auto").as_dict()

@@ -95,9 +95,14 @@ def test_the_priced_door_spares_a_stream_its_last_tokens_stall_under_the_simulat
     # two widths and decode steps (10 ms + 2 ms a row, 1 ms a prompt row): a one-step hold spares B
     # 100 ms of stall, so C waits for B's last token; A's end is seconds off, so the door then
     # admits C ("priced"). With the door off C rides B's last step (B's last token at 330 ms).
+    # The model learns from these live steps alone (probe=False: no start-up probe's seeding).
     jobs, offsets = [(40, 400), (30, 3), (40, 6), (100, 3)], [0.0, 0.05, 0.1, 0.21]
     res, s = sim.simulate(
-        cfg(DECODE_SLOTS="4", MIX_CHUNK_TOKENS="off", ADMIT_COALESCE_MS="auto"), SCRIPTED, jobs, offsets=offsets
+        cfg(DECODE_SLOTS="4", MIX_CHUNK_TOKENS="off", ADMIT_COALESCE_MS="auto"),
+        SCRIPTED,
+        jobs,
+        offsets=offsets,
+        probe=False,
     )
     b_end, c_at = res[2].chunk_times[-1], s["scheduled_at"][3]
     assert c_at >= b_end and c_at - 0.21 < 0.03 and s["door_releases"] == {"priced": 1}

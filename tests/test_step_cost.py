@@ -300,7 +300,10 @@ def test_the_walk_keeps_its_width_until_a_backlog_would_miss_the_horizon_then_wi
     walkers, rows = [walker(300), walker(256)], live(100, 700, 350)
     kp = sum(c + 1 for c in (100, 700, 350)) / 1000
     metrics = EngineMetrics()
-    b = RoundBudget(WALK, None, metrics, model=fitted(), fallback=64, horizon_s=1.0)
+    # a floor large beside a prompt row, so wider rounds clear rows faster (TRUE's attention term
+    # makes this backlog's rate peak near 100 rows: there the price bound decides, tested below)
+    cost = CostModel(floor=0.030, prompt_row=0.0003, decode_row=0.002, sampled_row=0.0003, attn_per_1k=0.0005)
+    b = RoundBudget(WALK, None, metrics, model=fitted(cost), fallback=64, horizon_s=1.0)
     assert b.rows(walkers, rows) == 64 and metrics.rounds_widened == 0  # 556 rows clear within 1 s at 64
     assert metrics.step_cost.get("target_s") is None  # the walk prices no target
     take = b.rows(walkers, rows, queued_rows=1200)
@@ -659,14 +662,16 @@ def test_the_default_walk_clears_long_prompts_sooner_by_widening_under_the_simul
     assert wide["p99_itl_ms"] <= 1000 * WIDEN_S * 1.05  # the price bound holds at the client (no jitter here)
 
 
-def test_where_prompt_rows_are_dear_the_default_walk_is_the_fixed_walk_under_the_simulator():
-    # AMD EPYC Zen 3's measured costs: a 64-row round beside 12 live rows is past WIDEN_S already
+def test_where_prompt_rows_are_dear_the_default_walk_stays_the_fixed_walk_under_the_simulator():
+    # AMD EPYC Zen 3's measured costs: a 64-row round beside the live rows is near WIDEN_S already,
+    # so the walk widens in a few rounds with few live rows (4 of 288 here) and the tail is the
+    # fixed walk's; on Zen 5's costs the same backlog widens most rounds
     wide, s_wide = walk_sim("zen3-measured", 768, 12, 24)
     fixed, _ = walk_sim("zen3-measured", 768, 12, 24, TTFT_TARGET_MS="off")
-    assert s_wide["itl_target"]["rounds_widened"] == 0
-    assert wide["p99_itl_ms"] == pytest.approx(fixed["p99_itl_ms"]) and wide["p99_ttft_ms"] == pytest.approx(
-        fixed["p99_ttft_ms"]
-    )
+    t = s_wide["itl_target"]
+    assert t["rounds_widened"] < 0.05 * t["rounds"] and wide["p99_itl_ms"] <= fixed["p99_itl_ms"] * 1.02
+    t5 = walk_sim("zen5-measured", 768, 12, 24)[1]["itl_target"]
+    assert t5["rounds_widened"] > 0.5 * t5["rounds"]
 
 
 # ---- /metrics -------------------------------------------------------------------------------

@@ -55,6 +55,7 @@ class Engine:
         self.scheduler = scheduler
         self.clock = clock
         self.probe: dict | None = None  # the start-up probe's measurements (model/kernels/probe.py), for /version
+        self.kv: dict | None = None  # what the KV pools hold and why (assemble.kv_report), for /version
         self._cv = threading.Condition()
         self._inbox: list[Request] = []
         self._calls: list[tuple[Callable, Future]] = []  # `call`: work for the engine thread between steps

@@ -170,12 +170,13 @@ def serve(args, lookup) -> int:
             url = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{args.port}"
             logging.getLogger("tailgate").info(
                 "ready: open %s/ (chat playground) and %s/dashboard (the engine "
-                "live); serving %s (max_context=%d, slots=%d, door=%s); %s",
+                "live); serving %s (max_context=%d, slots=%d, KV cache %s MiB, door=%s); %s",
                 url,
                 url,
                 state.served_name,
                 settled.max_context,
                 settled.decode_slots,
+                (engine.kv or {}).get("mib", "?"),
                 settled.admit_coalesce_ms or "off",
                 state.model_card["note"],
             )

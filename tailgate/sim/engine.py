@@ -116,6 +116,7 @@ def build(
     seed: int = 0,
     cores: int | None = None,
     chat: bool = False,
+    probe: bool = True,
 ) -> Scheduler:
     """The real scheduler with the page book `assemble.build_engine` would give it: every slot's
     full context, or with `KV_CACHE_MB=N` the pools that N MiB hold at the cost model's K+V bytes
@@ -140,7 +141,7 @@ def build(
     book = KVBook(pages["global"], pages.get("local"), cost.window)
     ex = SimExecutor(cost, clock, jitter, seed, lane_share(cfg.async_prefill, cores), chat)
     sched = Scheduler(ex, book, cfg, VOCAB, clock=clock)
-    if sched.costs is not None:  # as the real engine's start-up probe seeds it (model/kernels/probe.seed)
+    if probe and sched.costs is not None:  # as the real engine's start-up probe seeds it (model/kernels/probe.seed)
         seed_costs(sched.costs, cost)
     return sched
 

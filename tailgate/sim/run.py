@@ -34,17 +34,24 @@ def workload(n: int, input_len: int, output_len: int, range_ratio: float, seed: 
 
 
 def simulate(
-    cfg: ServingConfig, cost: CostModel, jobs: list[tuple[int, int]], chat: bool = False, **load
+    cfg: ServingConfig,
+    cost: CostModel,
+    jobs: list[tuple[int, int]],
+    chat: bool = False,
+    probe: bool = True,
+    **load,
 ) -> tuple[list[Result], dict]:
     """Run `jobs` through the scheduler under `load` (sim/clients.py `Load`'s keywords: rate,
     burstiness, concurrency, seed, offsets, jitter); returns per-request results (virtual
     seconds) and scheduler figures (steps, door releases, when each request was scheduled).
     Each request runs to its output length and max_tokens is that length (ignore_eos), or with
     `chat` it ends at EOS after its output length with max_tokens unset (the server's default),
-    as a chat does: it may then hold a slot for far less than the whole length it could reach."""
+    as a chat does: it may then hold a slot for far less than the whole length it could reach.
+    `probe` seeds the step-cost model as the real engine's start-up probe does (False: it learns
+    from the run's own steps alone)."""
     load = Load(**load)
     clock = VirtualClock()
-    sched = build(cfg, cost, clock, load.jitter, load.seed, chat=chat)
+    sched = build(cfg, cost, clock, load.jitter, load.seed, chat=chat, probe=probe)
     scheduled: list[float | None] = [None] * len(jobs)
     results = [Result(prompt_len=il, output_len=ol, probe=False) for il, ol in jobs]
     clients = load.clients(len(jobs))

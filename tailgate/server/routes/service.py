@@ -54,11 +54,13 @@ async def health(req: Request):
 @get_and_head("/version")
 async def version(req: Request):
     """The package version, the served model and what it is good for, the kernels this CPU runs
-    (and what the probe measured), and the scheduler's knobs as resolved (flags, env vars, config
-    file, defaults)."""
+    (and what the probe measured), the KV cache (MiB, tokens, the rule that sized it), and the
+    scheduler's knobs as resolved (flags, env vars, config file, defaults)."""
     state = server_state(req)
     knobs = asdict(state.cfg) if state.cfg is not None else {}
-    return JSONResponse({"version": __version__, "model": state.model_card, "kernels": state.kernels, "knobs": knobs})
+    kv = getattr(state.engine, "kv", None) if state.ready else None
+    body = {"version": __version__, "model": state.model_card, "kernels": state.kernels, "kv_cache": kv}
+    return JSONResponse({**body, "knobs": knobs})
 
 
 @get_and_head(
