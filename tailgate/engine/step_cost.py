@@ -57,6 +57,7 @@ from __future__ import annotations
 import math
 
 from ..config import DEFAULT_CHUNK
+from .walk import spread
 
 TERMS = ("floor", "prompt_row", "decode_row", "sampled_row", "attn_per_1k")
 # ITL_TARGET_MS=auto: a round may take this many times the live batch's own decode step,
@@ -322,13 +323,7 @@ class RoundBudget:
         """The features of a round that spreads `budget` rows as `walk.walk_round` does (nobody waiting for pages)."""
         prompt = decode = 0
         sampled, pairs = live_n, 0
-        for w in walkers:
-            if budget <= 0:
-                break
-            n = min(w.rest, budget)
-            if n <= 0:
-                continue
-            budget -= n
+        for w, n in spread(walkers, budget):
             st = w.computed
             if n > 1 or st == 0:
                 prompt += n
