@@ -320,8 +320,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     sm = sub.add_parser("sim", help="the real scheduler on a virtual clock with a step-cost model")
     sim_run.add_args(sm)
-    sm.set_defaults(fn=sim_run.main)
+    sm.set_defaults(fn=cmd_sim)
     return parser
+
+
+def cmd_sim(args) -> int:
+    """`tailgate sim`: a simulated run (sim/run.py), or `sim calibrate`, which loads the model and
+    so lives in bench/calibrate.py (the simulator never imports `model`)."""
+    if args.action == "calibrate":
+        from .bench.calibrate import calibrate
+
+        return calibrate(args)
+    from .sim import run as sim_run
+
+    return sim_run.main(args)
 
 
 def main(argv=None) -> int:

@@ -141,6 +141,27 @@ def live(*contexts: int):
     return [SimpleNamespace(pages=SimpleNamespace(frontier=c)) for c in contexts]
 
 
+def test_one_spread_for_the_walk_and_its_price():
+    """`walk.spread`: each walker in order takes min(its rest, what is left). The pricing assumes
+    every share taken; the walk reads what it has planned, so a walker that got no pages leaves its
+    rows to the next, and rows a preemption gives back are spread again."""
+    from tailgate.engine.walk import spread
+
+    a, b, c = walker(30), walker(100, 60), walker(50)
+    assert [(w, n) for w, n in spread([a, b, c], 64)] == [(a, 30), (b, 34)]
+    assert [n for _, n in spread([a, b, c], 1000)] == [30, 40, 50]
+    assert list(spread([a, b], 0)) == []
+    planned = [0]  # a gets no pages (plans nothing): b and c share the whole budget
+    assert [(w, n) for w, n in spread([a, b, c], 64, lambda: planned[0])] == [(a, 30), (b, 40), (c, 50)]
+    got, planned = [], [0]
+    for w, n in spread([a, b, c], 64, lambda: planned[0]):
+        got.append((w, n))
+        planned[0] = {id(a): 30, id(b): 34, id(c): 64}[id(w)]  # b, pinned, preempts a for its pages: a's 30 come back
+    assert got == [(a, 30), (b, 34), (c, 30)]
+    b2 = RoundBudget(0.1, None)  # the price's round is the same spread: c, past the budget, is not in it
+    assert b2.round_features([a, b, c], 0, 0.0, 64)[:3] == (64, 0, 1)
+
+
 def fitted(cost: CostModel = TRUE) -> StepCostModel:
     m, r = StepCostModel(), random.Random(4)
     for _ in range(300):

@@ -140,7 +140,7 @@ def run_plan(
     name = plan.line().split(" [")[0].removeprefix("kernels: ")
 
     def report(kind, n, secs, flops, mm, prompt_rows, decode_rows, sampled, raw_pairs):
-        # The last four: what the step holds, as the simulator's cost model prices it (sim/cost.py).
+        # The last four: what the step holds, as the cost form prices it (engine/cost_form.py).
         frac = flops / secs / peak
         rows_out.append(
             {

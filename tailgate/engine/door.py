@@ -19,7 +19,7 @@ the number of interruptions, not their size: gather rules still decide how many 
 Holding for as long as it takes the j streams nearest their end to finish is worth it when their
 saved stall exceeds the wait it adds; the door holds while some j is worth it, re-priced every turn,
 for at most one decode step per cohort (`AUTO_CAP_STEPS`: longer holds synchronised closed loops).
-Why no credit for merging arrivals: with step time linear in rows (floor + rows; `sim/cost.py`,
+Why no credit for merging arrivals: with step time linear in rows (floor + rows; `cost_form.py`,
 measured on both CPUs), two admissions or one merged admission cost the live streams the same
 total stall (the separate case's extra step also yields a token), so merging only reshapes the
 gap distribution; the price counts what is actually saved: stalls streams never see.

@@ -26,7 +26,7 @@ decode rows, their contexts, the sampled rows):
   steps (`ready`), rounds with live rows take the fixed width (MIX_CHUNK_TOKENS, else the default 64): the engine's
   behaviour without a target, whose rounds are also what teaches the model a prompt row's price.
 
-The model is the simulator's cost form (`sim/cost.py`):
+The model is the cost form the simulator prices steps with (`engine/cost_form.py`):
 
     seconds = floor + prompt_row * prompt rows + decode_row * decode rows
               + sampled_row * sampled rows + attn_per_1k * (query-key pairs / 1000)
@@ -36,7 +36,7 @@ equations, one for decode-only steps and one for steps that carry prompt rows, e
 only when a step of its own kind arrives: a long stretch of decode steps does not wash out what
 the walk rounds taught about prompt rows (a single forgetting window would, and then price
 prompt rows at ~0 and let the next round run long). A term the data price negative is dropped
-and the rest refitted (as `sim.cost.fit`); a tiny ridge keeps collinear terms (every decode row
+and the rest refitted (as `cost_form.fit`); a tiny ridge keeps collinear terms (every decode row
 is also a sampled row) solvable.
 
 The pace: on a 2-core host a step's time swings with whatever else holds a core (the server's own
@@ -57,8 +57,9 @@ from __future__ import annotations
 import math
 
 from ..config import DEFAULT_CHUNK
+from .cost_form import TERMS, step_features
+from .walk import spread
 
-TERMS = ("floor", "prompt_row", "decode_row", "sampled_row", "attn_per_1k")
 # ITL_TARGET_MS=auto: a round may take this many times the live batch's own decode step,
 # predicted at the batch's current depth and contexts, so one setting follows c4 and c16 and a CPU
 # where a prompt row costs more. 2.0 is the simulator's knee on the `local` preset (AMD EPYC Zen 3):
@@ -110,23 +111,6 @@ PACE_ALPHA = 0.5
 # The pace never leaves [1/4, 4]: one wild measurement (a step that waited out a swap-in) must not
 # price the next rounds at nothing or at everything.
 PACE_BOUNDS = (0.25, 4.0)
-
-
-def step_features(segments) -> tuple[int, int, int, float]:
-    """(prompt rows, decode rows, sampled rows, query-key pairs / 1000) of a step's segments: a row
-    of a multi-token segment (or of a segment at position 0) is a prompt row, a one-token segment is
-    a decode row. The one rule: the simulator's `CostModel.features` and the probe count with it."""
-    prompt = decode = sampled = pairs = 0
-    for s in segments:
-        n, st = len(s.tokens), s.start
-        if n > 1 or st == 0:
-            prompt += n
-        else:
-            decode += 1
-        if s.sample:
-            sampled += 1
-        pairs += n * st + n * (n + 1) // 2
-    return prompt, decode, sampled, pairs / 1000
 
 
 def _solve(M: list[list[float]], v: list[float]) -> list[float]:
@@ -221,7 +205,7 @@ class StepCostModel:
 
     def refit(self) -> tuple[float, ...]:
         """Solve the normal equations now; a term the data price negative is dropped and the
-        rest refitted (as `sim.cost.fit`)."""
+        rest refitted (as `cost_form.fit`)."""
         A0, A1 = self._A
         M = [[A0[i][j] + A1[i][j] + (self.ridge if i == j else 0.0) for j in range(5)] for i in range(5)]
         v = [self._b[0][i] + self._b[1][i] for i in range(5)]
@@ -322,13 +306,7 @@ class RoundBudget:
         """The features of a round that spreads `budget` rows as `walk.walk_round` does (nobody waiting for pages)."""
         prompt = decode = 0
         sampled, pairs = live_n, 0
-        for w in walkers:
-            if budget <= 0:
-                break
-            n = min(w.rest, budget)
-            if n <= 0:
-                continue
-            budget -= n
+        for w, n in spread(walkers, budget):
             st = w.computed
             if n > 1 or st == 0:
                 prompt += n

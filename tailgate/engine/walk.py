@@ -12,13 +12,14 @@ between rounds and a stall is bounded by one round. Plain data, no torch.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from .preemption import holders, make_room, never_fits, ready_rows
 from .request import rank
 
 if TYPE_CHECKING:
     from .plan import StepPlan
+    from .request import Request
     from .scheduler import Scheduler
 
 
@@ -33,6 +34,27 @@ def round_budget(s: Scheduler) -> int | None:
     return s.pace.rows(s.walk, s.roster, queued)
 
 
+def spread(walkers, budget: float, planned: Callable[[], int] | None = None) -> Iterator[tuple[Request, int]]:
+    """The walk's spread of a round's `budget` prompt rows over `walkers` in order: (walker, rows)
+    for each that gets any, each taking min(its rest, what is left). What is left is `budget` less
+    `planned()`, the rows the round has actually planned so far (`walk_round`: a walker that
+    cannot get pages leaves its rows to those behind it, a preemption can give rows back), or with
+    `planned` None less every share given so far, each assumed taken (the pricing's view of the
+    same round: `step_cost.RoundBudget.round_features`)."""
+    # (plain comparisons, no min(): the pricing's bisections run this ~10 times a walk round)
+    for w in walkers:
+        left = budget if planned is None else budget - planned()
+        if left <= 0 and planned is None:  # nothing comes back: the rest get nothing
+            return
+        n = w.rest
+        if n > left:
+            n = left
+        if n > 0:
+            if planned is None:
+                budget -= n  # assumed taken
+            yield w, n
+
+
 def walk_round(s: Scheduler, plan: StepPlan) -> None:
     """One round: at most the budget's prompt rows across the walkers (oldest arrival first),
     beside every live row. The budget is MIX_CHUNK_TOKENS, or under ITL_TARGET_MS what the
@@ -44,12 +66,10 @@ def walk_round(s: Scheduler, plan: StepPlan) -> None:
     ready_rows(s, plan)
     s.walk.sort(key=rank)  # stable: admission order among equals
     budget = round_budget(s)
-    for w in list(s.walk):
-        # what the walkers planned so far left: one waiting for pages leaves its rows to the ones
-        # behind it, and a pinned walker that preempts one planned before it takes its rows back
-        left = (math.inf if budget is None else budget) - plan.prompt_rows
-        take = min(w.rest, left)
-        if take <= 0 or w not in s.walk:  # (preempted by a walker of this round)
+    # what is left is what the walkers planned so far left: one waiting for pages leaves its rows
+    # to the ones behind it, and a pinned walker that preempts one planned before it takes its rows back
+    for w, take in spread(list(s.walk), math.inf if budget is None else budget, lambda: plan.prompt_rows):
+        if w not in s.walk:  # (preempted by a walker of this round)
             continue
         if make_room(s, plan, w, w.computed + take, self_ok=False):
             plan.chunks.append((w, take))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 
 from ..config import ServingConfig, usable_cores
+from ..engine.cost_form import SHAPES, shape_features
 from ..engine.pages import KVBook, budget_pool_pages, pool_pages
 from ..engine.request import Sampled
 from ..engine.scheduler import Scheduler
@@ -146,16 +147,9 @@ def build(
     return sched
 
 
-# The start-up probe's shapes (decode rows, prompt rows) at its 128-key context: what a real
-# engine's step-cost model has seen before its first request (model/kernels/probe.SHAPES).
-PROBE_SHAPES = ((1, 0), (8, 0), (8, 32), (8, 64), (0, 128))
-PROBE_CONTEXT = 128
-
-
 def seed_costs(model, cost: CostModel) -> None:
-    """Teach a step-cost model the probe's shapes priced by `cost`, as the real probe does."""
-    for decode, prompt in PROBE_SHAPES:
-        pairs = decode * (PROBE_CONTEXT + 1) + (prompt * (prompt if decode else 0) + prompt * (prompt + 1) // 2)
-        f = (prompt, decode, decode + (0 if decode else 1 if prompt else 0), pairs / 1000)
-        seconds = cost.floor + cost.prompt_row * f[0] + cost.decode_row * f[1] + cost.sampled_row * f[2]
-        model.observe(f, seconds + cost.attn_per_1k * f[3])
+    """Teach a step-cost model the start-up probe's shapes (`cost_form.SHAPES`, what a real
+    engine's model has seen before its first request) priced by `cost`, as the real probe does."""
+    for decode, prompt in SHAPES:
+        f = shape_features(decode, prompt)
+        model.observe(f, cost.price(f))

@@ -127,7 +127,7 @@ def run(args) -> dict:
     if args.cost_scale != 1.0:
         from dataclasses import replace
 
-        from .cost import TERMS
+        from ..engine.cost_form import TERMS
 
         cost = replace(cost, **{t: getattr(cost, t) * args.cost_scale for t in TERMS})
     cfg = cfg.with_model_limit(args.model_max_context)
@@ -178,60 +178,13 @@ def run(args) -> dict:
     return out
 
 
-def calibrate(args) -> int:
-    """Fit the `local` preset from `tailgate bench step` on this machine (the chosen kernel plan):
-    decode 1/4/16/64, two walk rounds and prefill 256/512 at 256 keys of context, and decode
-    4/16 at 1024 keys (so attention's price is seen apart from the rows')."""
-    import torch
-
-    from ..bench.step import run as step_run
-    from ..model.kernels.cpu import this_cpu
-    from ..model.formats.weights import load_model
-    from .cost import fit, save_preset
-
-    m = load_model(args.calibrate_model)
-    rows = step_run(args.calibrate_model, loaded=m, compare=False, reps=3)
-    rows += step_run(
-        args.calibrate_model,
-        loaded=m,
-        compare=False,
-        reps=3,
-        decode_batches=(4, 16),
-        prefill_rows=(),
-        context=480,
-        mixed=(),
-    )
-    cpu = this_cpu()
-    from ..model.kernels.choice import choose
-    from ..model.runtime.kv_cache import token_bytes
-
-    model, errors = fit(rows, m.spec.sliding_window, "")
-    worst = max(abs(e["error_pct"]) for e in errors)
-    source = (
-        f"`tailgate sim calibrate`: least squares over `tailgate bench step` ({args.calibrate_model}, chosen "
-        f"kernels) on {cpu.model} ({cpu.isa}), torch {torch.__version__}, {time.strftime('%Y-%m-%d')}; "
-        f"worst fit error {worst:.0f} % over {len(rows)} steps"
-    )
-    kv = token_bytes(m.spec, choose("auto", "auto", "cpu").kv)
-    model = CostModel(
-        **{
-            **vars(model),
-            "source": source + "; kv_token_bytes: this model's KV at the plan's dtype",
-            "kv_token_bytes": kv,
-        }
-    )
-    for e in errors:
-        print(
-            f"{e['kind']:9s} {e['n']:5d}  measured {e['ms']:8.1f} ms  fit {e['fit_ms']:8.1f} ms  {e['error_pct']:+6.1f} %"
-        )
-    save_preset("local", model)
-    print(f"local preset: {model}")
-    return 0
-
-
 def main(args) -> int:
-    if args.action == "calibrate":
-        return calibrate(args)
+    if args.action == "calibrate":  # it loads the model, which the simulator never imports
+        print(
+            "tailgate: calibrate runs as `tailgate sim calibrate` (bench/calibrate.py, from tailgate.cli)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         out = run(args)
     except ValueError as e:  # an unknown preset, a workload nothing of which can run
@@ -272,7 +225,7 @@ def add_args(p) -> None:
         nargs="?",
         default="run",
         choices=["run", "calibrate"],
-        help="run a workload (default), or refit the `local` cost preset from `bench step` here",
+        help="run a workload (default), or refit the `local` cost preset from `bench step` here (bench/calibrate.py)",
     )
     p.add_argument("--calibrate-model", default="gemma3-270m")
     p.add_argument("--cost", default="local", help="a preset of sim/presets.json, or a cost-model JSON file")

@@ -7,7 +7,7 @@ walk; and the row cuts and the `auto` rule were tuned on whichever class a devel
 (issue 35: on the AMX Xeon the Zen 3 rule cost 15-38 % of the walk's throughput). Here, after the
 warm-up step, the runner times SHAPES (decode rows alone, walk rounds of 32 and 64 prompt rows
 riding 8 decode rows, a 128-row prefill) through scratch pages, each the fastest of REPS runs; the
-rows fit the simulator's cost form (`sim.cost.fit`), and:
+rows fit the cost form the simulator shares (`cost_form.fit`), and:
 - the engine's step-cost model is seeded with them (`seed`), so the target prices the first round
   with this CPU's numbers (it still learns from every live step and forgets the probe);
 - the fit and its worst error are logged in one line beside the kernels line, and shown in
@@ -34,14 +34,13 @@ from dataclasses import dataclass
 
 import torch
 
+from ...engine.cost_form import CONTEXT, SHAPES, TERMS, features, fit, shape_segments
 from ...engine.pages import SeqPages
-from ...engine.plan import Segment
-from ...engine.step_cost import step_features
 
-# (decode rows, prompt rows): decode rows each read CONTEXT keys; prompt rows sit half-way into a
-# prompt of twice their length (a walk round), or at position 0 when no decode rows ride (a prefill).
-SHAPES = ((1, 0), (8, 0), (8, 32), (8, 64), (0, 128))
-CONTEXT = 128
+# The shapes timed, (decode rows, prompt rows) at CONTEXT keys, and the features each is fitted
+# with, are the cost form's (`engine/cost_form.py`: SHAPES, `shape_segments`, `features`): the
+# simulator seeds its step-cost model from the same ones.
+
 # One run of each (after the warm-up step, so no first-call costs): ~0.2 s on AMD EPYC Zen 5 for
 # Gemma 3 270M, where two were ~0.4 s, over the 10 % of a warm start the probe may cost. A noisy
 # run shows as the fit's worst error, and live steps refine the fit from the first one.
@@ -83,7 +82,7 @@ CUT_ROWS = (8, 16, 32, 48, 64, 96, 128)
 @dataclass
 class ProbeResult:
     rows: list[dict]  # per shape: prompt_rows, decode_rows, sampled, pairs, ms (bench step's names)
-    coefficients: dict  # the fit: seconds per unit of each sim.cost TERMS
+    coefficients: dict  # the fit: seconds per unit of each of cost_form.TERMS
     worst_error: float  # the fit's worst |error| / measured over the rows
     seconds: float  # what measuring took (0 when read from the cache)
     cached: bool
@@ -146,21 +145,6 @@ class ProbeResult:
             "loaded": self.loaded,
             "check": self.check,
         }
-
-
-def shape_segments(decode: int, prompt: int, seqs: list) -> list[Segment]:
-    """The segments of a shape over `seqs` (decode rows first, the prompt's sequence last)."""
-    segs = [Segment([1], CONTEXT, s) for s in seqs[:decode]]
-    if prompt:  # a walk round mid-prompt samples nothing; a whole prefill samples its last row
-        segs.append(Segment([1] * prompt, prompt if decode else 0, seqs[-1], sample=not decode))
-    return segs
-
-
-def features(decode: int, prompt: int) -> dict:
-    """A shape's features under bench step's names (what `sim.cost.fit` reads), counted by the
-    engine's own rule (`step_cost.step_features`) over the segments `measure` runs."""
-    p, d, s, k = step_features(shape_segments(decode, prompt, [SeqPages() for _ in range(max(decode, 1))]))
-    return dict(prompt_rows=p, decode_rows=d, sampled=s, pairs=round(k * 1000))
 
 
 @torch.inference_mode()
@@ -310,7 +294,6 @@ def run(runner, book, source, cache_dir=None, log=None, clock=time.perf_counter)
     measured now agrees with it, else measured (and cached unless the host was busy). None where
     the pools cannot hold the shapes. `clock` times the steps (a test's own clock makes the
     cache's agreement check deterministic)."""
-    from ...sim.cost import fit
     from ..formats.weights import cache_root
 
     path = (cache_dir or cache_root()) / "probe" / f"{cache_key(runner.plan, source)}.json"
@@ -336,8 +319,6 @@ def run(runner, book, source, cache_dir=None, log=None, clock=time.perf_counter)
         if rows is None:
             return None
     model, errors = fit(rows, None, "start-up probe")
-    from ...sim.cost import TERMS
-
     worst = max(abs(e["error_pct"]) for e in errors) / 100
     result = ProbeResult(rows, {t: getattr(model, t) for t in TERMS}, worst, took, cached, cut, share, check)
     if not cached:
