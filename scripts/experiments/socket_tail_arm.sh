@@ -4,7 +4,9 @@
 # / 64 out, closed loop, 4 x C prompts, ignore_eos, temperature 0), print the client's figures and
 # the server's own view (engine ITL, socket ITL, delivery delay), stop the server by its group.
 #   scripts/experiments/socket_tail_arm.sh NAME C [serve flags...]     (OUT=dir for the logs)
-# PEER=vllm serves vLLM's CPU build instead (../shared/peers/vllm-cpu serve; no server view).
+# PEER=vllm serves vLLM's CPU build instead (../shared/peers/vllm-cpu serve; no server view),
+# PEER=llama llama.cpp's server (../shared/peers/llama-cpp serve; the flags go to llama-server).
+# TOKENIZER=dir is the HF directory the client counts tokens with (default: vLLM peer's model).
 # WORKLOAD="bench flags" replaces the W-std shape (lengths, prompt count, concurrency, arrivals);
 # socket_tail_open.sh uses it for the open-loop and long-prompt shapes.
 set -uo pipefail
@@ -13,6 +15,8 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-$(mktemp -d)}; port=${PORT:-8000}; base=http://127.0.0.1:$port
 if [ "${PEER:-}" = vllm ]; then
   setsid ../shared/peers/vllm-cpu serve "$port" "$@" > "$out/$name.serve.log" 2>&1 &
+elif [ "${PEER:-}" = llama ]; then
+  setsid ../shared/peers/llama-cpp serve "$port" "$@" > "$out/$name.serve.log" 2>&1 &
 else
   setsid .venv/bin/tailgate serve --port "$port" "$@" > "$out/$name.serve.log" 2>&1 &
 fi
@@ -20,7 +24,7 @@ pid=$!
 for _ in $(seq 1 900); do curl -sf "$base/health" >/dev/null && break; sleep 1; done
 model=$(curl -s "$base/v1/models" | .venv/bin/python -c "import json,sys;print(json.load(sys.stdin)['data'][0]['id'])")
 view() {
-  [ "${PEER:-}" = vllm ] && return
+  [ -n "${PEER:-}" ] && return
   .venv/bin/python -c "
 import asyncio, sys
 from tailgate.bench.serve import engine_view
@@ -31,7 +35,7 @@ if sys.argv[1] != 'attach' and v:
 }
 view attach
 ../shared/peers/vllm-cpu bench --backend openai --base-url "$base" --endpoint /v1/completions \
-  --model "$model" --tokenizer "$(../shared/peers/vllm-cpu model-dir)" --dataset-name random \
+  --model "$model" --tokenizer "${TOKENIZER:-$(../shared/peers/vllm-cpu model-dir)}" --dataset-name random \
   ${WORKLOAD:---random-input-len 256 --random-output-len 64 --num-prompts $((4 * c)) --max-concurrency "$c"} \
   --ignore-eos --temperature 0 \
   --percentile-metrics ttft,itl,tpot --metric-percentiles 50,99 --seed "${SEED:-0}" > "$out/$name.bench.log" 2>&1
