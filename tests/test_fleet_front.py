@@ -145,3 +145,45 @@ def test_a_fleet_feed_says_hello_once_then_ticks_and_ends_with_an_error_when_no_
     # hello asked of each replica on the first round only; later rounds ask after the last step sent
     assert [h for _, _, h in asked[:2]] == [True, True] and not any(h for _, _, h in asked[2:])
     assert [s for r, s, _ in asked[2:4]] == [1, 2]
+
+
+def test_under_json_logs_each_worker_line_ray_carries_prints_as_one_json_line(capsys):
+    """fleet/logs.py: a replica's own JSON line passes as it is; Serve's and the raylet's text is
+    wrapped (its level read from its start, its worker named); empty lines are dropped."""
+    from tailgate.fleet.logs import print_batch
+
+    own = {"time": "2026-01-01T00:00:00.000Z", "level": "info", "logger": "tailgate.access", "replica": "r1"}
+    print_batch(
+        {
+            "lines": [json.dumps(own), "WARNING 2026-01-01 controller 12 -- slow", "\x1b[33mplain\x1b[0m", ""],
+            "pid": 12,
+            "actor_name": "ServeController",
+            "is_err": True,
+        }
+    )
+    out = capsys.readouterr()
+    assert out.out == ""
+    got = [json.loads(x) for x in out.err.splitlines()]
+    assert got[0] == own and len(got) == 3
+    assert got[1]["level"] == "warning" and got[1]["source"] == "ServeController pid=12"
+    assert got[2]["message"] == "plain" and got[2]["level"] == "info" and got[2]["logger"] == "ray"
+
+
+def test_a_replicas_json_lines_name_it(monkeypatch):
+    import io
+    import logging
+
+    from tailgate.server.logs import configure
+
+    monkeypatch.setenv("TQDM_DISABLE", "1")  # configure's json sets it: restored (unset) after the test
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    buf = io.StringIO()
+    try:
+        configure("info", "json", {"replica": "r9"}, stream=buf)
+        logging.getLogger("tailgate").info("hello")
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    line = json.loads(buf.getvalue())
+    assert line["replica"] == "r9" and line["message"] == "hello" and line["logger"] == "tailgate"

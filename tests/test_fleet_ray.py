@@ -25,18 +25,25 @@ PREFIX_B = "A recipe for country bread asks for flour, water, salt and a little 
 
 
 @pytest.fixture(scope="module")
-def fleet():
+def fleet_process():
     from live import start_server, stop_server
 
     # The prefix cache on, so a repeat's cached_tokens show where its prefix was kept.
-    # --allowed-origins and --log-format json: settings that once stopped at the front (issue 37).
+    # --allowed-origins and --log-format json: settings that once stopped at the front (issue 37);
+    # --log-level info: every access line, whose JSON the last test reads from the command's output.
     p, base, _ = start_server(
         timeout=600,
-        args=["--replicas", "2", "--allowed-origins", "http://app.example", "--log-format", "json"],
+        args=["--replicas", "2", "--allowed-origins", "http://app.example", "--log-format", "json"]
+        + ["--log-level", "info"],
         TAILGATE_PREFIX_CACHE="16",
     )
-    yield base
+    yield p, base
     stop_server(p, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def fleet(fleet_process):
+    return fleet_process[1]
 
 
 def complete(base, prompt: str, **extra) -> httpx.Response:
@@ -171,3 +178,48 @@ def test_a_killed_replica_fails_its_streams_cleanly_while_the_fleet_serves_and_r
     # has loaded too (on a loaded 2-core host that came a few seconds later: "degraded" meanwhile)
     assert until(lambda: httpx.get(fleet + "/health", timeout=30).json()["status"] == "ok", timeout=480)
     assert complete(fleet, PREFIX_B + " Again:").status_code == 200
+
+
+def json_lines(p) -> tuple[list[dict], list[str]]:
+    """The command's output so far (stdout and stderr: tests/live.py's log file), read as JSON
+    lines: (the objects, the lines that are not one)."""
+    objs, bad = [], []
+    for line in open(p.log_path, errors="replace").read().splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            obj = None
+        (objs.append(obj) if isinstance(obj, dict) else bad.append(line))
+    return objs, bad
+
+
+def test_under_log_format_json_every_line_is_json_and_each_replica_access_line_reaches_the_output(fleet_process):
+    """Issue 44: under --replicas 2 no line was JSON, no replica's access or INFO line reached the
+    command's output, and the front logged an asyncio ERROR traceback (RequestCancelledError) for
+    every non-streamed request. Last in this file: the log of everything above (a killed replica
+    included) is read too."""
+    from live import until
+
+    p, base = fleet_process
+    served = {}
+    for i, stream in enumerate((False, True)):
+        body = {"messages": [{"role": "user", "content": f"Say hello {i}."}], "max_tokens": 4, "stream": stream}
+        r = httpx.post(base + "/v1/chat/completions", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        served[r.headers[HEADER]] = True
+    for prefix in (PREFIX_A, PREFIX_B):  # one request to each replica (their prefixes live apart)
+        r = complete(base, prefix + " Logs:")
+        served[r.headers[HEADER]] = True
+
+    def access(objs):
+        return [o for o in objs if o.get("logger") == "tailgate.access" and "replica" in o]
+
+    # Ray carries a replica's lines to the command's output a moment after they are written.
+    assert until(lambda: {o["replica"] for o in access(json_lines(p)[0])} >= set(served), 60), json_lines(p)[1][-20:]
+    objs, bad = json_lines(p)
+    assert not bad, bad[:20]
+    chats = [o for o in access(objs) if o.get("path") == "/v1/chat/completions"]
+    assert {o["stream"] for o in chats} >= {True, False} and all(o["status"] == 200 for o in chats)
+    assert any(o.get("logger") == "tailgate" and o.get("replica") and o["level"] == "info" for o in objs)
+    text = "\n".join(json.dumps(o) for o in objs)
+    assert "RequestCancelledError" not in text and "was never retrieved" not in text

@@ -94,6 +94,15 @@ def fleet_status(target: int):
     return status
 
 
+def ray_to_root() -> None:
+    """Ray's own loggers in this process write through the root logger's handler (JSON), not their
+    own plain-text one."""
+    for name in ("ray", "ray.serve"):
+        lg = logging.getLogger(name)
+        lg.handlers.clear()
+        lg.propagate = True
+
+
 def serve_fleet(args, lookup) -> int:
     import uvicorn
 
@@ -110,12 +119,21 @@ def serve_fleet(args, lookup) -> int:
     except (ValueError, PreflightError) as e:
         print(f"tailgate: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from ..server.logs import configure
+
+    configure(args.log_level, args.log_format)  # this process's lines, as one server's (text or JSON)
+    # Every replica's lines as they come: Ray's driver would fold look-alike lines of different
+    # workers (two replicas' access lines) into one "[repeated Nx]" line, later (fleet/logs.py).
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     import ray
     from ray import serve
+
+    json_logs = args.log_format == "json"
+    if json_logs:
+        from .logs import json_worker_lines
+
+        ray_to_root()
+        json_worker_lines()  # before ray.init, which binds the printer
 
     rspec = replica_spec(args, cfg, plan, template)
     # A local Ray gets this machine's cores, shared out (fractions allowed); a cluster places each
@@ -163,6 +181,8 @@ def serve_fleet(args, lookup) -> int:
             http="h11",
             timeout_graceful_shutdown=args.drain_timeout,
             access_log=False,
+            # json: uvicorn's own lines go through the root logger's JSON handler too (as one server's)
+            **({"log_config": None} if json_logs else {}),
         )
     finally:
         # uvicorn has drained the open requests by now. On a cluster, take our app off it; a local

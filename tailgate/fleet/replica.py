@@ -39,9 +39,16 @@ class EngineReplica:
 
         from ..assemble import build_engine
         from ..server.app import create_app
+        from ..server.logs import configure
         from ..server.metrics import registry_for
 
         self.id = self._replica_id()
+        # As one server logs (access lines, INFO and up), to this worker's stderr, which Ray carries
+        # to the command's output; a JSON line names its replica (fleet/logs.py).
+        json_logs = spec.get("log_format") == "json"
+        configure(
+            spec.get("log_level", "info"), spec.get("log_format", "text"), {"replica": self.id} if json_logs else None
+        )
         log = logging.getLogger("tailgate")
         torch.set_num_threads(spec["threads"])
         engine, model, settled = build_engine(

@@ -141,7 +141,7 @@ def create_app(state: ServerState):
     app = FastAPI(
         title="tailgate",
         version=__version__,
-        docs_url=None,
+        docs_url=None,  # /docs is web.py's: Swagger UI from this server's own files, not a CDN
         redoc_url=None,
         lifespan=_lifespan,
         exception_handlers={

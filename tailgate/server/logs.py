@@ -13,7 +13,12 @@ access = logging.getLogger("tailgate.access")
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record: time, level, logger, message, and an access line's fields."""
+    """One JSON object per record: time, level, logger, message, `fields` (a fleet replica's id),
+    and an access line's fields."""
+
+    def __init__(self, fields: dict | None = None):
+        super().__init__()
+        self.fields = dict(fields or {})
 
     def format(self, record: logging.LogRecord) -> str:
         out = {
@@ -21,6 +26,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
+            **self.fields,
         }
         fields = getattr(record, "access", None)
         if fields:
@@ -30,15 +36,16 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False)
 
 
-def configure(level: str, fmt: str) -> None:
+def configure(level: str, fmt: str, fields: dict | None = None, stream=None) -> None:
     """The root logger's handler for this process (uvicorn's loggers propagate to it in json mode;
-    in text mode uvicorn keeps its own format, as before)."""
-    handler = logging.StreamHandler()
+    in text mode uvicorn keeps its own format, as before). `fields`: added to every JSON line;
+    `stream`: where lines go (stderr by default)."""
+    handler = logging.StreamHandler(stream)
     if fmt == "json":
         # tqdm's own switch (read by model/ at each bar): a progress bar's plain text between the
         # JSON lines would break every line-by-line reader of stderr (issue 44)
         os.environ["TQDM_DISABLE"] = "1"
-        handler.setFormatter(JsonFormatter())
+        handler.setFormatter(JsonFormatter(fields))
         handler.formatter.converter = time.gmtime
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

@@ -1,6 +1,8 @@
 """The pages a person opens: the chat playground at `/`, the live dashboard at `/dashboard`, their
 static files (package data under `static/`, plain HTML + JS modules, no build step, no network),
-and the dashboard's server-sent-events feed at `/dashboard/feed` (`feed.py`).
+the dashboard's server-sent-events feed at `/dashboard/feed` (`feed.py`), and the API's Swagger UI
+at `/docs`, whose JS and CSS this server serves too (the `swagger-ui-bundle-v2` package's files,
+`/docs/static/...`): FastAPI's own page loads them from a CDN, which an offline user never reaches.
 
 The pages themselves carry no data, so they load without the API key; everything they show
 comes from calls that need it when one is set (the /v1 endpoints and the feed), sent by the
@@ -13,6 +15,7 @@ from __future__ import annotations
 from importlib import resources
 
 from fastapi import APIRouter, Request
+from fastapi.openapi.docs import get_swagger_ui_html
 from starlette.responses import Response, StreamingResponse
 
 from . import feed
@@ -58,6 +61,47 @@ async def dashboard():
 @router.get("/static/{name}")
 async def static(name: str):
     return _file(name)
+
+
+# The Swagger UI files /docs uses, by name (nothing else under the package's folder is served).
+DOCS_FILES = {
+    "swagger-ui-bundle.js": TYPES[".js"],
+    "swagger-ui.css": TYPES[".css"],
+    "favicon-32x32.png": "image/png",
+}
+
+
+def _docs_file(name: str) -> Response:
+    key = "docs/" + name
+    if key not in _cache:
+        if name not in DOCS_FILES:
+            raise ApiError(404, f"GET /docs/static/{name}: not found")
+        try:
+            from swagger_ui_bundle import swagger_ui_path
+        except ImportError:
+            raise ApiError(404, "GET /docs: Swagger UI's files are not installed (pip install swagger-ui-bundle-v2)")
+        _cache[key] = ((swagger_ui_path / name).read_bytes(), DOCS_FILES[name])
+    body, ctype = _cache[key]
+    return Response(body, media_type=ctype, headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/docs")
+async def docs(req: Request):
+    """Swagger UI over /openapi.json, every file from this server (a proxy's root_path kept)."""
+    _docs_file("swagger-ui-bundle.js")  # a 404 naming the package, not a page that draws nothing
+    root = req.scope.get("root_path", "").rstrip("/")
+    return get_swagger_ui_html(
+        openapi_url=root + req.app.openapi_url,
+        title=f"{req.app.title} {req.app.version}: API",
+        swagger_js_url=f"{root}/docs/static/swagger-ui-bundle.js",
+        swagger_css_url=f"{root}/docs/static/swagger-ui.css",
+        swagger_favicon_url=f"{root}/docs/static/favicon-32x32.png",
+    )
+
+
+@router.get("/docs/static/{name}")
+async def docs_static(name: str):
+    return _docs_file(name)
 
 
 def parse_since(raw: str) -> int:
