@@ -231,13 +231,17 @@ def test_the_auto_kv_budget_is_half_the_free_ram_when_slots_times_context_do_not
     assert c1.kv_cache_mb is None and c2.kv_cache_mb == sliding_mb + 200
     assert roomy.scheduler.book.glob.capacity == full["global"] - 1  # a full context per slot (+1: padding)
     assert tight.scheduler.book.glob.capacity < full["global"] // 2
-    assert any(f"over half the RAM available ({sliding_mb + 200} MiB), so that half, with preemption" in line for line in lines)
+    assert any(
+        f"over half the RAM available ({sliding_mb + 200} MiB), so that half, with preemption" in line for line in lines
+    )
     # what the log and /version say the pools hold: MiB, tokens at once, as MAX_CONTEXT-long requests
     assert roomy.kv["tokens"] == 64 * 2048 and roomy.kv["contexts"] == 64 and not roomy.kv["preempts"]
     assert tight.kv["tokens"] == tight.scheduler.book.glob.capacity * 16 and tight.kv["preempts"]
     assert tight.kv["mib"] <= sliding_mb + 200 < roomy.kv["mib"]
     assert roomy.kv["rule"].startswith("auto: DECODE_SLOTS x MAX_CONTEXT fits half the RAM available")
-    assert any(f"KV cache: {tight.kv['mib']} MiB, {tight.kv['tokens']} tokens of context at once" in line for line in lines)
+    assert any(
+        f"KV cache: {tight.kv['mib']} MiB, {tight.kv['tokens']} tokens of context at once" in line for line in lines
+    )
 
 
 def test_the_ram_the_budget_sees_counts_reclaimable_cache(tmp_path):
