@@ -28,7 +28,7 @@ from .prefix import PrefixCache
 from .prompt_logprobs import prompt_segment
 from .request import Event, Finished, Rejected, Request, RowSample, Sampled, Status, row_sample
 from .settle import settle_step
-from .step_cost import WALK, MeteredExecutor, RoundBudget, StepCostModel, step_features
+from .step_cost import WALK, MeteredExecutor, RoundBudget, StepCostModel
 from .stop import resolve_max_tokens
 from .walk import walk_round
 
@@ -194,7 +194,7 @@ class Scheduler:
         plan.kind = step_kind(plan.chunks, rows, chunked=bool(self.chunk))
         plan.why = plan.why or ("live rows decode" if rows else "nothing to run")
         if segs and self.costs is not None and self.costs.ready:  # the pass's price, scored when it is recorded
-            plan.predicted_s = self.costs.predict(step_features(segs))
+            plan.predicted_s = self.costs.predict(self.executor.features(segs))  # (a MeteredExecutor's)
 
     def _execute(self, plan: StepPlan) -> list:
         """Per segment: its Sampled, None (not sampled), or the exception that failed it."""
