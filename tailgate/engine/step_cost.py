@@ -263,6 +263,7 @@ class RoundBudget:
         self.wide = WIDEN * self.fallback  # under the walk, the horizon's ceiling in rows (WIDEN)
         self.metrics = metrics
         self.predicted: float | None = None  # the last round's predicted step seconds (None: not priced)
+        self._hint = 0  # the last price bound `_largest_priced` found: where the next one starts
         if metrics is not None and target_s is not None and target_s != WALK:
             metrics.step_cost["target_s"] = target_s
 
@@ -279,11 +280,12 @@ class RoundBudget:
         elif not self.model.trusted:  # not fitted yet, or its error says it does not know this host
             take = min(self.fallback, widest)
         else:
+            cost, decode_step = self._pricer(walkers, live)
             if self.target == WALK:  # the fixed walk: its width, widened below within WIDEN_S
                 take = min(self.fallback, widest)
                 ceiling = min(widest, self.wide)
             else:
-                take = self._largest_within(walkers, live, widest)
+                take = self._largest_within(cost, decode_step, widest)
                 # Widened at most to the fixed walk's width (MIX_CHUNK_TOKENS, else 64): a stream
                 # waits no longer than it would behind the plain walk. Uncapped, a backlog no width
                 # clears in time took every walker's rest at once (the simulator, `local` costs, c8
@@ -292,12 +294,12 @@ class RoundBudget:
             if self.horizon is not None and take < ceiling:
                 backlog = total + queued_rows
                 if self.target == WALK:
-                    wide = self._widened(walkers, live, take, ceiling, backlog)
+                    wide = self._widened(cost, take, ceiling, backlog)
                 else:
-                    wide = self._clearing(walkers, live, ceiling, backlog)
+                    wide = self._clearing(cost, ceiling, backlog)
                 if wide > take:
                     take = wide
-                    self.predicted = self._cost(walkers, live, take)
+                    self.predicted = cost(take)
                     if self.metrics is not None:
                         self.metrics.rounds_widened += 1
         if self.metrics is not None and take > 0:
@@ -319,52 +321,19 @@ class RoundBudget:
             pairs += n * st + n * (n + 1) // 2
         return prompt, decode + live_n, sampled, live_kpairs + pairs / 1000
 
-    def _cost(self, walkers, live, b: int) -> float:
+    def _pricer(self, walkers, live):
+        """The predicted step seconds of this round at b prompt rows, as a function of b, and of
+        the live rows' decode step alone (the live rows' query-key pairs summed once a round)."""
+        n = len(live)
         kpairs = sum(a.pages.frontier + 1 for a in live) / 1000
-        return self.model.predict(self.round_features(walkers, len(live), kpairs, b))
+        cost = lambda b: self.model.predict(self.round_features(walkers, n, kpairs, b))  # noqa: E731
+        return cost, lambda: self.model.predict(self.round_features([], n, kpairs, 0))
 
-    def _clearing(self, walkers, live, widest: int, backlog: int) -> int:
-        """The fewest rows r (<= widest) whose rate r / step(r) clears `backlog` rows within the
-        horizon; `widest` when none does. r / step(r) grows with r (a step costs a floor plus a
+    @staticmethod
+    def _fewest_clearing(cost, need: float, lo: int, hi: int) -> int:
+        """The fewest rows r in [lo, hi] with r >= need * cost(r) (a rate of r / step(r) rows a
+        second); the caller knows hi clears. r / step(r) grows with r (a step costs a floor plus a
         price per row), so a bisection finds it."""
-        need = backlog / self.horizon  # rows per second
-        n = len(live)
-        kpairs = sum(a.pages.frontier + 1 for a in live) / 1000
-
-        def fast_enough(b: int) -> bool:
-            return b >= need * self.model.predict(self.round_features(walkers, n, kpairs, b))
-
-        if not fast_enough(widest):
-            return widest
-        lo, hi = 1, widest
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if fast_enough(mid):
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
-
-    def _widened(self, walkers, live, take: int, ceiling: int, backlog: int) -> int:
-        """The walk's round under the horizon: `take` when it clears `backlog` in time, else the
-        fewest rows that do, at most the most rows priced within WIDEN_S (and `ceiling`). The same
-        answer as `_clearing` bounded by `_largest_priced`, in fewer predictions: a round with no
-        backlog past the horizon (most rounds) prices one step, and the price bound starts from
-        the last round's (`_hint`), a few rows off in a steady walk. (10,000 simulated requests,
-        1024 in / 128 out, c16: each prediction is ~2.5 us of the scheduler's time.)"""
-        need = backlog / self.horizon  # rows per second
-        n = len(live)
-        kpairs = sum(a.pages.frontier + 1 for a in live) / 1000
-
-        def cost(b: int) -> float:
-            return self.model.predict(self.round_features(walkers, n, kpairs, b))
-
-        if take >= need * cost(take):
-            return take
-        top = self._largest_priced(cost, ceiling, WIDEN_S)
-        if top <= take or top < need * cost(top):
-            return max(take, top)
-        lo, hi = take + 1, top  # cleared at top, not at take: the fewest in between
         while lo < hi:
             mid = (lo + hi) // 2
             if mid >= need * cost(mid):
@@ -373,10 +342,33 @@ class RoundBudget:
                 lo = mid + 1
         return lo
 
+    def _clearing(self, cost, widest: int, backlog: int) -> int:
+        """The fewest rows r (<= widest) whose rate r / step(r) clears `backlog` rows within the
+        horizon; `widest` when none does."""
+        need = backlog / self.horizon  # rows per second
+        if widest < need * cost(widest):
+            return widest
+        return self._fewest_clearing(cost, need, 1, widest)
+
+    def _widened(self, cost, take: int, ceiling: int, backlog: int) -> int:
+        """The walk's round under the horizon: `take` when it clears `backlog` in time, else the
+        fewest rows that do, at most the most rows priced within WIDEN_S (and `ceiling`). The same
+        answer as `_clearing` bounded by `_largest_priced`, in fewer predictions: a round with no
+        backlog past the horizon (most rounds) prices one step, and the price bound starts from
+        the last round's (`_hint`), a few rows off in a steady walk. (10,000 simulated requests,
+        1024 in / 128 out, c16: each prediction is ~2.5 us of the scheduler's time.)"""
+        need = backlog / self.horizon  # rows per second
+        if take >= need * cost(take):
+            return take
+        top = self._largest_priced(cost, ceiling, WIDEN_S)
+        if top <= take or top < need * cost(top):
+            return max(take, top)
+        return self._fewest_clearing(cost, need, take + 1, top)  # cleared at top, not at take
+
     def _largest_priced(self, cost, widest: int, seconds: float) -> int:
         """The most rows (<= widest) whose `cost` is within `seconds` (0 when none is): galloping
         from the last answer (`_hint`), then a bisection of the bracket it found."""
-        h = min(max(getattr(self, "_hint", 0), 0), widest)
+        h = min(max(self._hint, 0), widest)
         if h == 0 or cost(h) <= seconds:  # the answer is h or above
             lo, step = h, 1
             while lo < widest:
@@ -406,19 +398,12 @@ class RoundBudget:
         self._hint = lo
         return lo
 
-    def _largest_within(self, walkers, live, widest: int) -> int:
+    def _largest_within(self, cost, decode_step, widest: int) -> int:
         if widest <= 0:
             return 0
-        n = len(live)
-        kpairs = sum(a.pages.frontier + 1 for a in live) / 1000
-        model = self.model
-
-        def cost(b: int) -> float:
-            return model.predict(self.round_features(walkers, n, kpairs, b))
-
         target = self.target
         if target is None:  # auto: a multiple of this batch's own decode step
-            target = AUTO_FACTOR * model.predict(self.round_features([], n, kpairs, 0))
+            target = AUTO_FACTOR * decode_step()
             if self.metrics is not None:
                 self.metrics.step_cost["target_s"] = target
         lo = 1  # at least one row moves, whatever it costs
