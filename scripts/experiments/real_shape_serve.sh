@@ -5,15 +5,12 @@
 #   scripts/experiments/real_shape_serve.sh MODEL [PORT]     (MODEL: OUT_DIR/hf or a .gguf; PORT 8765)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+. scripts/experiments/serve_ready.sh
 model=$1; port=${2:-8765}
 log=$(mktemp --suffix=.serve.log)
 t0=$(date +%s.%N)
-setsid .venv/bin/tailgate serve --model "$model" --port "$port" > "$log" 2>&1 &
-pid=$!
-until curl -sf "localhost:$port/health" >/dev/null; do
-  kill -0 "$pid" 2>/dev/null || { echo "$model: the server exited; its log ($log):"; tail -20 "$log"; exit 1; }
-  sleep 0.2
-done
+start_server "$log" "$port" --model "$model" || exit 1
+pid=$SERVER_PID
 t1=$(date +%s.%N)
 name=$(curl -s "localhost:$port/v1/models" | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
 body="{\"model\": \"$name\", \"prompt\": \"The capital of France is\", \"max_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true}"
@@ -22,7 +19,7 @@ reply=$(curl -s "localhost:$port/v1/completions" -H 'content-type: application/j
 t3=$(date +%s.%N)
 rss=$(awk '/VmRSS/ {print int($2 / 1024)}' "/proc/$pid/status")
 hwm=$(awk '/VmHWM/ {print int($2 / 1024)}' "/proc/$pid/status")
-kill -TERM -- "-$pid"; wait "$pid" 2>/dev/null
+stop_server
 echo "$model: ready in $(echo "$t1 - $t0" | bc) s; 8 tokens in $(echo "$t3 - $t2" | bc) s; RSS $rss MiB (peak $hwm MiB)"
 echo "$reply" | .venv/bin/python -c '
 import json, sys

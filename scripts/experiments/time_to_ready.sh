@@ -5,18 +5,14 @@
 #   scripts/experiments/time_to_ready.sh [MODEL]      (default gemma3-270m; PORT=8020)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+. scripts/experiments/serve_ready.sh
 model=${1:-gemma3-270m}; port=${PORT:-8020}
 dir=$(mktemp -d); logs=$(mktemp -d)
 for arm in cold warm1 warm2; do
   t0=$(date +%s.%N)
-  TAILGATE_CACHE_DIR=$dir setsid .venv/bin/tailgate serve --model "$model" --port "$port" > "$logs/$arm.log" 2>&1 &
-  pid=$!
-  until curl -sf "localhost:$port/health" >/dev/null; do
-    kill -0 "$pid" 2>/dev/null || { echo "$model $arm: the server exited; its log:"; tail -20 "$logs/$arm.log"; exit 1; }
-    sleep 0.1
-  done
+  TAILGATE_CACHE_DIR=$dir start_server "$logs/$arm.log" "$port" --model "$model" || exit 1
   t1=$(date +%s.%N)
   echo "$model $arm ready in $(echo "$t1 - $t0" | bc) s"
-  kill -TERM -- "-$pid"; wait "$pid" 2>/dev/null
+  stop_server
 done
 rm -rf "$dir"; echo "logs: $logs"
