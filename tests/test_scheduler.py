@@ -816,3 +816,59 @@ def test_the_fatal_path_ends_queued_and_live_requests_the_one_way():
     for r in rs:
         assert ends[r.id].completion_tokens == sum(1 for e in got if isinstance(e, Token) and e.request_id == r.id)
     assert s.metrics.finished["error"] == 3 and s.book.glob.used == 0 and not s.has_work()
+
+
+# ---- rules no other scenario reached (branch coverage of tailgate/engine under the scheduler tests) ----
+def test_a_leader_already_past_the_gather_budget_rides_the_live_rows_without_followers():
+    s = make(slots=8, gather_rows=25)  # the walk off: whole prompts, gathered under a 25-row budget
+    live = req()
+    s.submit(live)
+    step(s)
+    leader, follower = req(30), req(3)
+    s.submit(leader)
+    s.submit(follower)
+    p, _ = step(s)
+    assert (p.admitted, p.chunks, p.rows) == ([leader], [(leader, 30)], [live])  # 30 rows: nobody gathered
+    p, _ = step(s)
+    assert (p.admitted, p.chunks) == ([follower], [(follower, 3)])
+
+
+def test_an_arrival_the_door_holds_is_released_with_a_preempted_head_that_passes_the_door():
+    s = make(slots=8, global_pages=11, door_ms=2000)  # 10 usable pages; a 2 s door; cohorts of 4
+    a, b, c = (req(10, max_tokens=60) for _ in range(3))
+    for i, r in enumerate((a, b, c)):
+        r.arrival = 1.0 + i
+        s.submit(r)
+    while len(s.roster) < 3:
+        step(s)
+    x = req(1, max_tokens=1)
+    x.arrival = 9.0
+    s.submit(x)
+    p, _ = step(s)
+    assert x.held_at is not None and s.held == 1 and not p.admitted  # an incomplete cohort: the door holds x
+    while c not in p.admitted:  # the clock never moves: the door alone would hold x for good
+        p, _ = step(s)
+    # c was preempted and parked ahead of x; its readmission passes the door, and x, popped behind
+    # it, is released with it: its hold counted once, no new wait (pages decide when it goes)
+    assert c.preemptions == 1 and p.admitted == [c]
+    assert x.held_at is None and x.passed and s.metrics.door_hold.n == 1 and s.held == 0
+    p, events = step(s)
+    assert p.admitted == [x] and p.held == 0
+    events += drain(s)[1]
+    assert finished(events, x.id).reason == "length" and s.book.glob.used == 0
+
+
+def test_a_parked_request_goes_back_between_the_older_and_the_younger_queued_ones():
+    """preemption.park keeps the queue in arrival order (request.rank) whoever is already there:
+    no scenario above parks a request behind an older queued one (the youngest holder is the
+    victim, so the queue it returns to holds only later arrivals), so the rule is read directly."""
+    from tailgate.engine.preemption import park
+
+    s = make()
+    older, younger, mid = req(), req(), req()
+    older.arrival, mid.arrival, younger.arrival = 1.0, 2.0, 3.0
+    s.submit(older)
+    s.submit(younger)
+    mid.preemptions = 1
+    park(s, mid)
+    assert list(s.queue) == [older, mid, younger] and mid.passed and mid.status.name == "PREEMPTED"

@@ -51,6 +51,25 @@ def random_step(r: random.Random) -> tuple[int, int, int, float]:
 
 
 # ---- the model ----------------------------------------------------------------------------
+def test_a_step_the_fit_already_prices_brings_no_solve_and_one_it_misses_does():
+    """SURPRISE: steps the fit prices within 1 % leave the least-squares answer where it is, so
+    they do not count toward the next solve (`refit_every`); steps it misses do."""
+    m, r = StepCostModel(), random.Random(2)
+    for _ in range(300):
+        x = random_step(r)
+        m.observe(x, true_seconds(x))
+    fit = m._current()  # solved now: the truth, to well within 1 %
+    for _ in range(3 * m.refit_every):
+        x = random_step(r)
+        m.observe(x, true_seconds(x))
+    assert m._current() is fit  # no solve: nothing it saw was news
+    slow = CostModel(floor=0.020, prompt_row=0.0005, decode_row=0.002, sampled_row=0.0003, attn_per_1k=0.004)
+    for _ in range(m.refit_every):
+        x = random_step(r)
+        m.observe(x, true_seconds(x, slow))  # 10 ms more a step: missed
+    assert m._current() is not fit and m._current()[0] > fit[0]  # solved again, a higher floor
+
+
 def test_the_fit_converges_to_a_known_linear_cost():
     m, r = StepCostModel(), random.Random(1)
     for _ in range(300):

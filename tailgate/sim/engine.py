@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 
 from ..config import ServingConfig, usable_cores
-from ..engine.cost_form import SHAPES, shape_features
+from ..engine.cost_form import SHAPES, shape_features, step_features
 from ..engine.pages import KVBook, budget_pool_pages, pool_pages
 from ..engine.request import Sampled
 from ..engine.scheduler import Scheduler
@@ -65,9 +65,12 @@ class SimExecutor:
         self.steps = 0
         self.lane_share = lane_share
         self._lane_until: float | None = None
+        # How a step's features are counted: the engine's meter (`MeteredExecutor.features`) when
+        # it has one, which has counted this step's already for its price (`build` wires it).
+        self.features = step_features
 
     def _cost(self, segments) -> float:
-        dt = self.cost.step_seconds(segments)
+        dt = self.cost.price(self.features(segments))
         if self.jitter:
             dt *= max(0.5, 1 + self.jitter * self.rng.gauss(0, 1))
         return dt
@@ -142,6 +145,8 @@ def build(
     book = KVBook(pages["global"], pages.get("local"), cost.window)
     ex = SimExecutor(cost, clock, jitter, seed, lane_share(cfg.async_prefill, cores), chat)
     sched = Scheduler(ex, book, cfg, VOCAB, clock=clock)
+    if sched.executor is not ex:  # metered: a step's features are counted once, for its price and its cost
+        ex.features = sched.executor.features
     if probe and sched.costs is not None:  # as the real engine's start-up probe seeds it (model/kernels/probe.seed)
         seed_costs(sched.costs, cost)
     return sched
