@@ -18,6 +18,7 @@ from tailgate.engine.scheduler import Scheduler
 from tailgate.engine.step_cost import (
     AUTO_FACTOR,
     AUTO_OVERHEAD,
+    LATE,
     TERMS,
     TRUST_ERROR,
     WALK,
@@ -375,6 +376,17 @@ def test_a_widened_walk_round_stays_within_the_price_bound_so_a_cpu_with_dear_pr
         RoundBudget(WALK, None, model=fitted(free), fallback=64, horizon_s=0.1).rows(walkers, rows, 10_000)
         == WIDEN * 64
     )
+
+
+def test_a_walker_that_waited_late_times_the_horizon_gets_the_widest_priced_round():
+    """LATE: a backlog the walk's width clears within the horizon keeps the width, unless its
+    first walker has waited LATE horizons already: then the round is the widest WIDEN_S allows."""
+    walkers, rows = [walker(440)], live(*range(100, 1200, 100))
+    b = RoundBudget(WALK, None, model=fitted(), fallback=64, horizon_s=30.0)
+    assert b.rows(walkers, rows, 0, waited=LATE * 30.0) == 64  # within the horizon: the walk's width
+    late = b.rows(walkers, rows, 0, waited=LATE * 30.0 + 0.1)
+    kp = sum(a.pages.frontier + 1 for a in rows) / 1000
+    assert 64 < late < 440 and b.predicted <= WIDEN_S < b.model.predict(b.round_features(walkers, 11, kp, late + 1))
 
 
 def test_with_no_live_rows_the_walk_still_takes_its_width_unless_the_backlog_widens_it():

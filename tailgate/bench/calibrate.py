@@ -14,7 +14,7 @@ from ..sim.cost import save_preset
 
 
 def calibrate(args) -> int:
-    """Fit the `local` preset from `tailgate bench step` on this machine (the chosen kernel plan):
+    """Fit a preset (`--preset-name`, `local` by default) from `tailgate bench step` on this machine (the chosen kernel plan):
     decode 1/4/16/64, two walk rounds and prefill 256/512 at 256 keys of context, and decode
     4/16 at 1024 keys (so attention's price is seen apart from the rows')."""
     import torch
@@ -57,6 +57,7 @@ def calibrate(args) -> int:
         print(
             f"{e['kind']:9s} {e['n']:5d}  measured {e['ms']:8.1f} ms  fit {e['fit_ms']:8.1f} ms  {e['error_pct']:+6.1f} %"
         )
-    save_preset("local", model)
-    print(f"local preset: {model}")
+    name = getattr(args, "preset_name", "local")
+    save_preset(name, model)
+    print(f"{name} preset: {model}")
     return 0

@@ -95,6 +95,17 @@ WALK = "walk"
 # measured presets keep W-std c4 / c8 at <= 1.01x the walk's ITL p99 on all three classes.
 WIDEN_S = 0.15
 WIDEN = 8
+# A walker that has waited LATE x the horizon is finished at the widest round the bound allows,
+# whether or not its rest would clear within the horizon at the walk's width: read from now alone,
+# the last of a wave of 12 long prompts (768 in, c12, AMX Xeon) had waited 3.7 s when its last 440
+# rows fit the 500 ms horizon at 64 a round, and took 0.75 s more; that prompt was the run's TTFT
+# p99. Two alternated rounds against the rule without it (docs/benchmarks/socket-tail.md): TTFT
+# p99 4100 / 4257 -> 3783 / 3872 ms, tok/s +5 %, ITL p99 unchanged (170 / 168 -> 181 / 165 ms), W-std
+# c16 unchanged (TTFT p99 1.9 s, under the 2 s mark). 4: past every W-std and open-loop TTFT p99
+# measured here at the 500 ms horizon, so only such waves reach it; in the simulator's measured
+# presets (jitter 0.1, seeds 0-2) only W-std c16 moved: amx-measured (costs ~2x this host's, TTFT
+# p99 3.6 s) TTFT p50 +4 % and ITL p99 +3 %, zen5-measured -1 % and -2 %.
+LATE = 4
 # The fit's error on a W-std c8 run: p90 0.11 on the AMX Xeon (its step trace in
 # ../shared/design/measured/), 0.13-0.17 on AMD EPYC Zen 3 (issue 26).
 TRUST_ERROR = 0.35
@@ -290,11 +301,12 @@ class RoundBudget:
         if metrics is not None and target_s is not None and target_s != WALK:
             metrics.step_cost["target_s"] = target_s
 
-    def rows(self, walkers, live, queued_rows: int = 0) -> int:
+    def rows(self, walkers, live, queued_rows: int = 0, waited: float = 0.0) -> int:
         """The budget `walk.walk_round` spreads over `walkers` (admission order; each with
         `done`, `rest`, `tokens`) this round, with `live` rows riding it (each with
         `pages.frontier`, the position its next token is fed at); `queued_rows` are the prompt
-        rows of requests not yet admitted (the TTFT target's backlog beside the walkers' rest)."""
+        rows of requests not yet admitted (the TTFT target's backlog beside the walkers' rest);
+        `waited` is how long the first walker has waited since it arrived (LATE)."""
         total = sum(w.rest for w in walkers)
         widest = total if self.cap is None else min(self.cap, total)
         self.predicted = None
@@ -315,7 +327,8 @@ class RoundBudget:
                 # with a 1 s horizon: ITL p99 2.1 s, one 1000-row round).
                 ceiling = min(widest, self.fallback)
             if self.horizon is not None and take < ceiling:
-                backlog = total + queued_rows
+                # late: no round clears it in time, so the widest the bound allows
+                backlog = math.inf if waited > LATE * self.horizon else total + queued_rows
                 if self.target == WALK:
                     wide = self._widened(cost, take, ceiling, backlog)
                 else:

@@ -23,15 +23,18 @@ if TYPE_CHECKING:
     from .scheduler import Scheduler
 
 
-def round_budget(s: Scheduler) -> int | None:
+def round_budget(s: Scheduler, now: float) -> int | None:
     """How many prompt rows this round spreads over the walkers: MIX_CHUNK_TOKENS, or under
     ITL_TARGET_MS what the step-cost model prices within the target, or None with the walk off
     (every walker takes its whole rest: the whole prompts of a mixed step)."""
     if s.pace is None:
         return s.chunk or None
     # ITL_TARGET_MS (and TTFT_TARGET_MS, which reads the queue's prompts too)
-    queued = sum(len(r.prompt) for r in s.queue) if s.pace.horizon is not None else 0
-    return s.pace.rows(s.walk, s.roster, queued)
+    if s.pace.horizon is None:
+        return s.pace.rows(s.walk, s.roster)
+    queued = sum(len(r.prompt) for r in s.queue)
+    waited = now - min(w.arrival for w in s.walk) if s.walk else 0.0  # the longest a walker has waited
+    return s.pace.rows(s.walk, s.roster, queued, waited)
 
 
 def spread(walkers, budget: float, planned: Callable[[], int] | None = None) -> Iterator[tuple[Request, int]]:
@@ -65,7 +68,7 @@ def walk_round(s: Scheduler, plan: StepPlan) -> None:
     its prompt does not fit the pools at all."""
     ready_rows(s, plan)
     s.walk.sort(key=rank)  # stable: admission order among equals
-    budget = round_budget(s)
+    budget = round_budget(s, plan.at)
     # what is left is what the walkers planned so far left: one waiting for pages leaves its rows
     # to the ones behind it, and a pinned walker that preempts one planned before it takes its rows back
     for w, take in spread(list(s.walk), math.inf if budget is None else budget, lambda: plan.prompt_rows):

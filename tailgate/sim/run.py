@@ -225,9 +225,16 @@ def add_args(p) -> None:
         nargs="?",
         default="run",
         choices=["run", "calibrate"],
-        help="run a workload (default), or refit the `local` cost preset from `bench step` here (bench/calibrate.py)",
+        help="run a workload (default), or fit a cost preset (`local` unless --preset-name) from `bench step` "
+        "here (bench/calibrate.py)",
     )
-    p.add_argument("--calibrate-model", default="gemma3-270m")
+    p.add_argument("--calibrate-model", default="gemma3-270m", help="calibrate: the model `bench step` times")
+    p.add_argument(
+        "--preset-name",
+        default="local",
+        help="calibrate: the preset it saves (a capacity plan for another model or size: "
+        "`sim calibrate --calibrate-model M --preset-name NAME`, then `sim --cost NAME`)",
+    )
     p.add_argument("--cost", default="local", help="a preset of sim/presets.json, or a cost-model JSON file")
     p.add_argument("--model-max-context", type=int, default=32768, help="the simulated model's position limit")
     add_workload_args(p)
