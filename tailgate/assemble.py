@@ -13,19 +13,77 @@ from .engine.pages import PAGE_SIZE, KVBook, budget_pool_pages, pool_bytes, pool
 from .engine.scheduler import Scheduler
 
 
-def available_ram(meminfo: str = "/proc/meminfo") -> int:
+def available_ram(
+    meminfo: str = "/proc/meminfo", cgroups: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup"
+) -> int:
     """Bytes of memory a new allocation can have now without swapping: the kernel's MemAvailable,
-    which counts reclaimable page cache. (sysconf's AVPHYS_PAGES counts only free pages: on a
+    which counts reclaimable page cache (sysconf's AVPHYS_PAGES counts only free pages: on a
     machine whose cache had filled after reading the weights it read 370 MB of 24 GB, and the auto
-    KV budget refused to start.) Falls back to free pages where there is no /proc/meminfo."""
+    KV budget refused to start), and no more than this process's memory cgroup leaves (`cgroup_room`):
+    in a container MemAvailable is the host's, and a budget sized from it is killed at the
+    container's limit. Falls back to free pages where there is no /proc/meminfo."""
+    host = None
     try:
         with open(meminfo) as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    host = int(line.split()[1]) * 1024
+                    break
     except OSError:
         pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    if host is None:
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    room = cgroup_room(cgroups, root)
+    return host if room is None else min(host, room)
+
+
+def cgroup_room(cgroups: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """What the memory limits of this process's cgroup and its ancestors leave: the least of
+    limit - (usage - inactive file cache) over the levels that set one (v2 `memory.max` /
+    `memory.current`, v1 `memory.limit_in_bytes` / `memory.usage_in_bytes`; inactive file pages are
+    reclaimable, as `docker stats` counts). None where no level sets a limit or none can be read."""
+    try:
+        lines = open(cgroups).read().splitlines()
+    except OSError:
+        return None
+    found = []
+    for line in lines:
+        _, ctrl, path = line.split(":", 2)
+        if ctrl == "" and path:  # v2: one unified hierarchy
+            found.append((root, path, "memory.max", "memory.current", "inactive_file"))
+        elif "memory" in ctrl.split(","):  # v1: the memory controller's own hierarchy
+            found.append(
+                (
+                    os.path.join(root, "memory"),
+                    path,
+                    "memory.limit_in_bytes",
+                    "memory.usage_in_bytes",
+                    "total_inactive_file",
+                )
+            )
+    rooms = []
+    for base, path, limit_f, usage_f, inactive in found:
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):  # the group itself, then each ancestor
+            d = os.path.join(base, *parts[:depth])
+            try:
+                raw = open(os.path.join(d, limit_f)).read().strip()
+                usage = int(open(os.path.join(d, usage_f)).read())
+            except (OSError, ValueError):
+                continue
+            if raw == "max" or int(raw) >= 1 << 60:  # no limit at this level (v1 writes a huge number)
+                continue
+            cache = 0
+            try:
+                for row in open(os.path.join(d, "memory.stat")):
+                    key, _, val = row.partition(" ")
+                    if key == inactive:
+                        cache = int(val)
+                        break
+            except (OSError, ValueError):
+                pass
+            rooms.append(max(0, int(raw) - max(0, usage - cache)))
+    return min(rooms) if rooms else None
 
 
 def check_kv_budget(spec, config: ServingConfig, kv_dtype) -> None:

@@ -237,7 +237,7 @@ class Settings(BaseSettings):
         "that cannot grow preempts the latest arrival (requeued at the head, recomputed). The trade: fewer MiB "
         "hold less context at once, so long requests preempt each other (recomputed work, later first tokens); "
         "more leave less RAM to everything else. auto: DECODE_SLOTS x MAX_CONTEXT while that fits half the RAM "
-        "available at start, else half that RAM; off: DECODE_SLOTS x MAX_CONTEXT whatever the RAM. The start "
+        "available at start (within a container, what its memory limit leaves), else half that RAM; off: DECODE_SLOTS x MAX_CONTEXT whatever the RAM. The start "
         "log and /version (kv_cache) say what it holds and why",
     )
 

@@ -249,8 +249,44 @@ def test_the_ram_the_budget_sees_counts_reclaimable_cache(tmp_path):
 
     info = tmp_path / "meminfo"
     info.write_text("MemTotal:       24730624 kB\nMemFree:          378880 kB\nMemAvailable:   23634944 kB\n")
-    assert available_ram(str(info)) == 23634944 * 1024  # not MemFree: the page cache is reclaimable
-    assert available_ram(str(tmp_path / "absent")) > 0  # no /proc/meminfo: free pages
+    nocg = str(tmp_path / "no-cgroup")  # (this host's own cgroups aside)
+    assert available_ram(str(info), nocg) == 23634944 * 1024  # not MemFree: the page cache is reclaimable
+    assert available_ram(str(tmp_path / "absent"), nocg) > 0  # no /proc/meminfo: free pages
+
+
+def test_the_ram_the_budget_sees_is_no_more_than_the_memory_cgroup_leaves(tmp_path):
+    """In a container MemAvailable is the host's: the auto KV budget reads the least room any
+    memory cgroup level leaves (limit - usage + inactive file cache), v2 and v1 layouts alike."""
+    from tailgate.assemble import available_ram, cgroup_room
+
+    info = tmp_path / "meminfo"
+    info.write_text("MemAvailable:   23634944 kB\n")
+    gib = 1 << 30
+    v2 = tmp_path / "v2"
+    (v2 / "kubepods" / "pod1").mkdir(parents=True)
+    (v2 / "kubepods" / "memory.max").write_text(f"{16 * gib}\n")  # the limit is set one level up
+    (v2 / "kubepods" / "memory.current").write_text(f"{3 * gib}\n")
+    (v2 / "kubepods" / "memory.stat").write_text(f"anon 1\ninactive_file {gib}\nactive_file 5\n")
+    (v2 / "kubepods" / "pod1" / "memory.max").write_text("max\n")
+    (v2 / "kubepods" / "pod1" / "memory.current").write_text(f"{2 * gib}\n")
+    own = tmp_path / "self-v2"
+    own.write_text("0::/kubepods/pod1\n")
+    assert cgroup_room(str(own), str(v2)) == 14 * gib  # 16 - (3 - 1 reclaimable)
+    assert available_ram(str(info), str(own), str(v2)) == 14 * gib  # under the host's 22.5 GiB
+    v1 = tmp_path / "v1"
+    (v1 / "memory" / "tg16").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # the root: no limit
+    (v1 / "memory" / "memory.usage_in_bytes").write_text(f"{20 * gib}\n")
+    (v1 / "memory" / "tg16" / "memory.limit_in_bytes").write_text(f"{16 * gib}\n")
+    (v1 / "memory" / "tg16" / "memory.usage_in_bytes").write_text(f"{gib}\n")
+    own1 = tmp_path / "self-v1"
+    own1.write_text("9:name=systemd:/\n4:memory:/tg16\n0::/\n")
+    assert cgroup_room(str(own1), str(v1)) == 15 * gib
+    unlimited = tmp_path / "self-root"
+    unlimited.write_text("4:memory:/\n")
+    assert cgroup_room(str(unlimited), str(v1)) is None  # no level sets a limit: MemAvailable alone
+    assert available_ram(str(info), str(unlimited), str(v1)) == 23634944 * 1024
+    assert cgroup_room(str(tmp_path / "absent"), str(v1)) is None
 
 
 def test_a_sink_that_raises_cancels_only_its_own_request(gemma):

@@ -8,6 +8,7 @@ TL;DR: it loads the model and times real steps, so it lives beside `bench step`,
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from ..engine.cost_form import CostModel, fit
 from ..sim.cost import save_preset
@@ -41,7 +42,7 @@ def calibrate(args) -> int:
     model, errors = fit(rows, m.spec.sliding_window, "")
     worst = max(abs(e["error_pct"]) for e in errors)
     source = (
-        f"`tailgate sim calibrate`: least squares over `tailgate bench step` ({args.calibrate_model}, chosen "
+        f"`tailgate sim calibrate`: least squares over `tailgate bench step` ({Path(args.calibrate_model).name}, chosen "
         f"kernels) on {cpu.model} ({cpu.isa}), torch {torch.__version__}, {time.strftime('%Y-%m-%d')}; "
         f"worst fit error {worst:.0f} % over {len(rows)} steps"
     )
