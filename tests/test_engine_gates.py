@@ -244,6 +244,26 @@ def test_the_auto_kv_budget_is_half_the_free_ram_when_slots_times_context_do_not
     )
 
 
+def test_the_auto_kv_budget_reads_the_ram_left_once_the_weights_hold_their_kernel_forms(gemma, monkeypatch):
+    """The runner sizes its pools after it prepared its weights (panels can be GBs at 3B), so
+    `auto` reads MemAvailable then, not before they were made."""
+    from tailgate import assemble
+    from tailgate.config import resolve
+    from tailgate.model.runtime import runner
+
+    order = []
+    monkeypatch.setattr(assemble, "available_ram", lambda: (order.append("ram"), 1 << 40)[1])
+    cfg = resolve(lambda name: {"DECODE_SLOTS": "2", "MAX_CONTEXT": "256"}.get(name))
+    with shared_weights():
+        prepare = runner.prepare_weights  # (the session's shared one; put back before the block ends)
+        runner.prepare_weights = lambda *a, **k: (order.append("weights"), prepare(*a, **k))[1]
+        try:
+            engine, _, settled = assemble.build_engine("", cfg, dtype="fp32", device="cpu", loaded=gemma, log=print)
+        finally:
+            runner.prepare_weights = prepare
+    assert order == ["weights", "ram"] and settled.kv_cache_mb is None and engine.kv["tokens"] == 2 * 256
+
+
 def test_the_ram_the_budget_sees_counts_reclaimable_cache(tmp_path):
     from tailgate.assemble import available_ram
 

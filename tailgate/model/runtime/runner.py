@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 
+from typing import Callable
+
 import torch
 
 from ...engine.plan import Segment
@@ -133,7 +135,7 @@ class ModelRunner:
         self,
         spec: ModelSpec,
         raw_weights: dict,
-        pages: dict[str, int],
+        pages: dict[str, int] | Callable[[], dict[str, int]],
         dtype=None,
         device=None,
         kernels: str | None = None,
@@ -145,6 +147,8 @@ class ModelRunner:
         self.plan = plan or choose(dtype, kernels, device)
         self.device, self.dtype = torch.device(self.plan.device), self.plan.dtype
         self.w = prepare_weights(raw_weights, spec, self.plan)
+        if callable(pages):  # sized now that the weights hold their resident forms (assemble.build_engine)
+            pages = pages()
         self.kv = KVCache(spec, pages, self.plan.kv, self.device)
         self.windows = {"global": None}
         if spec.has_sliding:
