@@ -5,7 +5,9 @@ same machine, with the process's peak RSS.
     .venv/bin/python scripts/experiments/q4k_panels_here.py MODEL.gguf avx2|auto
 """
 
-import sys, dataclasses, resource
+import sys
+import dataclasses
+import resource
 from tailgate.model.kernels.choice import choose
 from tailgate.model.formats.weights import load_model
 from tailgate.bench.step import run_plan
