@@ -5,7 +5,7 @@ at c4 / c8 / c16, each policy's output tok/s, TTFT p50 and ITL p99, and its rati
     .venv/bin/python scripts/experiments/target_sweep.py [--presets local,zen5-measured,amx-measured]
         [--policy NAME=KNOB=VALUE,KNOB=VALUE ...] [--jitter 0.1] [--seeds 0,1,2]
 
-The walk is `ITL_TARGET_MS=off` (64-row rounds); the default is whatever `config.resolve` gives
+The walk is `TTFT_TARGET_MS=off` (the fixed 64-row rounds; since issue 42 `ITL_TARGET_MS=off` is the default walk, which widens under a backlog); the default is whatever `config.resolve` gives
 with no knob set. Each cell is the median over the seeds (jitter makes seeds differ).
 """
 
@@ -20,7 +20,7 @@ from tailgate.sim.cost import resolve_cost
 from tailgate.sim.run import metrics, simulate, workload
 
 FACTOR, OVERHEAD = step_cost.AUTO_FACTOR, step_cost.AUTO_OVERHEAD
-POLICIES = {"walk": {"ITL_TARGET_MS": "off"}, "default": {}}
+POLICIES = {"walk": {"TTFT_TARGET_MS": "off"}, "default": {}}
 
 
 def cell(preset: str, knobs: dict, c: int, seed: int, jitter: float, n: int) -> tuple[float, float, float]:
