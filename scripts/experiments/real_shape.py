@@ -90,6 +90,78 @@ LLAMA3_ROPE = {
     "original_max_position_embeddings": 8192,
 }
 
+
+def llama32(hidden: int, ffn: int, layers: int, heads: int, head_dim: int) -> tuple[str, str, int, dict]:
+    """A Llama 3.2 shape: what every published Llama 3.2 config shares, and its own sizes."""
+    return (
+        "llama",
+        "smollm2",
+        128256,
+        dict(
+            hidden_size=hidden,
+            intermediate_size=ffn,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=8,
+            head_dim=head_dim,
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-5,
+            rope_parameters=LLAMA3_ROPE,
+        ),
+    )
+
+
+def qwen3(hidden: int, ffn: int, layers: int, heads: int) -> tuple[str, str, int, dict]:
+    """A Qwen3 shape (no sliding window: use_sliding_window false)."""
+    return (
+        "qwen3",
+        "smollm2",
+        151936,
+        dict(
+            hidden_size=hidden,
+            intermediate_size=ffn,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=8,
+            head_dim=128,
+            max_position_embeddings=40960,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            use_sliding_window=False,
+            sliding_window=None,
+            max_window_layers=layers,
+        ),
+    )
+
+
+def gemma3(
+    vocab: int, hidden: int, ffn: int, layers: int, heads: int, kv: int, positions: int, window: int, global_rope: dict
+) -> tuple[str, str, int, dict]:
+    """A Gemma 3 text shape: 5 sliding layers to 1 global, local RoPE 1e4."""
+    return (
+        "gemma3_text",
+        "gemma3",
+        vocab,
+        dict(
+            hidden_size=hidden,
+            intermediate_size=ffn,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            head_dim=256,
+            query_pre_attn_scalar=256,
+            max_position_embeddings=positions,
+            rms_norm_eps=1e-6,
+            sliding_window=window,
+            sliding_window_pattern=6,
+            rope_parameters={
+                "full_attention": global_rope,
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+        ),
+    )
+
+
 # name -> (model_type, tokenizer, the real model's vocab_size, config fields). Sources: each
 # model's published config.json (named in the module docstring); the vocab_size used is the
 # tokenizer's (see the docstring for how it differs). Every shape ties its embeddings.
@@ -110,126 +182,16 @@ SHAPES: dict[str, tuple[str, str, int, dict]] = {
             rope_parameters={"rope_type": "default", "rope_theta": 130000.0},
         ),
     ),
-    # meta-llama/Llama-3.2-1B(-Instruct)
-    "llama3.2-1b": (
-        "llama",
-        "smollm2",
-        128256,
-        dict(
-            hidden_size=2048,
-            intermediate_size=8192,
-            num_hidden_layers=16,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=64,
-            max_position_embeddings=131072,
-            rms_norm_eps=1e-5,
-            rope_parameters=LLAMA3_ROPE,
-        ),
-    ),
-    # meta-llama/Llama-3.2-3B(-Instruct)
-    "llama3.2-3b": (
-        "llama",
-        "smollm2",
-        128256,
-        dict(
-            hidden_size=3072,
-            intermediate_size=8192,
-            num_hidden_layers=28,
-            num_attention_heads=24,
-            num_key_value_heads=8,
-            head_dim=128,
-            max_position_embeddings=131072,
-            rms_norm_eps=1e-5,
-            rope_parameters=LLAMA3_ROPE,
-        ),
-    ),
-    # Qwen/Qwen3-1.7B (no sliding window: use_sliding_window false)
-    "qwen3-1.7b": (
-        "qwen3",
-        "smollm2",
-        151936,
-        dict(
-            hidden_size=2048,
-            intermediate_size=6144,
-            num_hidden_layers=28,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            head_dim=128,
-            max_position_embeddings=40960,
-            rms_norm_eps=1e-6,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-            use_sliding_window=False,
-            sliding_window=None,
-            max_window_layers=28,
-        ),
-    ),
-    # Qwen/Qwen3-4B
-    "qwen3-4b": (
-        "qwen3",
-        "smollm2",
-        151936,
-        dict(
-            hidden_size=2560,
-            intermediate_size=9728,
-            num_hidden_layers=36,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=128,
-            max_position_embeddings=40960,
-            rms_norm_eps=1e-6,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-            use_sliding_window=False,
-            sliding_window=None,
-            max_window_layers=36,
-        ),
-    ),
-    # google/gemma-3-1b-it: 5 sliding layers (window 512) to 1 global, RoPE 1e6 global / 1e4 local
-    "gemma3-1b": (
-        "gemma3_text",
-        "gemma3",
-        262144,
-        dict(
-            hidden_size=1152,
-            intermediate_size=6912,
-            num_hidden_layers=26,
-            num_attention_heads=4,
-            num_key_value_heads=1,
-            head_dim=256,
-            query_pre_attn_scalar=256,
-            max_position_embeddings=32768,
-            rms_norm_eps=1e-6,
-            sliding_window=512,
-            sliding_window_pattern=6,
-            rope_parameters={
-                "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            },
-        ),
-    ),
+    "llama3.2-1b": llama32(2048, 8192, 16, 32, 64),  # meta-llama/Llama-3.2-1B(-Instruct)
+    "llama3.2-3b": llama32(3072, 8192, 28, 24, 128),  # meta-llama/Llama-3.2-3B(-Instruct)
+    "qwen3-1.7b": qwen3(2048, 6144, 28, 16),  # Qwen/Qwen3-1.7B
+    "qwen3-4b": qwen3(2560, 9728, 36, 32),  # Qwen/Qwen3-4B
+    # google/gemma-3-1b-it: window 512, RoPE 1e6 global
+    "gemma3-1b": gemma3(262144, 1152, 6912, 26, 4, 1, 32768, 512, {"rope_type": "default", "rope_theta": 1000000.0}),
     # google/gemma-3-4b-it's text_config (the text model only; the real one is multimodal):
     # window 1024, linear RoPE scaling 8 on the global layers
-    "gemma3-4b": (
-        "gemma3_text",
-        "gemma3",
-        262208,
-        dict(
-            hidden_size=2560,
-            intermediate_size=10240,
-            num_hidden_layers=34,
-            num_attention_heads=8,
-            num_key_value_heads=4,
-            head_dim=256,
-            query_pre_attn_scalar=256,
-            max_position_embeddings=131072,
-            rms_norm_eps=1e-6,
-            sliding_window=1024,
-            sliding_window_pattern=6,
-            rope_parameters={
-                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            },
-        ),
+    "gemma3-4b": gemma3(
+        262208, 2560, 10240, 34, 8, 4, 131072, 1024, {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}
     ),
 }
 
