@@ -46,6 +46,15 @@ def step(s: Scheduler, now: float = 0.0) -> tuple[StepPlan, list[Event]]:
     return s.last_plan, events
 
 
+def arrive(s: Scheduler, n: int = 3, max_tokens: int = 60) -> list[Request]:
+    """`n` 10-token requests submitted in order, arriving 1 s apart (arrival order is rank order)."""
+    rs = [req(10, max_tokens=max_tokens) for _ in range(n)]
+    for i, r in enumerate(rs):
+        r.arrival = 1.0 + i
+        s.submit(r)
+    return rs
+
+
 def chunks(plan: StepPlan) -> list[tuple]:
     """Each prompt chunk of the plan with its segment: (request, rows, start position, sampled)."""
     return [(r, take, seg.start, seg.sample) for (r, take), seg in zip(plan.chunks, plan.segments)]
@@ -358,10 +367,7 @@ def test_every_gap_is_attributed_to_the_step_that_ended_it():
 # ---- KV budget: preemption ----------------------------------------------------------------
 def test_a_row_that_cannot_grow_preempts_the_latest_arrival_which_resumes_by_recompute():
     s = make(slots=3, global_pages=11)  # 10 usable pages: two 60-token requests fit, three do not
-    rs = [req(10, max_tokens=50) for _ in range(3)]
-    for i, r in enumerate(rs):
-        r.arrival = 1.0 + i
-        s.submit(r)
+    rs = arrive(s, max_tokens=50)
     plans, events = drain(s)
     preempted = [r for p in plans for r in p.preempted]
     assert preempted and set(preempted) == {rs[2]} and len(preempted) == s.metrics.preemptions
@@ -424,10 +430,7 @@ def test_when_the_pools_run_dry_a_younger_walker_gives_its_pages_to_an_older_str
 
 def test_a_step_that_preempted_admits_nobody_and_the_preempted_come_back_in_arrival_order():
     s = make(slots=4, global_pages=11)  # 10 usable pages
-    a, b, c = (req(10, max_tokens=60) for _ in range(3))
-    for i, r in enumerate((a, b, c)):
-        r.arrival = 1.0 + i
-        s.submit(r)
+    a, b, c = arrive(s)
     late = req(5, max_tokens=2)
     late.arrival = 9.0
     events = []
@@ -448,10 +451,7 @@ def test_a_step_that_preempted_admits_nobody_and_the_preempted_come_back_in_arri
 
 def test_a_stream_preempted_twice_is_taken_last():
     s = make(slots=3, global_pages=10)  # 9 usable pages: the oldest is the first that cannot grow
-    a, b, c = (req(10, max_tokens=50) for _ in range(3))
-    for i, r in enumerate((a, b, c)):
-        r.arrival = 1.0 + i
-        s.submit(r)
+    a, b, c = arrive(s, max_tokens=50)
     c.preemptions = 2  # at the bound: b, though older, gives its pages back first
     while not s.metrics.preemptions:
         p, _ = step(s)
@@ -495,10 +495,7 @@ def test_an_arrival_joins_a_running_walk_instead_of_waiting_it_out():
 
 def test_a_preempted_stream_does_not_wait_at_the_door():
     s = make(slots=4, global_pages=11, door_ms=2000)  # 10 usable pages; a 2 s door
-    a, b, c = (req(10, max_tokens=60) for _ in range(3))
-    for i, r in enumerate((a, b, c)):
-        r.arrival = 1.0 + i
-        s.submit(r)
+    a, b, c = arrive(s)
     plans, events = drain(s)  # the clock never moves: the door would hold c until the roster is empty
     assert c.preemptions == 1
     back = [p for p in plans if c in p.admitted][1:]
@@ -835,10 +832,7 @@ def test_a_leader_already_past_the_gather_budget_rides_the_live_rows_without_fol
 
 def test_an_arrival_the_door_holds_is_released_with_a_preempted_head_that_passes_the_door():
     s = make(slots=8, global_pages=11, door_ms=2000)  # 10 usable pages; a 2 s door; cohorts of 4
-    a, b, c = (req(10, max_tokens=60) for _ in range(3))
-    for i, r in enumerate((a, b, c)):
-        r.arrival = 1.0 + i
-        s.submit(r)
+    a, b, c = arrive(s)
     while len(s.roster) < 3:
         step(s)
     x = req(1, max_tokens=1)
