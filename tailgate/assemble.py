@@ -160,43 +160,9 @@ def build_engine(
     m = loaded or load_model(model, log=log)
     cfg = config.with_model_limit(m.spec.max_position)
     window = m.spec.sliding_window if m.spec.has_sliding else None
-    # Whole-prompt admission: up to mix_max_prompts prompts hold full-length sliding pages
-    # during their prefill step, on top of one window per slot.
-    tb = token_bytes(m.spec, plan.kv)
-    settled: dict = {}
-
-    def pools() -> dict[str, int]:
-        """The KV pools, sized once the runner holds its weights in the kernels' forms (it calls
-        this then): `auto` reads the RAM left after them, not before (at Llama 3.2 3B's shape the
-        panels are ~3 GB that a budget read before them counted as free)."""
-        pages = pool_pages(cfg.max_context, cfg.decode_slots, window, transient_prompts=cfg.mix_max_prompts)
-        budget_mb = cfg.kv_cache_mb
-        need = pool_bytes(pages, tb)
-        rule = "KV_CACHE_MB" if budget_mb else "DECODE_SLOTS x MAX_CONTEXT (KV_CACHE_MB=off)"
-        if budget_mb == "auto":  # slots x context while it fits half the free RAM, else that half
-            share = (available_ram() if ram_bytes is None else ram_bytes) // 2
-            budget_mb = share >> 20 if need > share else None
-            rule = (
-                f"auto: DECODE_SLOTS x MAX_CONTEXT needs {need >> 20} MiB, over half the RAM available ({share >> 20} "
-                "MiB), so that half, with preemption"
-                if budget_mb
-                else f"auto: DECODE_SLOTS x MAX_CONTEXT fits half the RAM available ({share >> 20} MiB)"
-            )
-        settled["cfg"] = replace(cfg, kv_cache_mb=budget_mb)
-        if budget_mb:  # a budget: the global pool holds what fits, live rows may be preempted
-            pages = budget_pool_pages(
-                budget_mb << 20, tb, cfg.max_context, cfg.decode_slots, window, transient_prompts=cfg.mix_max_prompts
-            )
-        kv = settled["kv"] = kv_report(pages, tb, settled["cfg"], rule)
-        log(
-            f"KV cache: {kv['mib']} MiB, {kv['tokens']} tokens of context at once ({kv['contexts']:.2f} x "
-            f"MAX_CONTEXT={cfg.max_context}; {cfg.decode_slots} slots); {rule}"
-        )
-        settled["pages"] = pages
-        return pages
-
-    runner = ModelRunner(m.spec, m.weights, pools, plan=plan)
-    cfg, kv, pages = settled["cfg"], settled["kv"], settled["pages"]
+    runner = ModelRunner(m.spec, m.weights, None, plan=plan)  # weights first: the KV is sized after them
+    pages, cfg, kv = kv_pools(m.spec, cfg, token_bytes(m.spec, plan.kv), ram_bytes, log)
+    runner.hold_kv(pages)
     log(resident_line(runner, m.source))
     book = KVBook(pages["global"], pages.get("local"), window)
     log(f"warm-up step: {runner.warm_up(book):.2f} s")
@@ -231,6 +197,39 @@ def kv_report(pages: dict[str, int], token_bytes: dict[str, int], cfg: ServingCo
         "preempts": bool(cfg.kv_cache_mb),
         "rule": rule,
     }
+
+
+def kv_pools(spec, cfg: ServingConfig, tb: dict[str, int], ram_bytes: int | None, log):
+    """The KV pools, the config with its budget settled, and their report (`kv_report`). Called
+    once the runner holds its weights in the kernels' forms, so `auto` reads the RAM left after
+    them (at Llama 3.2 3B's shape the panels are ~3 GB that a budget read before them counted as
+    free). Whole-prompt admission: up to mix_max_prompts prompts hold full-length sliding pages
+    during their prefill step, on top of one window per slot."""
+    window = spec.sliding_window if spec.has_sliding else None
+    pages = pool_pages(cfg.max_context, cfg.decode_slots, window, transient_prompts=cfg.mix_max_prompts)
+    budget_mb = cfg.kv_cache_mb
+    need = pool_bytes(pages, tb)
+    rule = "KV_CACHE_MB" if budget_mb else "DECODE_SLOTS x MAX_CONTEXT (KV_CACHE_MB=off)"
+    if budget_mb == "auto":  # slots x context while it fits half the free RAM, else that half
+        share = (available_ram() if ram_bytes is None else ram_bytes) // 2
+        budget_mb = share >> 20 if need > share else None
+        rule = (
+            f"auto: DECODE_SLOTS x MAX_CONTEXT needs {need >> 20} MiB, over half the RAM available ({share >> 20} "
+            "MiB), so that half, with preemption"
+            if budget_mb
+            else f"auto: DECODE_SLOTS x MAX_CONTEXT fits half the RAM available ({share >> 20} MiB)"
+        )
+    cfg = replace(cfg, kv_cache_mb=budget_mb)
+    if budget_mb:  # a budget: the global pool holds what fits, live rows may be preempted
+        pages = budget_pool_pages(
+            budget_mb << 20, tb, cfg.max_context, cfg.decode_slots, window, transient_prompts=cfg.mix_max_prompts
+        )
+    kv = kv_report(pages, tb, cfg, rule)
+    log(
+        f"KV cache: {kv['mib']} MiB, {kv['tokens']} tokens of context at once ({kv['contexts']:.2f} x "
+        f"MAX_CONTEXT={cfg.max_context}; {cfg.decode_slots} slots); {rule}"
+    )
+    return pages, cfg, kv
 
 
 def resident_line(runner, source) -> str:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 
-from typing import Callable
-
 import torch
 
 from ...engine.plan import Segment
@@ -135,7 +133,7 @@ class ModelRunner:
         self,
         spec: ModelSpec,
         raw_weights: dict,
-        pages: dict[str, int] | Callable[[], dict[str, int]],
+        pages: dict[str, int] | None,
         dtype=None,
         device=None,
         kernels: str | None = None,
@@ -147,9 +145,9 @@ class ModelRunner:
         self.plan = plan or choose(dtype, kernels, device)
         self.device, self.dtype = torch.device(self.plan.device), self.plan.dtype
         self.w = prepare_weights(raw_weights, spec, self.plan)
-        if callable(pages):  # sized now that the weights hold their resident forms (assemble.build_engine)
-            pages = pages()
-        self.kv = KVCache(spec, pages, self.plan.kv, self.device)
+        self.kv: KVCache | None = None
+        if pages is not None:  # None: `hold_kv` later, once the KV is sized beside these weights (assemble)
+            self.hold_kv(pages)
         self.windows = {"global": None}
         if spec.has_sliding:
             self.windows["local"] = spec.sliding_window
@@ -172,6 +170,10 @@ class ModelRunner:
         tap = _Tap()
         self._forward({**self.w, "head": tap}, self.spec, self._context(segments), self.kv)
         return tap.h
+
+    def hold_kv(self, pages: dict[str, int]) -> None:
+        """Allocate the KV cache: `pages` per pool (engine/pages.py pool_pages or budget_pool_pages)."""
+        self.kv = KVCache(self.spec, pages, self.plan.kv, self.device)
 
     def _context(self, segments: list[Segment]):
         for s in segments:
