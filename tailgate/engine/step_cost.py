@@ -214,12 +214,11 @@ class StepCostModel:
         x = (1.0, p / _SCALE[1], d / _SCALE[2], s / _SCALE[3], k / _SCALE[4])
         kind = 1 if p else 0
         A, b, r = self._A[kind], self._b[kind], self.forget
-        for i in range(5):  # A stays symmetric: each pair computed once (a product commutes exactly)
+        for i in range(5):
             xi, row = x[i], A[i]
             b[i] = r * b[i] + seconds * xi
-            row[i] = r * row[i] + xi * xi
-            for j in range(i + 1, 5):
-                row[j] = A[j][i] = r * row[j] + xi * x[j]
+            for j in range(5):
+                row[j] = r * row[j] + xi * x[j]
         self.seen[kind] += 1
         self._stale += surprise
         if p:
