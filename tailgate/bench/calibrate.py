@@ -58,7 +58,7 @@ def calibrate(args) -> int:
         print(
             f"{e['kind']:9s} {e['n']:5d}  measured {e['ms']:8.1f} ms  fit {e['fit_ms']:8.1f} ms  {e['error_pct']:+6.1f} %"
         )
-    name = getattr(args, "preset_name", "local")
+    name = args.preset_name
     save_preset(name, model)
     print(f"{name} preset: {model}")
     return 0

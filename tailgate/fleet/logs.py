@@ -14,9 +14,12 @@ and under json the driver prints every such line as one JSON object: a line that
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sys
 import time
+
+from ..server.logs import JsonFormatter
 
 LEVEL = re.compile(r"^\W*(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -32,16 +35,10 @@ def as_json(line: str, source: str) -> str:
     except ValueError:
         pass
     m = LEVEL.match(text)
-    now = time.time()
-    return json.dumps(
-        {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z",
-            "level": m.group(1).lower() if m else "info",
-            "logger": "ray",
-            "source": source,
-            "message": text,
-        },
-        ensure_ascii=False,
+    fmt = JsonFormatter({"source": source})  # a server's own JSON line, its worker named
+    fmt.converter = time.gmtime
+    return fmt.format(
+        logging.LogRecord("ray", getattr(logging, m.group(1)) if m else logging.INFO, "", 0, text, None, None)
     )
 
 
