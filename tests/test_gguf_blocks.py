@@ -20,6 +20,7 @@ from tailgate.model.kernels.blocks import (
     q8_panels,
 )
 from tailgate.model.kernels.choice import Linear
+from tailgate.model.kernels.cpu import this_cpu
 from tailgate.model.runtime.runner import resident_bytes
 
 _LIB, _WHY = native.load()
@@ -95,7 +96,7 @@ def test_a_block_matmul_row_gets_the_same_bits_alone_or_in_any_batch(qtype):
 
 
 def test_q8_panels_made_from_blocks_a_chunk_at_a_time_are_the_panels_of_the_whole_matrix():
-    parts = [random_blocks("Q4_K", 96, 256, 4), random_blocks("Q8_0", 32, 256, 5)]
+    parts = [random_blocks("Q6_K", 96, 256, 4), random_blocks("Q8_0", 32, 256, 5)]
     q, d, code = q8_panels(parts, "avx512_vnni", 16, chunk=32)  # packing only: no AVX-512 needed to make them
     rq, rd, rcode = native.q8_quantize(dequantize_all(parts), "avx512_vnni")
     assert torch.equal(q, rq) and torch.equal(d, rd) and code == rcode
@@ -147,6 +148,57 @@ def test_the_bit_panel_matmul_is_the_exact_product_of_the_blocks_and_the_rounded
     assert p[2] == BIT_PANELS[qtype][0] and np.abs(y.double().numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
     for i in {0, m // 2, m - 1}:  # a row's result does not depend on its batch
         assert torch.equal(p.linear(x[i : i + 1])[0], y[i])
+
+
+def test_q4_k_blocks_in_16_output_panels_are_the_8_output_4_bit_panels_bytes_moved_in_the_files_size():
+    """Packing only (no AVX-512 needed): the wide 4-bit panels hold each output's nibbles, scales,
+    mins, d and dmin of the 8-output ones, so the same 148 bytes per 256 values."""
+    b = random_blocks("Q4_K", 48, 512, 7)
+    narrow = q8_panels([b], "avx2", 8)
+    for variant, code in native.Q4K_WIDE.items():
+        p = q8_panels([b], variant, 16)
+        assert isinstance(p, Panels) and p[2] == code and p.as_stored
+        assert sorted(p[0].flatten().tolist()) == sorted(narrow[0].flatten().tolist())
+        assert torch.equal(p[1].view(3, 2, 2, 2, 8).permute(0, 3, 1, 2, 4).reshape(48, 4), narrow[1])
+        assert sum(t.numel() * t.element_size() for t in p.tensors()) == 48 * 512 * 148 // 256
+
+
+def can_run(variant: str) -> bool:
+    """Whether this CPU has the 16-output panels' instructions (AMX CPUs have AVX-512 VNNI too)."""
+    here = this_cpu().q8_variant
+    return here == "amx" and native.amx_ready() if variant == "amx" else here in ("amx", "avx512_vnni")
+
+
+@pytest.mark.parametrize("variant", list(native.Q4K_WIDE))
+@pytest.mark.parametrize("m", [1, 3, 8, 11, 12, 16, 17, 40, 70])  # both sides of the AMX tile cut, past 64 rows
+def test_the_wide_4_bit_panel_matmul_gives_the_avx2_4_bit_panels_bits_at_every_row_count(variant, m):
+    if not can_run(variant):
+        pytest.skip(f"this CPU cannot run the {variant} panels")
+    b = random_blocks("Q4_K", 48, 768, seed=m)
+    x = torch.randn(m, 768, generator=torch.Generator().manual_seed(m))
+    y = q8_panels([b], variant, 16).linear(x)
+    assert torch.equal(y, q8_panels([b], "avx2", 8).linear(x))  # the exact sums, the same float steps
+    ref = rounded_activations(x.numpy()) @ b.dequantize().double().numpy().T
+    assert np.abs(y.double().numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("variant", list(native.Q4K_WIDE))
+def test_a_fused_q4_k_and_q6_k_matrix_is_4_bit_and_int8_wide_panels_side_by_side_in_one_call(variant):
+    if not can_run(variant):
+        pytest.skip(f"this CPU cannot run the {variant} panels")
+    parts = [random_blocks("Q4_K", 32, 512, 1), random_blocks("Q6_K", 16, 512, 2), random_blocks("Q4_K", 16, 512, 3)]
+    segs = q8_panels(parts, variant, 16)
+    int8 = native.Q8_VARIANTS[variant]
+    assert isinstance(segs, SegmentPanels) and [s[2] for s in segs] == [
+        native.Q4K_WIDE[variant],
+        int8,
+        native.Q4K_WIDE[variant],
+    ]
+    for m in (1, 6, 19):
+        x = torch.randn(m, 512)
+        y = segs.linear(x)
+        assert torch.equal(y, torch.cat([s.linear(x) for s in segs], 1))
+        assert torch.equal(y[:, 32:48], native.q8_linear(x, *native.q8_quantize(parts[1].dequantize(), variant)))
 
 
 def test_a_fused_matrix_in_panels_of_different_forms_is_their_products_side_by_side_in_one_call():

@@ -206,6 +206,24 @@ def _avx2_panels(p: Blocks, chunk: int) -> Panels:
     return Panels((q, d, 0))
 
 
+def wide_q4k(p: Panels, variant: str) -> Panels:
+    """The 8-output 4-bit panels of a Q4_K matrix (code 6) as the 16-output ones of the AVX-512 VNNI
+    and AMX kernels (codes 7, 8; csrc/q8.c wide4_rows): panels 2g and 2g + 1 interleaved, per block
+    of 32 inputs each one's 4 nibble vectors side by side, then the 8 + 8 scales, then the 8 + 8 mins;
+    per 256 inputs their 8 + 8 d, then their 8 + 8 dmin. The same bytes, moved."""
+    q, d, _ = p
+    n = d.shape[0]
+    nb, ns = q.shape[1] * 16 // 9 // 32, d.shape[1] // 2
+    blk = q.view(n // 16, 2, nb, 144)
+    nib = blk[..., :128].reshape(n // 16, 2, nb, 4, 32).permute(0, 2, 3, 1, 4).reshape(n // 16, nb, 256)
+    sc = blk[..., 128:].reshape(n // 16, 2, nb, 2, 8).permute(0, 2, 3, 1, 4).reshape(n // 16, nb, 32)
+    wq = torch.cat([nib, sc], -1).reshape(q.shape)
+    wd = d.view(n // 16, 2, ns, 2, 8).permute(0, 2, 3, 1, 4).reshape(d.shape).contiguous()
+    out = Panels((wq, wd, native.Q4K_WIDE[variant]))
+    out.as_stored = True
+    return out
+
+
 def q8_panels(parts: list[Blocks], variant: str, panel: int, chunk: int = 4096) -> Panels | SegmentPanels:
     """The q8 kernel's panels (native.q8_quantize) of the parts stacked along the outputs, made a
     few thousand rows at a time so no fp32 copy of a whole matrix is ever held (the 262k-row head
@@ -221,12 +239,15 @@ def q8_panels(parts: list[Blocks], variant: str, panel: int, chunk: int = 4096) 
         q, d, code = native.q8_quantize(dequantize_all(parts), variant)
         return Panels((q, d, code))
     if code == 0 and len(parts) <= 7:
-        segs = [_avx2_panels(p, chunk) for p in parts]
-        if len(segs) == 1:
-            return segs[0]
-        out = SegmentPanels(segs)
-        out.as_stored = all(s.as_stored for s in segs)
-        return out
+        return _segments([_avx2_panels(p, chunk) for p in parts])
+    if variant in native.Q4K_WIDE and len(parts) <= 7 and any(_q4k_in_bits(p) for p in parts):
+        # the Q4_K parts in their own 4 bits, each other part in the variant's int8 panels
+        return _segments(
+            [
+                wide_q4k(_avx2_panels(p, chunk), variant) if _q4k_in_bits(p) else q8_panels([p], variant, panel, chunk)
+                for p in parts
+            ]
+        )
     q = torch.empty(n, k, dtype=torch.int8)
     d = torch.empty(n, k // native.GROUP, dtype=torch.float32)
     at = 0
@@ -240,6 +261,20 @@ def q8_panels(parts: list[Blocks], variant: str, panel: int, chunk: int = 4096) 
             at += len(rows)
     out = Panels((q, d, code))
     out.as_stored = stored
+    return out
+
+
+def _q4k_in_bits(p: Blocks) -> bool:
+    """Whether a part's 4-bit panels can be made: Q4_K in whole 256-input rows of whole 16-output panels."""
+    return p.qtype == "Q4_K" and p.shape[1] % 256 == 0 and p.shape[0] % 16 == 0
+
+
+def _segments(segs: list[Panels]) -> Panels | SegmentPanels:
+    """One part's panels, or a fused matrix's parts side by side (as stored when every part is)."""
+    if len(segs) == 1:
+        return segs[0]
+    out = SegmentPanels(segs)
+    out.as_stored = all(s.as_stored for s in segs)
     return out
 
 

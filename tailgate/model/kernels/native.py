@@ -128,6 +128,11 @@ Q8_VARIANTS = {"avx2": 0, "avx_vnni": 1, "avx512_vnni": 2, "amx": 3}
 # 5 bits a value with fp16 scales (a Q5_0 matrix's own values, csrc/q8.c q5_rows), and 4 bits a
 # value with Q4_K's scales and mins (a Q4_K matrix's own values, q4k_rows).
 Q8_F16_SCALES, Q5_PANELS, Q4K_PANELS = 4, 5, 6
+# The 4-bit panels in 16 outputs (two of the 8-output ones interleaved, blocks.wide_q4k), read on
+# AVX-512 VNNI (code 7) or, the same bytes, on AMX tiles from a few rows up (code 8).
+Q4K_WIDE = {"avx512_vnni": 7, "amx": 8}
+# The codes one q8_linear_seg call may mix: the 8-output forms, or the 16-output ones.
+SEGMENT_FORMS = (frozenset({0, Q8_F16_SCALES, Q5_PANELS, Q4K_PANELS}), frozenset({2, 3, *Q4K_WIDE.values()}))
 
 
 def q8_quantize(w: torch.Tensor, variant: str = "avx2") -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -173,13 +178,15 @@ def q8_linear(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, variant: int = 
 
 
 def q8_linear_segments(x: torch.Tensor, segments) -> torch.Tensor:
-    """x [M, K] fp32 @ W^T -> [M, N] fp32 for W's outputs in segments [(q, d, code)] of AVX2 panel
-    forms (codes 0, 4, 5, 6), side by side in one call (the activations quantized once)."""
+    """x [M, K] fp32 @ W^T -> [M, N] fp32 for W's outputs in segments [(q, d, code)] of panel forms
+    of one width (`SEGMENT_FORMS`: the AVX2 codes 0, 4, 5, 6, or the 16-output 2, 3, 7, 8), side by
+    side in one call (the activations quantized once)."""
     x = x.contiguous()
     m, k = x.shape
     n_seg = len(segments)
-    if not 1 <= n_seg <= 7 or any(c not in (0, Q8_F16_SCALES, Q5_PANELS, Q4K_PANELS) for _, _, c in segments):
-        raise ValueError(f"1-7 segments of AVX2 panels (codes 0, 4, 5, 6), got {[c for _, _, c in segments]}")
+    codes = {c for _, _, c in segments}
+    if not 1 <= n_seg <= 7 or not any(codes <= forms for forms in SEGMENT_FORMS):
+        raise ValueError(f"1-7 segments of panels of one width (codes 0, 4, 5, 6 or 2, 3, 7, 8), got {sorted(codes)}")
     ns = [d.shape[0] for _, d, _ in segments]
     n = sum(ns)
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)

@@ -317,6 +317,74 @@ static void panel_wide(int r, const uint8_t* w, const float* wd, const int8_t* a
 #undef R
   }
 }
+
+/* The wide 4-bit panels (codes 7 and 8: a GGUF Q4_K matrix's own values in 16-output panels, two of
+ * the 8-output 4-bit panels interleaved at load, blocks.py wide_q4k): per block of 16 outputs x 32
+ * inputs, 4 vectors of 64 bytes of nibbles (vector t's low nibbles: inputs 4t..4t+3 of each output,
+ * its high ones inputs 4t+16..4t+19), then 16 scales and 16 mins (a byte each), 288 bytes; per 256
+ * inputs 16 d and 16 dmin (fp16). u (0..15) is vpdpbusd's unsigned operand as it is, the
+ * activations its signed one: no offset, no sign step. The int32 block sums are exact and the float
+ * steps per output are q4k_rows' in the same order, so the result is the AVX2 4-bit panel's bit for
+ * bit, at 0.56 bytes a weight where the int8 panels read 1.125 (the bytes a decode step streams). */
+#define W4B 288 /* bytes per 16-output 4-bit block */
+static inline __attribute__((always_inline)) void wide4_rows(const int r, const uint8_t* w, const uint16_t* wd,
+                                                             const int8_t* a, const float* xm, const float* ad,
+                                                             int64_t k, float* out, int64_t ldo) {
+  const int64_t nb = k / QK;
+  const __m512i lo4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[8], dv = _mm512_setzero_ps(), mv = _mm512_setzero_ps();
+  for (int i = 0; i < r; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* wb = w + b * W4B;
+    prefetch_ahead(wb, W4B);
+    if (b % 8 == 0) {
+      dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(wd + (b / 8) * 32)));
+      mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(wd + (b / 8) * 32 + 16)));
+    }
+    __m512i s[8];
+    for (int i = 0; i < r; ++i) s[i] = _mm512_setzero_si512();
+    for (int t = 0; t < 4; ++t) {
+      const __m512i nib = _mm512_loadu_si512((const void*)(wb + 64 * t));
+      const __m512i ul = _mm512_and_si512(nib, lo4), uh = _mm512_and_si512(_mm512_srli_epi16(nib, 4), lo4);
+      for (int i = 0; i < r; ++i) {
+        int32_t vl, vh;
+        memcpy(&vl, a + i * k + b * QK + 4 * t, 4);
+        memcpy(&vh, a + i * k + b * QK + 4 * t + 16, 4);
+        s[i] = _mm512_dpbusd_epi32(s[i], ul, _mm512_set1_epi32(vl));
+        s[i] = _mm512_dpbusd_epi32(s[i], uh, _mm512_set1_epi32(vh));
+      }
+    }
+    const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(wb + 256))));
+    const __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(wb + 272))));
+    const __m512 dw = _mm512_mul_ps(dv, sc), mw = _mm512_mul_ps(mv, mn);
+    for (int i = 0; i < r; ++i) {
+      const float dx = ad[i * nb + b];
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i]), _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc[i]);
+      acc[i] = _mm512_fnmadd_ps(mw, _mm512_set1_ps(xm[i * nb + b]), acc[i]);
+    }
+  }
+  for (int i = 0; i < r; ++i) _mm512_storeu_ps(out + i * ldo, acc[i]);
+}
+
+/* r rows (any count) against one wide 4-bit panel, 8 rows a pass. */
+static void panel_wide4(int r, const uint8_t* w, const uint16_t* wd, const int8_t* a, const float* xm,
+                        const float* ad, int64_t k, float* out, int64_t ldo) {
+  const int64_t nb = k / QK;
+  for (int i0 = 0; i0 < r; i0 += 8) {
+    const int rr = r - i0 < 8 ? r - i0 : 8;
+    const int8_t* ai = a + i0 * k;
+    const float* xi = xm + i0 * nb;
+    const float* di = ad + i0 * nb;
+    float* oi = out + i0 * ldo;
+    switch (rr) {
+#define R(n) \
+  case n: wide4_rows(n, w, wd, ai, xi, di, k, oi, ldo); break;
+      R(1) R(2) R(3) R(4) R(5) R(6) R(7)
+      default: wide4_rows(8, w, wd, ai, xi, di, k, oi, ldo);
+#undef R
+    }
+  }
+}
 #pragma GCC pop_options
 
 /* AMX (Sapphire Rapids and later Xeons): one tile instruction multiplies 16 rows x 32 inputs of
@@ -425,6 +493,98 @@ static void panel_amx(int r, const int8_t* w, const float* wd, const int8_t* a, 
   }
 }
 
+/* The wide 4-bit panels on AMX: each block's nibbles unpacked to bytes in a 512-byte buffer, which
+ * is then exactly a B tile (row t: inputs 4t..4t+3 of the 16 outputs), multiplied signed
+ * (activations) by unsigned (u) through tdpbsud; the exact int32 sums go through memory to the
+ * 4-bit panels' scale step (wide4_rows'), in block order: the same bits. Pipelined as amx_rows: the
+ * next pair of blocks is unpacked and in the tiles while this pair is scaled. */
+static inline __attribute__((always_inline)) void unpack4(const uint8_t* wb, uint8_t* buf) {
+  const __m512i lo4 = _mm512_set1_epi8(0x0F);
+  for (int t = 0; t < 4; ++t) {
+    const __m512i nib = _mm512_loadu_si512((const void*)(wb + 64 * t));
+    _mm512_store_si512((void*)(buf + 64 * t), _mm512_and_si512(nib, lo4));
+    _mm512_store_si512((void*)(buf + 64 * (t + 4)), _mm512_and_si512(_mm512_srli_epi16(nib, 4), lo4));
+  }
+}
+
+static inline __attribute__((always_inline)) void amx4_scale(const int R, __m512* acc, const int32_t* sums,
+                                                             const uint8_t* wb, const uint16_t* wd, const float* xm,
+                                                             const float* ad, int64_t nb, int64_t b) {
+  const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(wd + (b / 8) * 32)));
+  const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(wd + (b / 8) * 32 + 16)));
+  const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(wb + 256))));
+  const __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(wb + 272))));
+  const __m512 dw = _mm512_mul_ps(dv, sc), mw = _mm512_mul_ps(mv, mn);
+  for (int i = 0; i < R; ++i) {
+    const float dx = ad[i * nb + b];
+    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void*)(sums + 16 * i))),
+                             _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc[i]);
+    acc[i] = _mm512_fnmadd_ps(mw, _mm512_set1_ps(xm[i * nb + b]), acc[i]);
+  }
+}
+
+#define AMX4_PAIR(CA, CB, b)                                     \
+  do {                                                           \
+    prefetch_ahead(w + (b) * W4B, 2 * W4B);                      \
+    unpack4(w + (b) * W4B, buf);                                 \
+    unpack4(w + ((b) + 1) * W4B, buf + 512);                     \
+    _tile_zero(CA);                                              \
+    _tile_zero(CB);                                              \
+    _tile_loadd(4, a + (b) * QK, k);                             \
+    _tile_loadd(6, buf, 64);                                     \
+    _tile_dpbsud(CA, 4, 6);                                      \
+    _tile_loadd(5, a + ((b) + 1) * QK, k);                       \
+    _tile_loadd(7, buf + 512, 64);                               \
+    _tile_dpbsud(CB, 5, 7);                                      \
+  } while (0)
+
+static inline __attribute__((always_inline)) void amx4_rows(const int R, const uint8_t* w, const uint16_t* wd,
+                                                            const int8_t* a, const float* xm, const float* ad,
+                                                            int64_t k, float* out, int64_t ldo, int32_t* sums,
+                                                            uint8_t* buf) {
+  const int64_t nb = k / QK, pairs = nb / 2;
+  __m512 acc[16];
+  for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+  if (pairs > 0) AMX4_PAIR(0, 1, 0);
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int64_t b = 2 * p;
+    if (p % 2 == 0) {
+      _tile_stored(0, sums, 64);
+      _tile_stored(1, sums + 256, 64);
+      if (p + 1 < pairs) AMX4_PAIR(2, 3, b + 2);
+    } else {
+      _tile_stored(2, sums, 64);
+      _tile_stored(3, sums + 256, 64);
+      if (p + 1 < pairs) AMX4_PAIR(0, 1, b + 2);
+    }
+    amx4_scale(R, acc, sums, w + b * W4B, wd, xm, ad, nb, b);
+    amx4_scale(R, acc, sums + 256, w + (b + 1) * W4B, wd, xm, ad, nb, b + 1);
+  }
+  if (nb % 2) {
+    const int64_t b = nb - 1;
+    unpack4(w + b * W4B, buf);
+    _tile_zero(0);
+    _tile_loadd(4, a + b * QK, k);
+    _tile_loadd(6, buf, 64);
+    _tile_dpbsud(0, 4, 6);
+    _tile_stored(0, sums, 64);
+    amx4_scale(R, acc, sums, w + b * W4B, wd, xm, ad, nb, b);
+  }
+  for (int i = 0; i < R; ++i) _mm512_storeu_ps(out + i * ldo, acc[i]);
+}
+#undef AMX4_PAIR
+
+static void panel_amx4(int r, const uint8_t* w, const uint16_t* wd, const int8_t* a, const float* xm,
+                       const float* ad, int64_t k, float* out, int64_t ldo, int32_t* sums, uint8_t* buf) {
+  switch (r) {
+#define R(n) \
+  case n: amx4_rows(n, w, wd, a, xm, ad, k, out, ldo, sums, buf); break;
+    R(1) R(2) R(3) R(4) R(5) R(6) R(7) R(8) R(9) R(10) R(11) R(12) R(13) R(14) R(15)
+    default: amx4_rows(16, w, wd, a, xm, ad, k, out, ldo, sums, buf);
+#undef R
+  }
+}
+
 /* A call of fewer than 16 rows runs tiles of that many rows (at 1 row, 16 made the head 2x slower). */
 static void amx_begin(int64_t m) { amx_configure(m < 16 ? (int)m : 16); }
 #pragma GCC pop_options
@@ -434,44 +594,57 @@ void q8_offset(int8_t* q, int64_t bytes) {
   for (int64_t i = 0; i < bytes; ++i) q[i] = (int8_t)((uint8_t)q[i] ^ 0x80);
 }
 
+/* Below this many rows a call's wide 4-bit panels run on AVX-512 VNNI on an AMX CPU too (the two
+ * give the same bits, so the cut moves no result): unpacking a block into a tile costs as much as its
+ * products at a few rows. */
+#define AMX4_ROWS 12
+
 /* y [m, n] = x [m, k] @ W^T, W's outputs in `nseg` segments of seg_n[s] outputs each (n their sum),
- * segment s in panels of form codes[s] at seg_q[s], seg_d[s]: 0 the AVX2 int8 panels (fp32
- * scales), 4 the same with fp16 scales (a Q8_0 matrix moved as stored), 5 the 5-bit panels (a Q5_0
- * matrix as stored, fp16 scales), 6 the 4-bit panels (a Q4_K matrix as stored); 1 AVX-VNNI,
- * 2 AVX-512 VNNI (these two with weights offset by q8_offset), 3 AMX (2 and 3 in panels of 16
- * outputs, interleaved at load), each the only segment.
- * Codes 0, 4, 5 and 6 mix: a fused matrix whose parts the file stores in different formats.
+ * segment s in panels of form codes[s] at seg_q[s], seg_d[s]. The 8-output (AVX2) forms: 0 int8
+ * panels (fp32 scales), 4 the same with fp16 scales (a Q8_0 matrix moved as stored), 5 the 5-bit
+ * panels (a Q5_0 matrix as stored, fp16 scales), 6 the 4-bit panels (a Q4_K matrix as stored); 1
+ * AVX-VNNI (weights offset by q8_offset), the only segment. The 16-output forms (interleaved at
+ * load): 2 AVX-512 VNNI int8 (offset weights), 3 AMX int8, 7 the 4-bit panels on AVX-512 VNNI, 8
+ * the same bytes on AMX (tiles from AMX4_ROWS rows up). Codes 0, 4, 5 and 6 mix, and so do 2, 3,
+ * 7 and 8: a fused matrix whose parts the file stores in different formats.
  * Returns 0, or -1 when scratch memory cannot be had. */
 int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* const* seg_q, const void* const* seg_d,
                   const int64_t* seg_n, const int* codes, float* y, int64_t n) {
   if (m == 0) return 0; /* a step that samples no row (its head call is empty): a 0-row tile faults */
-  const int vnni = codes[0] >= 1 && codes[0] <= 3 ? codes[0] : 0; /* the kernel family */
+  int wide = 0, amx = 0, sums_needed = 0, four = 0;
+  for (int s = 0; s < nseg; ++s) {
+    four |= codes[s] >= 7; /* the wide 4-bit panels read dx * xs as one float per row and block */
+    wide |= codes[s] == 2 || codes[s] == 3 || codes[s] >= 7;
+    amx |= codes[s] == 3 || codes[s] == 8;
+    /* the VNNI panels take off the offset weights' excess, the 5- and 4-bit panels the offset or mins */
+    sums_needed |= codes[s] == 1 || codes[s] == 2 || codes[s] >= 5;
+  }
+  const int vnni = codes[0] == 1 ? 1 : 0; /* AVX-VNNI: the only segment */
   const int64_t nb = k / QK;
-  const int64_t mp = vnni == 3 ? (m + 15) / 16 * 16 : m; /* AMX reads whole 16-row tiles: zero rows pad */
-  int sums_needed = vnni == 1 || vnni == 2; /* the VNNI panels take off the offset weights' excess */
-  for (int s = 0; s < nseg; ++s) sums_needed |= codes[s] >= 5; /* and the 5- and 4-bit panels */
+  const int64_t mp = amx ? (m + 15) / 16 * 16 : m; /* AMX reads whole 16-row tiles: zero rows pad */
   const int offset = sums_needed;
   int8_t* xq = malloc((size_t)(mp * k));
   float* xd = malloc((size_t)(mp * nb) * sizeof(float));
   int32_t* xs = offset ? malloc((size_t)(m * nb) * sizeof(int32_t)) : NULL;
-  if (!xq || !xd || (offset && !xs)) {
+  float* xm = four ? malloc((size_t)(m * nb) * sizeof(float)) : NULL;
+  if (!xq || !xd || (offset && !xs) || (four && !xm)) {
     free(xq);
     free(xd);
     free(xs);
+    free(xm);
     return -1;
   }
   memset(xq + m * k, 0, (size_t)((mp - m) * k));
   memset(xd + m * nb, 0, (size_t)((mp - m) * nb) * sizeof(float));
-  const int nc = vnni >= 2 ? NW : NC; /* outputs per panel */
+  const int nc = wide ? NW : NC; /* outputs per panel */
   int64_t seg_g[8]; /* the first panel of each segment, and the end */
   seg_g[0] = 0;
   for (int s = 0; s < nseg && s < 7; ++s) seg_g[s + 1] = seg_g[s] + seg_n[s] / nc;
-  const int8_t* q = seg_q[0];
-  const float* d = seg_d[0];
 #pragma omp parallel
   {
-    int32_t* sums = vnni == 3 ? aligned_alloc(64, 2 * 256 * sizeof(int32_t)) : NULL;
-    if (vnni == 3) amx_begin(m);
+    int32_t* sums = amx ? aligned_alloc(64, 2 * 256 * sizeof(int32_t)) : NULL;
+    uint8_t* buf = amx ? aligned_alloc(64, 1024) : NULL; /* two blocks of unpacked 4-bit weights */
+    if (amx) amx_begin(m);
 #pragma omp for schedule(static)
     for (int64_t row = 0; row < m; ++row) {
       quantize_row(x + row * k, k, xq + row * k, xd + row * nb);
@@ -479,6 +652,7 @@ int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* co
         int32_t sum = 0;
         for (int j = 0; j < QK; ++j) sum += xq[row * k + b * QK + j];
         xs[row * nb + b] = sum;
+        if (four) xm[row * nb + b] = xd[row * nb + b] * (float)sum;
       }
     }
     const int64_t groups = n / nc;
@@ -493,24 +667,37 @@ int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* co
 #pragma omp for schedule(static)
       for (int64_t c0 = 0; c0 < groups; c0 += cg) {
         const int64_t c1 = c0 + cg < groups ? c0 + cg : groups;
-        const int step = vnni == 3 ? 16 : vnni == 2 ? 8 : 4; /* rows sharing each weight load */
+        const int step = amx ? 16 : wide ? 8 : 4; /* rows sharing each weight load */
         for (int64_t row = r0; row < r1; row += step)
           for (int64_t g = c0; g < c1; ++g) {
             const int r = r1 - row < step ? (int)(r1 - row) : step;
-            const uint8_t* wg = (const uint8_t*)q + g * nc * k;
-            if (vnni == 3) {
-              panel_amx(r, (const int8_t*)wg, d + g * NW * nb, xq + row * k, xd + row * nb, k, y + row * n + g * NW,
-                        n, sums);
-              continue;
-            }
-            if (vnni == 2) {
-              panel_wide(r, wg, d + g * NW * nb, xq + row * k, xs + row * nb, xd + row * nb, k, y + row * n + g * NW,
-                         n);
-              continue;
-            }
             if (vnni == 1) {
-              panel_avxvnni(r, wg, d + g * NC * nb, xq + row * k, xs + row * nb, xd + row * nb, k,
-                            y + row * n + g * NC, n);
+              panel_avxvnni(r, (const uint8_t*)seg_q[0] + g * NC * k, (const float*)seg_d[0] + g * NC * nb,
+                            xq + row * k, xs + row * nb, xd + row * nb, k, y + row * n + g * NC, n);
+              continue;
+            }
+            if (wide) {
+              int sg = 0;
+              while (sg + 1 < nseg && g >= seg_g[sg + 1]) ++sg;
+              const int64_t gl = g - seg_g[sg];
+              float* out = y + row * n + g * NW;
+              if (codes[sg] >= 7) {
+                const uint8_t* w4 = (const uint8_t*)seg_q[sg] + gl * NW * k * 9 / 16;
+                const uint16_t* d4 = (const uint16_t*)seg_d[sg] + gl * NW * (k / 256) * 2;
+                if (codes[sg] == 8 && r >= AMX4_ROWS)
+                  panel_amx4(r, w4, d4, xq + row * k, xm + row * nb, xd + row * nb, k, out, n, sums, buf);
+                else
+                  panel_wide4(r, w4, d4, xq + row * k, xm + row * nb, xd + row * nb, k, out, n);
+                continue;
+              }
+              const uint8_t* wg = (const uint8_t*)seg_q[sg] + gl * NW * k;
+              const float* dg = (const float*)seg_d[sg] + gl * NW * nb;
+              if (codes[sg] == 3)
+                panel_amx(r, (const int8_t*)wg, dg, xq + row * k, xd + row * nb, k, out, n, sums);
+              else
+                for (int i0 = 0; i0 < r; i0 += 8) /* AVX-512 VNNI: 8 rows a pass */
+                  panel_wide(r - i0 < 8 ? r - i0 : 8, wg, dg, xq + (row + i0) * k, xs + (row + i0) * nb,
+                             xd + (row + i0) * nb, k, out + i0 * n, n);
               continue;
             }
             int sg = 0;
@@ -565,10 +752,12 @@ int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* co
       }
     }
     free(sums);
+    free(buf);
   }
   free(xq);
   free(xd);
   free(xs);
+  free(xm);
   return 0;
 }
 
