@@ -96,7 +96,7 @@ def test_a_block_matmul_row_gets_the_same_bits_alone_or_in_any_batch(qtype):
 
 
 def test_q8_panels_made_from_blocks_a_chunk_at_a_time_are_the_panels_of_the_whole_matrix():
-    parts = [random_blocks("Q6_K", 96, 256, 4), random_blocks("Q8_0", 32, 256, 5)]
+    parts = [random_blocks("Q5_K", 96, 256, 4), random_blocks("Q8_0", 32, 256, 5)]
     q, d, code = q8_panels(parts, "avx512_vnni", 16, chunk=32)  # packing only: no AVX-512 needed to make them
     rq, rd, rcode = native.q8_quantize(dequantize_all(parts), "avx512_vnni")
     assert torch.equal(q, rq) and torch.equal(d, rd) and code == rcode
@@ -182,23 +182,54 @@ def test_the_wide_4_bit_panel_matmul_gives_the_avx2_4_bit_panels_bits_at_every_r
     assert np.abs(y.double().numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
 
 
+def test_q6_k_blocks_in_the_heads_16_output_panels_keep_their_own_values_in_the_files_size():
+    b = random_blocks("Q6_K", 32, 768, 8)
+    for variant in native.Q4K_WIDE:
+        assert q8_panels([b], variant, 16)[2] == native.Q8_VARIANTS[variant]  # a layer's: int8
+        p = q8_panels([b], variant, 16, few_rows=True)  # the head's
+        assert isinstance(p, Panels) and p[2] == native.Q6K_WIDE and p.as_stored
+        rows = torch.arange(0, 32, 4)
+        out = torch.empty(len(rows), 768)
+        native._lib().gq_q6_k_wide_rows(
+            p[0].data_ptr(), p[1].data_ptr(), 768, rows.data_ptr(), len(rows), out.data_ptr()
+        )
+        assert torch.equal(out, b.dequantize(rows))  # every value, bit for bit
+        assert torch.equal(PanelRows(p)[rows.view(2, -1)], b.dequantize(rows).view(2, -1, 768))  # a tied table's lookup
+        assert sum(t.numel() * t.element_size() for t in p.tensors()) == 32 * 768 * 210 // 256
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 17, 70])
+def test_the_wide_6_bit_panel_matmul_is_the_exact_product_of_the_blocks_and_the_rounded_activations(m):
+    if not can_run("avx512_vnni"):
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    b = random_blocks("Q6_K", 48, 768, seed=m)
+    x = torch.randn(m, 768, generator=torch.Generator().manual_seed(m))
+    p = q8_panels([b], this_cpu().q8_variant, 16, few_rows=True)
+    y = p.linear(x)
+    ref = rounded_activations(x.numpy()) @ b.dequantize().double().numpy().T
+    assert p[2] == native.Q6K_WIDE and np.abs(y.double().numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
+    for i in {0, m // 2, m - 1}:  # a row's result does not depend on its batch
+        assert torch.equal(p.linear(x[i : i + 1])[0], y[i])
+
+
 @pytest.mark.parametrize("variant", list(native.Q4K_WIDE))
-def test_a_fused_q4_k_and_q6_k_matrix_is_4_bit_and_int8_wide_panels_side_by_side_in_one_call(variant):
+def test_a_fused_q4_k_q6_k_and_q8_0_matrix_is_bit_and_int8_wide_panels_side_by_side_in_one_call(variant):
     if not can_run(variant):
         pytest.skip(f"this CPU cannot run the {variant} panels")
-    parts = [random_blocks("Q4_K", 32, 512, 1), random_blocks("Q6_K", 16, 512, 2), random_blocks("Q4_K", 16, 512, 3)]
-    segs = q8_panels(parts, variant, 16)
-    int8 = native.Q8_VARIANTS[variant]
-    assert isinstance(segs, SegmentPanels) and [s[2] for s in segs] == [
+    parts = [random_blocks("Q4_K", 32, 512, 1), random_blocks("Q6_K", 16, 512, 2), q8_0_blocks(16, 512, 3)]
+    segs = q8_panels(parts, variant, 16, few_rows=True)
+    codes = [s[2] for s in segs]
+    assert isinstance(segs, SegmentPanels) and codes == [
         native.Q4K_WIDE[variant],
-        int8,
-        native.Q4K_WIDE[variant],
+        native.Q6K_WIDE,
+        native.Q8_VARIANTS[variant],
     ]
+    assert segs.as_stored  # the Q8_0 part's int8 panels hold its values too
     for m in (1, 6, 19):
         x = torch.randn(m, 512)
         y = segs.linear(x)
         assert torch.equal(y, torch.cat([s.linear(x) for s in segs], 1))
-        assert torch.equal(y[:, 32:48], native.q8_linear(x, *native.q8_quantize(parts[1].dequantize(), variant)))
+        assert torch.equal(y[:, 48:], native.q8_linear(x, *native.q8_quantize(parts[2].dequantize(), variant)))
 
 
 def test_a_fused_matrix_in_panels_of_different_forms_is_their_products_side_by_side_in_one_call():

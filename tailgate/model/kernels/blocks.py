@@ -224,13 +224,18 @@ def wide_q4k(p: Panels, variant: str) -> Panels:
     return out
 
 
-def q8_panels(parts: list[Blocks], variant: str, panel: int, chunk: int = 4096) -> Panels | SegmentPanels:
+def q8_panels(
+    parts: list[Blocks], variant: str, panel: int, chunk: int = 4096, few_rows: bool = False
+) -> Panels | SegmentPanels:
     """The q8 kernel's panels (native.q8_quantize) of the parts stacked along the outputs, made a
     few thousand rows at a time so no fp32 copy of a whole matrix is ever held (the 262k-row head
     would be 671 MB of it). The AVX2 panels keep what the file stores where their forms hold it
     exactly (`_avx2_panels`: Q5_0 in 5 bits, Q8_0 with its fp16 scales), one form per part
-    (`SegmentPanels` for a fused matrix); the other variants' panels are quantized from the
-    dequantized values, each panel covering `panel` consecutive rows and lying whole in the rows'
+    (`SegmentPanels` for a fused matrix); so do the 16-output ones for Q4_K (4 bits) and, in a
+    matrix called with `few_rows` (the head: one row per sampled sequence), Q6_K (6 bits: its kernel
+    streams fewer bytes than the int8 panels but costs ~1.8x their time once a call is compute-bound,
+    so a layer's Q6_K, which prefills run, stays int8); the other variants' panels are quantized from
+    the dequantized values, each panel covering `panel` consecutive rows and lying whole in the rows'
     share of the arrays, so chunks of a multiple of `panel` rows fill them in place."""
     k = parts[0].shape[1]
     n = sum(p.shape[0] for p in parts)
@@ -240,11 +245,11 @@ def q8_panels(parts: list[Blocks], variant: str, panel: int, chunk: int = 4096) 
         return Panels((q, d, code))
     if code == 0 and len(parts) <= 7:
         return _segments([_avx2_panels(p, chunk) for p in parts])
-    if variant in native.Q4K_WIDE and len(parts) <= 7 and any(_q4k_in_bits(p) for p in parts):
-        # the Q4_K parts in their own 4 bits, each other part in the variant's int8 panels
+    if variant in native.Q4K_WIDE and len(parts) <= 7 and any(_in_bits(p, few_rows) for p in parts):
+        # the Q4_K (and Q6_K) parts in their own bits, each other part in the variant's int8 panels
         return _segments(
             [
-                wide_q4k(_avx2_panels(p, chunk), variant) if _q4k_in_bits(p) else q8_panels([p], variant, panel, chunk)
+                _wide_bits(p, variant, chunk) if _in_bits(p, few_rows) else q8_panels([p], variant, panel, chunk)
                 for p in parts
             ]
         )
@@ -264,9 +269,23 @@ def q8_panels(parts: list[Blocks], variant: str, panel: int, chunk: int = 4096) 
     return out
 
 
-def _q4k_in_bits(p: Blocks) -> bool:
-    """Whether a part's 4-bit panels can be made: Q4_K in whole 256-input rows of whole 16-output panels."""
-    return p.qtype == "Q4_K" and p.shape[1] % 256 == 0 and p.shape[0] % 16 == 0
+def _in_bits(p: Blocks, six: bool) -> bool:
+    """Whether a part's wide bit panels can be made: Q4_K (or, with `six`, Q6_K) in whole 256-input
+    super-blocks of whole 16-output panels."""
+    return p.qtype in ("Q4_K", "Q6_K")[: 1 + six] and p.shape[1] % 256 == 0 and p.shape[0] % 16 == 0
+
+
+def _wide_bits(p: Blocks, variant: str, chunk: int) -> Panels:
+    """A Q4_K or Q6_K matrix's wide panels of its own values (codes 7 / 8, 9)."""
+    if p.qtype == "Q4_K":
+        return wide_q4k(_avx2_panels(p, chunk), variant)
+    n, k = p.shape
+    q = torch.empty(n, k * 13 // 16, dtype=torch.uint8)
+    d = torch.empty(n, k // 256, dtype=torch.float16)
+    native._lib().gq_q6_k_wide(p.data.ctypes.data, n, k, q.data_ptr(), d.data_ptr())
+    out = Panels((q, d, native.Q6K_WIDE))
+    out.as_stored = True
+    return out
 
 
 def _segments(segs: list[Panels]) -> Panels | SegmentPanels:
@@ -292,7 +311,8 @@ class PanelRows:
     values as stored (`Panels.as_stored`): a lookup gives the blocks' rows bit for bit, and the
     file's blocks are not read again. The AVX2 panels (codes 0, 4) are read by csrc/blocks.c; the
     16-output panels of the AVX-512 VNNI and AMX variants (codes 2, 3; `native.q8_quantize`'s
-    interleave, VNNI's bytes offset by 128) by a gather here. (Read from the mapped file, each new token's rows brought
+    interleave, VNNI's bytes offset by 128) by a gather here; their 6-bit panels of a Q6_K table
+    (code 9, a Q4_K_M file's tied embedding) by csrc/blocks.c `gq_q6_k_wide_rows`. (Read from the mapped file, each new token's rows brought
     its pages back into the resident set: after the ~7k distinct tokens of this repository's docs
     and code, 104 MiB of Gemma 3 270M's 170 MiB table, on top of the head's panels.)"""
 
@@ -303,9 +323,10 @@ class PanelRows:
 
     def __init__(self, panels: Panels):
         q, d, code = panels if isinstance(panels, Panels) else (None, None, None)
-        if code not in (0, native.Q8_F16_SCALES, 2, 3) or not panels.as_stored:
-            raise ValueError("rows are read back only from int8 panels that hold the values as stored")
-        self.q, self.d, self.shape, self.code = q, d, tuple(q.shape), code
+        if code not in (0, native.Q8_F16_SCALES, 2, 3, native.Q6K_WIDE) or not panels.as_stored:
+            raise ValueError("rows are read back only from int8 or 6-bit panels that hold the values as stored")
+        k = d.shape[1] * 256 if code == native.Q6K_WIDE else q.shape[1]
+        self.q, self.d, self.shape, self.code = q, d, (q.shape[0], k), code
 
     def dim(self) -> int:
         return 2
@@ -323,6 +344,11 @@ class PanelRows:
         if self.code in (2, 3):
             return self._wide_rows(idx).view(*ids.shape, k)
         out = torch.empty(idx.numel(), k, dtype=torch.float32, device=self.device)
+        if self.code == native.Q6K_WIDE:  # a tied Q6_K table (Q4_K_M files): d * scale * (q - 32), as stored
+            native._lib().gq_q6_k_wide_rows(
+                self.q.data_ptr(), self.d.data_ptr(), k, idx.data_ptr(), idx.numel(), out.data_ptr()
+            )
+            return out.view(*ids.shape, k)
         native._lib().gq_panel_rows(
             self.q.data_ptr(),
             self.d.data_ptr(),

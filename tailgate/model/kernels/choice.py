@@ -353,7 +353,7 @@ class Linear:
         self.quant, self.q, self.qs, self.max_q_rows, self.wide = None, None, None, 0, None
         cut = plan.quant_rows[0 if group == "layers" else 1]
         if plan.quant == "gguf":
-            self._stored(w, plan, cut)
+            self._stored(w, plan, cut, group)
             return
         self.out_features = w.shape[0]
         if plan.quant and cut > 0 and w.shape[1] % INT4_GROUP == 0 and w.shape[0] % 16 == 0:
@@ -371,7 +371,7 @@ class Linear:
                 w = w.to(self.dense_dtype)
             self.w = torch.ops.mkldnn._reorder_linear_weight(w, 16) if self.packed else w
 
-    def _stored(self, w, plan: KernelPlan, cut: int) -> None:
+    def _stored(self, w, plan: KernelPlan, cut: int, group: str) -> None:
         """The gguf plan: the block kernel for calls of at most `cut` rows, q8 panels made here
         from the blocks for the rest (none when the blocks take every call; the blocks' pages are
         released when they take none). A matrix not in a block format runs q8 at every call."""
@@ -397,7 +397,7 @@ class Linear:
         self.quant, self.max_q_rows = "gguf", cut
         self.q = blocks.BlockMatmul(parts) if cut > 0 else None
         if cut < EVERY:
-            self.wide = blocks.q8_panels(parts, plan.q8_variant, panel)
+            self.wide = blocks.q8_panels(parts, plan.q8_variant, panel, few_rows=group == "head")
             if cut == 0:
                 for p in parts:
                     p.release()

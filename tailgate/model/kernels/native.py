@@ -92,6 +92,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.gq_q5_panel_rows.argtypes, lib.gq_q5_panel_rows.restype = [P, P, I64, P, I64, P], None
     lib.gq_q4_k_panels.argtypes, lib.gq_q4_k_panels.restype = [P, I64, I64, P, P], None
     lib.gq_q4_k_panel_rows.argtypes, lib.gq_q4_k_panel_rows.restype = [P, P, I64, P, I64, P], None
+    lib.gq_q6_k_wide.argtypes, lib.gq_q6_k_wide.restype = [P, I64, I64, P, P], None
+    lib.gq_q6_k_wide_rows.argtypes, lib.gq_q6_k_wide_rows.restype = [P, P, I64, P, I64, P], None
     lib.q8_linear_seg.argtypes = [P, I64, I64, B, P, P, P, P, P, I64]
     lib.q8_linear_seg.restype = ctypes.c_int
     lib.gq_linear.argtypes, lib.gq_linear.restype = [P, I64, I64, B, P, P, P, P, P, I64], ctypes.c_int
@@ -131,8 +133,14 @@ Q8_F16_SCALES, Q5_PANELS, Q4K_PANELS = 4, 5, 6
 # The 4-bit panels in 16 outputs (two of the 8-output ones interleaved, blocks.wide_q4k), read on
 # AVX-512 VNNI (code 7) or, the same bytes, on AMX tiles from a few rows up (code 8).
 Q4K_WIDE = {"avx512_vnni": 7, "amx": 8}
+# A Q6_K matrix's own 6-bit values, scales and d in 16-output panels (csrc/blocks.c gq_q6_k_wide),
+# read on AVX-512 VNNI at every row count (an AMX CPU's too).
+Q6K_WIDE = 9
 # The codes one q8_linear_seg call may mix: the 8-output forms, or the 16-output ones.
-SEGMENT_FORMS = (frozenset({0, Q8_F16_SCALES, Q5_PANELS, Q4K_PANELS}), frozenset({2, 3, *Q4K_WIDE.values()}))
+SEGMENT_FORMS = (
+    frozenset({0, Q8_F16_SCALES, Q5_PANELS, Q4K_PANELS}),
+    frozenset({2, 3, *Q4K_WIDE.values(), Q6K_WIDE}),
+)
 
 
 def q8_quantize(w: torch.Tensor, variant: str = "avx2") -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -179,14 +187,16 @@ def q8_linear(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, variant: int = 
 
 def q8_linear_segments(x: torch.Tensor, segments) -> torch.Tensor:
     """x [M, K] fp32 @ W^T -> [M, N] fp32 for W's outputs in segments [(q, d, code)] of panel forms
-    of one width (`SEGMENT_FORMS`: the AVX2 codes 0, 4, 5, 6, or the 16-output 2, 3, 7, 8), side by
+    of one width (`SEGMENT_FORMS`: the AVX2 codes 0, 4, 5, 6, or the 16-output 2, 3, 7, 8, 9), side by
     side in one call (the activations quantized once)."""
     x = x.contiguous()
     m, k = x.shape
     n_seg = len(segments)
     codes = {c for _, _, c in segments}
     if not 1 <= n_seg <= 7 or not any(codes <= forms for forms in SEGMENT_FORMS):
-        raise ValueError(f"1-7 segments of panels of one width (codes 0, 4, 5, 6 or 2, 3, 7, 8), got {sorted(codes)}")
+        raise ValueError(
+            f"1-7 segments of panels of one width (codes 0, 4, 5, 6 or 2, 3, 7, 8, 9), got {sorted(codes)}"
+        )
     ns = [d.shape[0] for _, d, _ in segments]
     n = sum(ns)
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)

@@ -76,6 +76,9 @@ static inline void k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
 
 /* ---- dequantization (scalar: the embedding's few rows per step and one-time work at load) ---- */
 
+/* The Q6_K scale index of half h (16 inputs) of block b (32 inputs) within its super-block. */
+static inline int idx16(int64_t b, int h) { return 2 * (int)(b % 8) + h; }
+
 static void deq_row(int t, const uint8_t* r, int64_t k, float* y) {
   if (t == T_Q8_0 || t == T_Q4_0 || t == T_Q4_1 || t == T_Q5_0 || t == T_Q5_1) {
     const int64_t bs = gq_row_bytes(t, 32);
@@ -303,6 +306,59 @@ void gq_q4_k_panels(const uint8_t* w, int64_t n, int64_t k, uint8_t* q, uint16_t
       }
       for (int jj = 0; jj < 32; ++jj)
         for (int t = 0; t < 4; ++t) p[32 * t + jj] = (uint8_t)(u[t][jj] | (u[t + 4][jj] << 4));
+    }
+  }
+}
+
+/* Q6_K rows -> the 6-bit 16-output panels csrc/q8.c's wide6 kernel reads (code 9): the file's own
+ * values, moved. A Q6_K super-block of 256 values is 256 6-bit q (low nibbles in ql, high pairs in
+ * qh), 16 int8 scales (one per 16 values) and d (fp16), standing for d * scale * (q - 32). Per 16
+ * outputs and per block of 32 inputs: 4 vectors of 64 bytes of low nibbles (vector t's low
+ * nibbles: inputs 4t..4t+3 of each output, its high ones inputs 4t+16..4t+19), 2 vectors of the
+ * high pairs (vector h's byte: bits 2s, 2s+1 hold vector 4h + s's), the 16 outputs' scales of
+ * inputs 0..15, then of 16..31 (int8): 416 bytes for 512 values; per super-block, in `d`, the 16
+ * outputs' d (fp16, as stored): 0.82 bytes a value, the file's 0.82. n % 16 == 0, k % 256 == 0. */
+void gq_q6_k_wide(const uint8_t* w, int64_t n, int64_t k, uint8_t* q, uint16_t* d) {
+  const int64_t nb = k / 32, ns = k / 256, rb = ns * 210;
+#pragma omp parallel for schedule(static)
+  for (int64_t g = 0; g < n / 16; ++g)
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t sb = b / 8;
+      uint8_t* p = q + (g * nb + b) * 416;
+      memset(p, 0, 384);
+      for (int c = 0; c < 16; ++c) {
+        const uint8_t* r = w + (g * 16 + c) * rb + sb * 210;
+        if (b % 8 == 0) memcpy(d + (g * ns + sb) * 16 + c, r + 208, 2);
+        const int8_t* sc = (const int8_t*)(r + 192);
+        for (int j = 0; j < 32; ++j) {
+          const int idx = 32 * (int)(b % 8) + j, half = idx / 128, qd = (idx % 128) / 32, l = idx % 32;
+          const uint8_t lo = r[64 * half + 32 * (qd & 1) + l];
+          const int u = ((qd < 2 ? lo & 15 : lo >> 4) | (((r[128 + 32 * half + l] >> (2 * qd)) & 3) << 4));
+          const int t = j / 4, at = 4 * c + j % 4;
+          p[64 * (t % 4) + at] |= (uint8_t)((u & 15) << (t < 4 ? 0 : 4));
+          p[256 + 64 * (t / 4) + at] |= (uint8_t)((u >> 4) << (2 * (t % 4)));
+        }
+        p[384 + c] = (uint8_t)sc[idx16(b, 0)];
+        p[400 + c] = (uint8_t)sc[idx16(b, 1)];
+      }
+    }
+}
+
+/* rows[i] of a matrix in 6-bit wide panels (as above) -> out[i, :] fp32, each value
+ * d * scale * (q - 32) as gq_dequantize computes it. For the tests. */
+void gq_q6_k_wide_rows(const uint8_t* q, const uint16_t* d, int64_t k, const int64_t* rows, int64_t n, float* out) {
+  const int64_t nb = k / 32, ns = k / 256;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t g = rows[i] / 16, c = rows[i] % 16;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* p = q + (g * nb + b) * 416;
+      const float dd = h2f((const uint8_t*)(d + (g * ns + b / 8) * 16 + c));
+      for (int j = 0; j < 32; ++j) {
+        const int t = j / 4, at = 4 * (int)c + j % 4;
+        const int lo = t < 4 ? p[64 * t + at] & 15 : p[64 * (t - 4) + at] >> 4;
+        const int u = lo | (((p[256 + 64 * (t / 4) + at] >> (2 * (t % 4))) & 3) << 4);
+        out[i * k + b * 32 + j] = dd * (int8_t)p[384 + 16 * (j / 16) + c] * (u - 32);
+      }
     }
   }
 }

@@ -366,6 +366,77 @@ static inline __attribute__((always_inline)) void wide4_rows(const int r, const 
   for (int i = 0; i < r; ++i) _mm512_storeu_ps(out + i * ldo, acc[i]);
 }
 
+/* The wide 6-bit panels (code 9: a GGUF Q6_K matrix's own values, csrc/blocks.c gq_q6_k_wide): per
+ * block the 4-bit panels' nibble vectors, 2 vectors of the high bit pairs (moved to bits 4-5 by a
+ * shift and a mask), and two int8 scales per output (inputs 0..15 and 16..31). u (0..63) goes to
+ * vpdpbusd unsigned; the two halves' exact int32 sums take the offset off through the activation
+ * half's sum times 32 (x32, made once per call) and are combined with their scales in int32
+ * (|sc (s - 32 xs)| <= 128 * 16 * 32 * 127: exact), then one fp32 step per block as the int8
+ * panels': acc += float(S) * (d * dx). 0.82 bytes a weight, the file's, where int8 panels read 1.125. */
+#define W6B 416 /* bytes per 16-output 6-bit block */
+static inline __attribute__((always_inline)) __m512i high2(const __m512i h, const int s) {
+  const __m512i m = _mm512_set1_epi8(0x30);
+  return _mm512_and_si512(s == 0 ? _mm512_slli_epi16(h, 4) : s == 1 ? _mm512_slli_epi16(h, 2) : s == 2 ? h : _mm512_srli_epi16(h, 2), m);
+}
+
+static inline __attribute__((always_inline)) void wide6_rows(const int r, const uint8_t* w, const uint16_t* wd,
+                                                             const int8_t* a, const int32_t* x32, const float* ad,
+                                                             int64_t k, float* out, int64_t ldo) {
+  const int64_t nb = k / QK;
+  const __m512i lo4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[8], dv = _mm512_setzero_ps();
+  for (int i = 0; i < r; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* wb = w + b * W6B;
+    prefetch_ahead(wb, W6B);
+    if (b % 8 == 0) dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(wd + (b / 8) * 16)));
+    __m512i s0[8], s1[8];
+    for (int i = 0; i < r; ++i) s0[i] = s1[i] = _mm512_setzero_si512();
+    const __m512i h0 = _mm512_loadu_si512((const void*)(wb + 256)), h1 = _mm512_loadu_si512((const void*)(wb + 320));
+    for (int t = 0; t < 4; ++t) {
+      const __m512i nib = _mm512_loadu_si512((const void*)(wb + 64 * t));
+      const __m512i ul = _mm512_or_si512(_mm512_and_si512(nib, lo4), high2(h0, t));
+      const __m512i uh = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(nib, 4), lo4), high2(h1, t));
+      for (int i = 0; i < r; ++i) {
+        int32_t vl, vh;
+        memcpy(&vl, a + i * k + b * QK + 4 * t, 4);
+        memcpy(&vh, a + i * k + b * QK + 4 * t + 16, 4);
+        s0[i] = _mm512_dpbusd_epi32(s0[i], ul, _mm512_set1_epi32(vl));
+        s1[i] = _mm512_dpbusd_epi32(s1[i], uh, _mm512_set1_epi32(vh));
+      }
+    }
+    const __m512i c0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(wb + 384)));
+    const __m512i c1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(wb + 400)));
+    for (int i = 0; i < r; ++i) {
+      const int32_t* xh = x32 + (i * nb + b) * 2;
+      const __m512i S = _mm512_add_epi32(_mm512_mullo_epi32(c0, _mm512_sub_epi32(s0[i], _mm512_set1_epi32(xh[0]))),
+                                         _mm512_mullo_epi32(c1, _mm512_sub_epi32(s1[i], _mm512_set1_epi32(xh[1]))));
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(dv, _mm512_set1_ps(ad[i * nb + b])), acc[i]);
+    }
+  }
+  for (int i = 0; i < r; ++i) _mm512_storeu_ps(out + i * ldo, acc[i]);
+}
+
+/* r rows (any count) against one wide 6-bit panel, 8 rows a pass. */
+static void panel_wide6(int r, const uint8_t* w, const uint16_t* wd, const int8_t* a, const int32_t* x32,
+                        const float* ad, int64_t k, float* out, int64_t ldo) {
+  const int64_t nb = k / QK;
+  for (int i0 = 0; i0 < r; i0 += 8) {
+    const int rr = r - i0 < 8 ? r - i0 : 8;
+    const int8_t* ai = a + i0 * k;
+    const int32_t* xi = x32 + i0 * nb * 2;
+    const float* di = ad + i0 * nb;
+    float* oi = out + i0 * ldo;
+    switch (rr) {
+#define R(n) \
+  case n: wide6_rows(n, w, wd, ai, xi, di, k, oi, ldo); break;
+      R(1) R(2) R(3) R(4) R(5) R(6) R(7)
+      default: wide6_rows(8, w, wd, ai, xi, di, k, oi, ldo);
+#undef R
+    }
+  }
+}
+
 /* r rows (any count) against one wide 4-bit panel, 8 rows a pass. */
 static void panel_wide4(int r, const uint8_t* w, const uint16_t* wd, const int8_t* a, const float* xm,
                         const float* ad, int64_t k, float* out, int64_t ldo) {
@@ -605,15 +676,17 @@ void q8_offset(int8_t* q, int64_t bytes) {
  * panels (a Q5_0 matrix as stored, fp16 scales), 6 the 4-bit panels (a Q4_K matrix as stored); 1
  * AVX-VNNI (weights offset by q8_offset), the only segment. The 16-output forms (interleaved at
  * load): 2 AVX-512 VNNI int8 (offset weights), 3 AMX int8, 7 the 4-bit panels on AVX-512 VNNI, 8
- * the same bytes on AMX (tiles from AMX4_ROWS rows up). Codes 0, 4, 5 and 6 mix, and so do 2, 3,
- * 7 and 8: a fused matrix whose parts the file stores in different formats.
+ * the same bytes on AMX (tiles from AMX4_ROWS rows up), 9 the 6-bit panels (AVX-512 VNNI at every
+ * row count). Codes 0, 4, 5 and 6 mix, and so do 2, 3,
+ * 7, 8 and 9: a fused matrix whose parts the file stores in different formats.
  * Returns 0, or -1 when scratch memory cannot be had. */
 int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* const* seg_q, const void* const* seg_d,
                   const int64_t* seg_n, const int* codes, float* y, int64_t n) {
   if (m == 0) return 0; /* a step that samples no row (its head call is empty): a 0-row tile faults */
-  int wide = 0, amx = 0, sums_needed = 0, four = 0;
+  int wide = 0, amx = 0, sums_needed = 0, four = 0, six = 0;
   for (int s = 0; s < nseg; ++s) {
-    four |= codes[s] >= 7; /* the wide 4-bit panels read dx * xs as one float per row and block */
+    four |= codes[s] == 7 || codes[s] == 8; /* the wide 4-bit panels read dx * xs, one float per row and block */
+    six |= codes[s] == 9;                   /* the 6-bit ones 32 * the sum of each half block, int32 */
     wide |= codes[s] == 2 || codes[s] == 3 || codes[s] >= 7;
     amx |= codes[s] == 3 || codes[s] == 8;
     /* the VNNI panels take off the offset weights' excess, the 5- and 4-bit panels the offset or mins */
@@ -627,11 +700,13 @@ int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* co
   float* xd = malloc((size_t)(mp * nb) * sizeof(float));
   int32_t* xs = offset ? malloc((size_t)(m * nb) * sizeof(int32_t)) : NULL;
   float* xm = four ? malloc((size_t)(m * nb) * sizeof(float)) : NULL;
-  if (!xq || !xd || (offset && !xs) || (four && !xm)) {
+  int32_t* x32 = six ? malloc((size_t)(m * nb * 2) * sizeof(int32_t)) : NULL;
+  if (!xq || !xd || (offset && !xs) || (four && !xm) || (six && !x32)) {
     free(xq);
     free(xd);
     free(xs);
     free(xm);
+    free(x32);
     return -1;
   }
   memset(xq + m * k, 0, (size_t)((mp - m) * k));
@@ -649,10 +724,12 @@ int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* co
     for (int64_t row = 0; row < m; ++row) {
       quantize_row(x + row * k, k, xq + row * k, xd + row * nb);
       for (int64_t b = 0; offset && b < nb; ++b) {
-        int32_t sum = 0;
-        for (int j = 0; j < QK; ++j) sum += xq[row * k + b * QK + j];
+        int32_t half[2] = {0, 0};
+        for (int j = 0; j < QK; ++j) half[j / 16] += xq[row * k + b * QK + j];
+        const int32_t sum = half[0] + half[1];
         xs[row * nb + b] = sum;
         if (four) xm[row * nb + b] = xd[row * nb + b] * (float)sum;
+        if (six) x32[(row * nb + b) * 2] = 32 * half[0], x32[(row * nb + b) * 2 + 1] = 32 * half[1];
       }
     }
     const int64_t groups = n / nc;
@@ -681,6 +758,12 @@ int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* co
               while (sg + 1 < nseg && g >= seg_g[sg + 1]) ++sg;
               const int64_t gl = g - seg_g[sg];
               float* out = y + row * n + g * NW;
+              if (codes[sg] == 9) {
+                const uint8_t* w6 = (const uint8_t*)seg_q[sg] + gl * NW * k * 13 / 16;
+                const uint16_t* d6 = (const uint16_t*)seg_d[sg] + gl * NW * (k / 256);
+                panel_wide6(r, w6, d6, xq + row * k, x32 + row * nb * 2, xd + row * nb, k, out, n);
+                continue;
+              }
               if (codes[sg] >= 7) {
                 const uint8_t* w4 = (const uint8_t*)seg_q[sg] + gl * NW * k * 9 / 16;
                 const uint16_t* d4 = (const uint16_t*)seg_d[sg] + gl * NW * (k / 256) * 2;
@@ -758,6 +841,7 @@ int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* co
   free(xd);
   free(xs);
   free(xm);
+  free(x32);
   return 0;
 }
 
