@@ -272,7 +272,8 @@ def q8_panels(
 def _in_bits(p: Blocks, six: bool) -> bool:
     """Whether a part's wide bit panels can be made: Q4_K (or, with `six`, Q6_K) in whole 256-input
     super-blocks of whole 16-output panels."""
-    return p.qtype in ("Q4_K", "Q6_K")[: 1 + six] and p.shape[1] % 256 == 0 and p.shape[0] % 16 == 0
+    kept = p.qtype == "Q4_K" or (six and p.qtype == "Q6_K")
+    return kept and p.shape[1] % 256 == 0 and p.shape[0] % 16 == 0
 
 
 def _wide_bits(p: Blocks, variant: str, chunk: int) -> Panels:
@@ -312,9 +313,10 @@ class PanelRows:
     file's blocks are not read again. The AVX2 panels (codes 0, 4) are read by csrc/blocks.c; the
     16-output panels of the AVX-512 VNNI and AMX variants (codes 2, 3; `native.q8_quantize`'s
     interleave, VNNI's bytes offset by 128) by a gather here; their 6-bit panels of a Q6_K table
-    (code 9, a Q4_K_M file's tied embedding) by csrc/blocks.c `gq_q6_k_wide_rows`. (Read from the mapped file, each new token's rows brought
-    its pages back into the resident set: after the ~7k distinct tokens of this repository's docs
-    and code, 104 MiB of Gemma 3 270M's 170 MiB table, on top of the head's panels.)"""
+    (code 9, a Q4_K_M file's tied embedding) by csrc/blocks.c `gq_q6_k_wide_rows`. (Read from the
+    mapped file, each new token's rows brought its pages back into the resident set: after the ~7k
+    distinct tokens of this repository's docs and code, 104 MiB of Gemma 3 270M's 170 MiB table, on
+    top of the head's panels.)"""
 
     dtype = torch.float32
     device = torch.device("cpu")
