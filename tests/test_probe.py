@@ -34,6 +34,21 @@ def test_the_probe_times_every_shape_through_scratch_pages_caches_it_and_seeds_a
     assert model.ready and model.predict((64, 8, 8, 20.0)) > 0
 
 
+def test_a_probe_cached_for_one_kernel_build_is_not_read_by_another(monkeypatch, tmp_path):
+    """The key holds the native library's build (its sources' hash): a kernel change under the same
+    version times the steps again instead of reading the old build's figures."""
+    from tailgate.model.kernels import native
+    from tailgate.model.kernels.choice import choose
+
+    plan, source = choose("fp32", "q8", "cpu"), tmp_path / "model.gguf"
+    source.write_bytes(b"GGUF")
+    monkeypatch.setattr(native, "build_name", lambda: "tailgate-aaaa.so")
+    a = probe.cache_key(plan, source)
+    assert a == probe.cache_key(plan, source)
+    monkeypatch.setattr(native, "build_name", lambda: "tailgate-bbbb.so")
+    assert probe.cache_key(plan, source) != a
+
+
 def test_a_probe_shapes_features_are_the_ones_the_engine_counts_for_that_step():
     """The fit the engine seeds from must read the probe's steps as the engine reads its own:
     `step_features` of the segments the probe runs."""

@@ -116,6 +116,13 @@ def load() -> tuple[ctypes.CDLL | None, str | None]:
         return _LIB, _WHY
 
 
+def build_name() -> str:
+    """The loaded library's file name (its sources' and compiler's hash), or "" without one: what a
+    cache of measured kernel timings must key on, so a changed kernel is timed again."""
+    lib, _ = load()
+    return Path(lib._name).name if lib is not None else ""
+
+
 def _lib() -> ctypes.CDLL:
     lib, why = load()
     if lib is None:

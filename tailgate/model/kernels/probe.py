@@ -36,6 +36,7 @@ import torch
 
 from ...engine.cost_form import CONTEXT, SHAPES, TERMS, features, fit, shape_segments
 from ...engine.pages import SeqPages
+from . import native
 
 # The shapes timed, (decode rows, prompt rows) at CONTEXT keys, and the features each is fitted
 # with, are the cost form's (`engine/cost_form.py`: SHAPES, `shape_segments`, `features`): the
@@ -243,6 +244,8 @@ def cache_key(plan, source) -> str:
             repr(SHAPES),
             str(CONTEXT),
             str(torch.get_num_threads()),
+            native.build_name(),  # a kernel change under the same version: timed again (a 4-bit
+            # panel build read the int8 build's probe, decode 1 153 ms for a ~111 ms step, 3B)
         ]
     )
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
