@@ -516,41 +516,57 @@ static inline __attribute__((always_inline)) void amx_scale(const int R, __m512*
     _tile_dpbssd(CB, 5, 7);                                       \
   } while (0)
 
+/* The pipelined sweep over a panel's blocks that both tile kernels share: the next pair of blocks
+ * is in the tiles while this pair's sums, stored to memory, go through the scale step (storing and
+ * reading back at once stalled). PAIR(CA, CB, b) issues blocks b, b + 1 into C tiles CA, CB (literal
+ * tile numbers: the intrinsics paste them into the instruction); ONE(b) issues an odd last block
+ * into tile 0; SCALE(s, b) takes block b's sums s into acc. Expects nb, pairs, acc, sums in scope. */
+#define AMX_SWEEP(PAIR, ONE, SCALE)                 \
+  do {                                              \
+    if (pairs > 0) PAIR(0, 1, 0);                   \
+    for (int64_t p = 0; p < pairs; ++p) {           \
+      const int64_t b = 2 * p;                      \
+      if (p % 2 == 0) {                             \
+        _tile_stored(0, sums, 64);                  \
+        _tile_stored(1, sums + 256, 64);            \
+        if (p + 1 < pairs) PAIR(2, 3, b + 2);       \
+      } else {                                      \
+        _tile_stored(2, sums, 64);                  \
+        _tile_stored(3, sums + 256, 64);            \
+        if (p + 1 < pairs) PAIR(0, 1, b + 2);       \
+      }                                             \
+      SCALE(sums, b);                               \
+      SCALE(sums + 256, b + 1);                     \
+    }                                               \
+    if (nb % 2) {                                   \
+      _tile_zero(0);                                \
+      ONE(nb - 1);                                  \
+      _tile_stored(0, sums, 64);                    \
+      SCALE(sums, nb - 1);                          \
+    }                                               \
+  } while (0)
+
+#define AMX_ONE(b)                        \
+  do {                                    \
+    _tile_loadd(4, a + (b) * QK, k);      \
+    _tile_loadd(6, w + (b) * NW * QK, 64); \
+    _tile_dpbssd(0, 4, 6);                \
+  } while (0)
+#define AMX_SCALE(s, b) amx_scale(R, acc, s, wd, ad, nb, b)
+
 /* 16 activation rows (a: stride k; rows past R are zeros) against one 16-output panel; R rows
- * kept. Software-pipelined: the next pair of blocks is in the tiles while this pair's sums,
- * stored to memory, go through the scale step (storing and reading back at once stalled). */
+ * kept (AMX_SWEEP). */
 static inline __attribute__((always_inline)) void amx_rows(const int R, const int8_t* w, const float* wd,
                                                            const int8_t* a, const float* ad, int64_t k, float* out,
                                                            int64_t ldo, int32_t* sums) {
   const int64_t nb = k / QK, pairs = nb / 2;
   __m512 acc[16];
   for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
-  if (pairs > 0) AMX_PAIR(0, 1, 0);
-  for (int64_t p = 0; p < pairs; ++p) {
-    const int64_t b = 2 * p;
-    if (p % 2 == 0) {
-      _tile_stored(0, sums, 64);
-      _tile_stored(1, sums + 256, 64);
-      if (p + 1 < pairs) AMX_PAIR(2, 3, b + 2);
-    } else {
-      _tile_stored(2, sums, 64);
-      _tile_stored(3, sums + 256, 64);
-      if (p + 1 < pairs) AMX_PAIR(0, 1, b + 2);
-    }
-    amx_scale(R, acc, sums, wd, ad, nb, b);
-    amx_scale(R, acc, sums + 256, wd, ad, nb, b + 1);
-  }
-  if (nb % 2) {
-    const int64_t b = nb - 1;
-    _tile_zero(0);
-    _tile_loadd(4, a + b * QK, k);
-    _tile_loadd(6, w + b * NW * QK, 64);
-    _tile_dpbssd(0, 4, 6);
-    _tile_stored(0, sums, 64);
-    amx_scale(R, acc, sums, wd, ad, nb, b);
-  }
+  AMX_SWEEP(AMX_PAIR, AMX_ONE, AMX_SCALE);
   for (int i = 0; i < R; ++i) _mm512_storeu_ps(out + i * ldo, acc[i]);
 }
+#undef AMX_ONE
+#undef AMX_SCALE
 #undef AMX_PAIR
 
 static void panel_amx(int r, const int8_t* w, const float* wd, const int8_t* a, const float* ad, int64_t k, float* out,
@@ -609,6 +625,15 @@ static inline __attribute__((always_inline)) void amx4_scale(const int R, __m512
     _tile_dpbsud(CB, 5, 7);                                      \
   } while (0)
 
+#define AMX4_ONE(b)                   \
+  do {                                \
+    unpack4(w + (b) * W4B, buf);      \
+    _tile_loadd(4, a + (b) * QK, k);  \
+    _tile_loadd(6, buf, 64);          \
+    _tile_dpbsud(0, 4, 6);            \
+  } while (0)
+#define AMX4_SCALE(s, b) amx4_scale(R, acc, s, w + (b) * W4B, wd, xm, ad, nb, b)
+
 static inline __attribute__((always_inline)) void amx4_rows(const int R, const uint8_t* w, const uint16_t* wd,
                                                             const int8_t* a, const float* xm, const float* ad,
                                                             int64_t k, float* out, int64_t ldo, int32_t* sums,
@@ -616,34 +641,13 @@ static inline __attribute__((always_inline)) void amx4_rows(const int R, const u
   const int64_t nb = k / QK, pairs = nb / 2;
   __m512 acc[16];
   for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
-  if (pairs > 0) AMX4_PAIR(0, 1, 0);
-  for (int64_t p = 0; p < pairs; ++p) {
-    const int64_t b = 2 * p;
-    if (p % 2 == 0) {
-      _tile_stored(0, sums, 64);
-      _tile_stored(1, sums + 256, 64);
-      if (p + 1 < pairs) AMX4_PAIR(2, 3, b + 2);
-    } else {
-      _tile_stored(2, sums, 64);
-      _tile_stored(3, sums + 256, 64);
-      if (p + 1 < pairs) AMX4_PAIR(0, 1, b + 2);
-    }
-    amx4_scale(R, acc, sums, w + b * W4B, wd, xm, ad, nb, b);
-    amx4_scale(R, acc, sums + 256, w + (b + 1) * W4B, wd, xm, ad, nb, b + 1);
-  }
-  if (nb % 2) {
-    const int64_t b = nb - 1;
-    unpack4(w + b * W4B, buf);
-    _tile_zero(0);
-    _tile_loadd(4, a + b * QK, k);
-    _tile_loadd(6, buf, 64);
-    _tile_dpbsud(0, 4, 6);
-    _tile_stored(0, sums, 64);
-    amx4_scale(R, acc, sums, w + b * W4B, wd, xm, ad, nb, b);
-  }
+  AMX_SWEEP(AMX4_PAIR, AMX4_ONE, AMX4_SCALE);
   for (int i = 0; i < R; ++i) _mm512_storeu_ps(out + i * ldo, acc[i]);
 }
+#undef AMX4_ONE
+#undef AMX4_SCALE
 #undef AMX4_PAIR
+#undef AMX_SWEEP
 
 static void panel_amx4(int r, const uint8_t* w, const uint16_t* wd, const int8_t* a, const float* xm,
                        const float* ad, int64_t k, float* out, int64_t ldo, int32_t* sums, uint8_t* buf) {
