@@ -182,6 +182,84 @@ def test_the_wide_4_bit_panel_matmul_gives_the_avx2_4_bit_panels_bits_at_every_r
     assert np.abs(y.double().numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
 
 
+def bf16_product(x: torch.Tensor, w: torch.Tensor) -> np.ndarray:
+    """x @ w.T with both sides rounded to bf16 (as the BF16 tiles read them), summed in fp64."""
+    return x.to(torch.bfloat16).double().numpy() @ w.to(torch.bfloat16).double().numpy().T
+
+
+def can_tile_bf16() -> bool:
+    return can_run("amx") and "amx_bf16" in this_cpu().flags
+
+
+def amx_int8_values(p: Panels) -> torch.Tensor:
+    """The values an AMX int8 panel form (code 3) holds, [N, K]: q * d, undoing the 16-output interleave."""
+    q, d, code = p
+    assert code == native.Q8_VARIANTS["amx"]
+    n, nb = d.shape
+    q8 = q.view(n // 16, nb, 8, 2, 32).permute(0, 3, 1, 2, 4).reshape(n // 8, nb, 8, 8, 4)  # 8-output panels
+    w = q8.permute(0, 3, 1, 2, 4).reshape(n, nb, 32).float()  # [output, block, input]
+    scales = d.view(n // 16, nb, 2, 8).permute(0, 2, 3, 1).reshape(n, nb)
+    return (w * scales[..., None]).reshape(n, nb * 32)
+
+
+@pytest.mark.parametrize("m,int8_rows,four_rows", [(45, 0, 40), (70, 64, 64), (70, 48, 64), (33, 0, 0)])
+def test_rows_on_bf16_tiles_are_the_bf16_product_and_every_other_row_keeps_the_int8_bits(m, int8_rows, four_rows):
+    """A fused matrix (4-bit, int8 and 4-bit forms side by side): the leading rows each form is
+    told to tile are the product of the bf16-rounded weights and activations (fp32 sums in any
+    order); every other row keeps the int8 path's bits."""
+    if not can_tile_bf16():
+        pytest.skip("this CPU has no AMX BF16 tiles")
+    parts = [random_blocks("Q4_K", 48, 768, 1), random_blocks("Q8_0", 32, 768, 2), random_blocks("Q4_K", 16, 768, 3)]
+    x = torch.randn(m, 768, generator=torch.Generator().manual_seed(m)) * 3
+    p = q8_panels(parts, "amx", 16)
+    assert [s[2] for s in p] == [8, 3, 8]
+    int8 = p.linear(x)
+    y = p.linear(x, tiles=(int8_rows, four_rows))
+    held = [parts[0].dequantize(), amx_int8_values(p[1]), parts[2].dequantize()]
+    for cols, w, t in zip((slice(0, 48), slice(48, 80), slice(80, 96)), held, (four_rows, int8_rows, four_rows)):
+        assert torch.equal(y[t:, cols], int8[t:, cols])
+        if t:
+            ref = bf16_product(x[:t], w)
+            assert np.abs(y[:t, cols].double().numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
+    if four_rows:
+        exact = x.double().numpy() @ dequantize_all(parts[:1]).double().numpy().T
+        err = lambda got: np.abs(got[:four_rows, :48].double().numpy() - exact[:four_rows]).max()  # noqa: E731
+        assert err(y) <= err(int8)  # bf16 activations lose less than int8 blocks of 32
+
+
+def test_a_step_puts_its_long_prompt_segments_first_and_tiles_by_each_segments_own_length():
+    from tailgate.engine.pages import SeqPages
+    from tailgate.engine.plan import Segment
+    from tailgate.model.runtime.context import build_context
+
+    def pages():
+        p = SeqPages()
+        p.global_pages = list(range(8))
+        return p
+
+    def seg(n):
+        return Segment(list(range(n)), 0, pages())
+
+    short, four, both, decode = seg(20), seg(40), seg(50), Segment([1], 5, pages())
+    ctx = build_context([decode, short, four, both], {"global": None}, "cpu")
+    assert ctx.tile_rows == (50, 90)  # the 50-row segment in every form, the 40-row one in the 4-bit panels
+    assert ctx.tokens.tolist()[:50] == list(range(50)) and ctx.tokens.tolist()[50:90] == list(range(40))
+    assert ctx.decode_rows == (110, 111)
+    alone = build_context([four], {"global": None}, "cpu")
+    assert alone.tile_rows == (0, 40)  # the same rows tiled alone or beside others
+
+
+@pytest.mark.parametrize("k", [256, 2048 + 256])  # one chunk; chunks of the L2 cut with a narrower last one
+def test_bf16_tiles_cover_every_chunk_of_a_long_row_and_every_panel_split_between_threads(k):
+    if not can_tile_bf16():
+        pytest.skip("this CPU has no AMX BF16 tiles")
+    b = random_blocks("Q4_K", 16 * 7, k, 4)  # an odd number of panels: a thread ends on a single one
+    x = torch.randn(300, k, generator=torch.Generator().manual_seed(k))  # 1 MiB of bf16 rows: several chunks
+    y = q8_panels([b], "amx", 16).linear(x, tiles=(300, 300))
+    ref = bf16_product(x, b.dequantize())
+    assert np.abs(y.double().numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
 def test_q6_k_blocks_in_the_heads_16_output_panels_keep_their_own_values_in_the_files_size():
     b = random_blocks("Q6_K", 32, 768, 8)
     for variant in native.Q4K_WIDE:

@@ -147,8 +147,8 @@ class Panels(tuple):
 
     as_stored = False
 
-    def linear(self, x: torch.Tensor) -> torch.Tensor:
-        return native.q8_linear(x, *self)
+    def linear(self, x: torch.Tensor, tiles: tuple[int, int] = (0, 0)) -> torch.Tensor:
+        return native.q8_linear(x, *self, tiles=tiles)
 
     def tensors(self) -> list[torch.Tensor]:
         return [self[0], self[1]]
@@ -160,8 +160,8 @@ class SegmentPanels(tuple):
 
     as_stored = False
 
-    def linear(self, x: torch.Tensor) -> torch.Tensor:
-        return native.q8_linear_segments(x, self)
+    def linear(self, x: torch.Tensor, tiles: tuple[int, int] = (0, 0)) -> torch.Tensor:
+        return native.q8_linear_segments(x, self, tiles)
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for p in self for t in p.tensors()]

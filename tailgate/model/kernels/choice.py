@@ -347,9 +347,13 @@ class Linear:
     gguf plan `w` may be a GGUF matrix as stored (`blocks.Blocks`) or a list of them (a fused
     q/k/v or gate/up, stacked along the outputs)."""
 
-    __slots__ = ("w", "packed", "quant", "q", "qs", "max_q_rows", "out_features", "dense_dtype", "wide")
+    __slots__ = ("w", "packed", "quant", "q", "qs", "max_q_rows", "out_features", "dense_dtype", "wide", "prompt_tiles")
 
     def __init__(self, w, plan: KernelPlan, group: str):
+        # A layer's matrix (not the head, whose rows are sampled rows) tells its panels which rows
+        # are the step's prompt rows: the AMX panels run those on BF16 tiles (csrc/tiles_bf16.c).
+        # (Only the AMX panel forms read the rows; the flag says the CPU has the BF16 tiles.)
+        self.prompt_tiles = group != "head" and "amx_bf16" in this_cpu().flags
         self.quant, self.q, self.qs, self.max_q_rows, self.wide = None, None, None, 0, None
         cut = plan.quant_rows[0 if group == "layers" else 1]
         if plan.quant == "gguf":
@@ -432,11 +436,15 @@ class Linear:
         if self.quant == "gguf":
             # `q` is None when the panels take every call (cut 0); a step that samples no row asks
             # the head for 0 rows, which must not pick the blocks that are not there
-            y = self.q(x) if self.q is not None and x.shape[0] <= self.max_q_rows else self.wide.linear(x.float())
+            if self.q is not None and x.shape[0] <= self.max_q_rows:
+                y = self.q(x)
+            else:
+                y = self.wide.linear(x.float(), native.tile_rows() if self.prompt_tiles else (0, 0))
             return y.to(x.dtype)
         if self.quant is not None and x.shape[0] <= self.max_q_rows:
             if self.quant == "q8":
-                return native.q8_linear(x.float(), *self.q).to(x.dtype)
+                tiles = native.tile_rows() if self.prompt_tiles else (0, 0)
+                return native.q8_linear(x.float(), *self.q, tiles=tiles).to(x.dtype)
             xb = x.to(torch.bfloat16)  # with fp32 activations both ops take a scalar path (10-30x slower)
             if self.quant == "int8":
                 y = torch._weight_int8pack_mm(xb, self.q, self.qs)

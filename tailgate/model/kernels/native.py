@@ -14,6 +14,7 @@ falls back to torch's kernels.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -69,7 +70,7 @@ def _build(cc: str) -> Path:
 def _declare(lib: ctypes.CDLL) -> None:
     P, I64, F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     lib.q8_quantize.argtypes, lib.q8_quantize.restype = [P, I64, I64, P, P], None
-    lib.q8_linear.argtypes, lib.q8_linear.restype = [P, I64, I64, P, P, I64, P, ctypes.c_int], ctypes.c_int
+    lib.q8_linear.argtypes, lib.q8_linear.restype = [P, I64, I64, P, P, I64, P, ctypes.c_int, I64, I64], ctypes.c_int
     lib.q8_offset.argtypes, lib.q8_offset.restype = [P, I64], None
     lib.q8_amx_init.argtypes, lib.q8_amx_init.restype = [], ctypes.c_int
     for lanes in (8, 16):
@@ -94,7 +95,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.gq_q4_k_panel_rows.argtypes, lib.gq_q4_k_panel_rows.restype = [P, P, I64, P, I64, P], None
     lib.gq_q6_k_wide.argtypes, lib.gq_q6_k_wide.restype = [P, I64, I64, P, P], None
     lib.gq_q6_k_wide_rows.argtypes, lib.gq_q6_k_wide_rows.restype = [P, P, I64, P, I64, P], None
-    lib.q8_linear_seg.argtypes = [P, I64, I64, B, P, P, P, P, P, I64]
+    lib.q8_linear_seg.argtypes = [P, I64, I64, B, P, P, P, P, P, I64, I64, I64]
     lib.q8_linear_seg.restype = ctypes.c_int
     lib.gq_linear.argtypes, lib.gq_linear.restype = [P, I64, I64, B, P, P, P, P, P, I64], ctypes.c_int
 
@@ -180,22 +181,57 @@ def amx_ready() -> bool:
     return lib is not None and lib.q8_amx_init() == 0
 
 
-def q8_linear(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, variant: int = 0) -> torch.Tensor:
+# A prompt segment of at least this many rows runs them on AMX BF16 tiles (csrc/tiles_bf16.c) in the
+# int8 panels' / the wide 4-bit panels' matrices, which dequantize every panel once a call: random
+# 8192 x 2048 and 2048 x 8192 matrices, 2 threads, Intel Xeon AMX, ms (int8 path / BF16 tiles). The
+# 4-bit panels (Q4_K): 32 rows 1.42-1.55 / 1.12-1.29, 48 rows 2.13-2.16 / 1.53-1.55, 64 rows
+# 2.77-2.88 / 1.60-1.90, 256 rows 11.7-12.1 / 4.6-5.2; the int8 panels (Q8_0, Q6_K, HF q8), whose
+# tiles need no unpacking: 32 rows 1.04-1.11 / 1.09-1.21, 48 rows 1.45-1.60 / 1.43-1.57, 64 rows
+# 1.89-1.95 / 1.69-1.75, 256 rows 7.7-7.9 / 4.7-5.4. The segment's own length decides, never the
+# step's: a row's bits must not depend on its neighbours (a request's prompt logprobs were once
+# the AMX plan's victim of that, docs/kernels.md).
+TILE_ROWS_INT8, TILE_ROWS_4BIT = 48, 32
+
+_STEP = threading.local()  # the step this thread runs: its leading rows on BF16 tiles
+
+
+@contextlib.contextmanager
+def step_tile_rows(rows: tuple[int, int]):
+    """Within it, the layers' matrices on this thread are told how many leading rows of their calls
+    take the BF16 tiles in the int8 / the 4-bit AMX panels (runtime/context.py puts a step's long
+    prompt segments first and counts them; runtime/runner.py sets this around each forward pass)."""
+    before = getattr(_STEP, "rows", (0, 0))
+    _STEP.rows = rows
+    try:
+        yield
+    finally:
+        _STEP.rows = before
+
+
+def tile_rows() -> tuple[int, int]:
+    """The running step's leading rows for the BF16 tiles on this thread ((0, 0) outside a step)."""
+    return getattr(_STEP, "rows", (0, 0))
+
+
+def q8_linear(
+    x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, variant: int = 0, tiles: tuple[int, int] = (0, 0)
+) -> torch.Tensor:
     """x [M, K] fp32 @ W^T -> [M, N] fp32 (x quantized per row, in blocks of 32); `variant` is the
-    code q8_quantize returned with these weights."""
+    code q8_quantize returned with these weights; `tiles`: how many leading rows of x the int8 /
+    the 4-bit AMX panels run on BF16 tiles (`tile_rows`, csrc/q8.c q8_linear_seg)."""
     x = x.contiguous()
     m, k = x.shape
     n = d.shape[0]  # the outputs (q's shape is not [N, K] in the 5- and 4-bit panels)
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
-    if _LIB.q8_linear(x.data_ptr(), m, k, q.data_ptr(), d.data_ptr(), n, y.data_ptr(), variant):
+    if _LIB.q8_linear(x.data_ptr(), m, k, q.data_ptr(), d.data_ptr(), n, y.data_ptr(), variant, *tiles):
         raise MemoryError("q8: no scratch memory for the quantized activations")
     return y
 
 
-def q8_linear_segments(x: torch.Tensor, segments) -> torch.Tensor:
+def q8_linear_segments(x: torch.Tensor, segments, tiles: tuple[int, int] = (0, 0)) -> torch.Tensor:
     """x [M, K] fp32 @ W^T -> [M, N] fp32 for W's outputs in segments [(q, d, code)] of panel forms
     of one width (`SEGMENT_FORMS`: the AVX2 codes 0, 4, 5, 6, or the 16-output 2, 3, 7, 8, 9), side by
-    side in one call (the activations quantized once)."""
+    side in one call (the activations quantized once); `tiles` as q8_linear's."""
     x = x.contiguous()
     m, k = x.shape
     n_seg = len(segments)
@@ -219,6 +255,7 @@ def q8_linear_segments(x: torch.Tensor, segments) -> torch.Tensor:
         (ctypes.c_int * n_seg)(*[c for _, _, c in segments]),
         y.data_ptr(),
         n,
+        *tiles,
     ):
         raise MemoryError("q8: no scratch memory for the quantized activations")
     return y

@@ -13,6 +13,7 @@ import torch
 
 from ...engine.pages import PAGE_SIZE
 from ...engine.plan import Segment
+from ..kernels.native import TILE_ROWS_4BIT, TILE_ROWS_INT8
 
 
 @dataclass
@@ -38,6 +39,14 @@ class StepContext:
     decode_rows: tuple[int, int]  # rows [d0, d1) are the batched one-token rows
     families: dict[str, FamilyView]
     native: bool = False  # fp32 CPU step on our kernels: decode attention (csrc/attn.c), fused ops (fused.c)
+    # The leading rows that run on AMX BF16 tiles in the int8 / the 4-bit panels' matrices: the rows
+    # of the prompt segments at least native.TILE_ROWS_INT8 / _4BIT long, which come first.
+    tile_rows: tuple[int, int] = (0, 0)
+
+
+def _tile_class(rows: int) -> int:
+    """0: a segment long enough for the BF16 tiles in every AMX form; 1: in the 4-bit panels only; 2: none."""
+    return 0 if rows >= TILE_ROWS_INT8 else 1 if rows >= TILE_ROWS_4BIT else 2
 
 
 def _slots(table: list[int], pos: np.ndarray) -> np.ndarray:
@@ -65,7 +74,9 @@ def build_context(
     """`windows` maps family name ("global", "local") to its attention window (None = full);
     `dtype`: the activations'; `prompt_dtype`: the dtype prompt rows attend in, when not the
     activations' (`KernelPlan`)."""
-    prefill = [s for s in segments if len(s.tokens) > 1]
+    # Long prompt segments first (stable): the AMX kernels take a step's leading rows on BF16 tiles,
+    # and a segment's own length decides whether its rows are among them (native.TILE_ROWS_*).
+    prefill = sorted((s for s in segments if len(s.tokens) > 1), key=lambda s: _tile_class(len(s.tokens)))
     decode = [s for s in segments if len(s.tokens) == 1]
     ordered = prefill + decode
     toks, pos, rows = [], [], {}
@@ -125,4 +136,8 @@ def build_context(
         decode_rows=(d0, r),
         families=fams,
         native=native,
+        tile_rows=(
+            sum(len(s.tokens) for s in prefill if len(s.tokens) >= TILE_ROWS_INT8),
+            sum(len(s.tokens) for s in prefill if len(s.tokens) >= TILE_ROWS_4BIT),
+        ),
     )

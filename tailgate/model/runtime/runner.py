@@ -160,7 +160,9 @@ class ModelRunner:
 
         Logits stay in the runtime dtype: widening 64 x 262k rows to fp32 costs ~19 ms a step;
         greedy argmax is the same either way and the sampler widens only the rows it needs."""
-        return self._forward(self.w, self.spec, self._context(segments), self.kv)
+        ctx = self._context(segments)
+        with native.step_tile_rows(ctx.tile_rows):
+            return self._forward(self.w, self.spec, ctx, self.kv)
 
     @torch.inference_mode()
     def hidden(self, segments: list[Segment]) -> torch.Tensor:
@@ -169,7 +171,9 @@ class ModelRunner:
         for a tap, so no logits are computed (embeddings' last-token pooling, server/embeddings.py).
         The weights dict is copied, not edited: a side-lane prefill may be reading it."""
         tap = _Tap()
-        self._forward({**self.w, "head": tap}, self.spec, self._context(segments), self.kv)
+        ctx = self._context(segments)
+        with native.step_tile_rows(ctx.tile_rows):
+            self._forward({**self.w, "head": tap}, self.spec, ctx, self.kv)
         return tap.h
 
     def hold_kv(self, pages: dict[str, int]) -> None:

@@ -345,7 +345,8 @@ void gq_q6_k_wide(const uint8_t* w, int64_t n, int64_t k, uint8_t* q, uint16_t* 
 }
 
 /* rows[i] of a matrix in 6-bit wide panels (as above) -> out[i, :] fp32, each value
- * d * scale * (q - 32) as gq_dequantize computes it. For the tests. */
+ * d * scale * (q - 32) as gq_dequantize computes it: a tied Q6_K table's embedding lookups
+ * (blocks.py PanelRows), a few rows a step. */
 void gq_q6_k_wide_rows(const uint8_t* q, const uint16_t* d, int64_t k, const int64_t* rows, int64_t n, float* out) {
   const int64_t nb = k / 32, ns = k / 256;
   for (int64_t i = 0; i < n; ++i) {

@@ -45,6 +45,30 @@
  * 9.06 / 11.0 -> 6.35 / 7.04. (The AVX2 panels, AMD's, are left as measured there.) */
 #define Q8_PREFETCH 2048
 
+/* A row count dispatched to a body built for it: CALL(n) with the literal count n, 1 .. 7 (8 above)
+ * or 1 .. 15 (16 above), so each count keeps its own accumulators in registers. */
+#define CASES_1_7(CALL) \
+  case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; case 4: CALL(4); break; \
+  case 5: CALL(5); break; case 6: CALL(6); break; case 7: CALL(7); break;
+#define BY_ROWS_8(r, CALL) \
+  switch (r) { CASES_1_7(CALL) default: CALL(8); }
+#define BY_ROWS_16(r, CALL)                                                                              \
+  switch (r) {                                                                                           \
+    CASES_1_7(CALL) case 8: CALL(8); break; case 9: CALL(9); break; case 10: CALL(10); break;            \
+    case 11: CALL(11); break; case 12: CALL(12); break; case 13: CALL(13); break; case 14: CALL(14); break; \
+    case 15: CALL(15); break; default: CALL(16);                                                         \
+  }
+/* r rows (any count) against one 16-output VNNI panel, 8 rows a pass: ROWS(n) runs n rows from
+ * ai (activations), si (the kernel's per-row side array, `per` values a block), di (scales), oi. */
+#define PASSES_OF_8(r, side, per, ROWS)                    \
+  for (int i0 = 0; i0 < (r); i0 += 8) {                    \
+    const int8_t* ai = a + i0 * k;                         \
+    const __typeof__(side) si = (side) + i0 * nb * (per);  \
+    const float* di = ad + i0 * nb;                        \
+    float* oi = out + i0 * ldo;                            \
+    BY_ROWS_8((r) - i0, ROWS)                              \
+  }
+
 /* Ask for `bytes` of weights Q8_PREFETCH past w, a cache line at a time. */
 static inline __attribute__((always_inline)) void prefetch_ahead(const void* w, int bytes) {
   for (int l = 0; l < bytes; l += 64) _mm_prefetch((const char*)w + Q8_PREFETCH + l, _MM_HINT_T0);
@@ -307,15 +331,13 @@ static inline __attribute__((always_inline)) void wide_rows(const int r, const u
   for (int i = 0; i < r; ++i) _mm512_storeu_ps(out + i * ldo, acc[i]);
 }
 
+/* r rows (any count) against one 16-output panel. */
 static void panel_wide(int r, const uint8_t* w, const float* wd, const int8_t* a, const int32_t* xs, const float* ad,
                        int64_t k, float* out, int64_t ldo) {
-  switch (r) {
-#define R(n) \
-  case n: wide_rows(n, w, wd, a, xs, ad, k, out, ldo); break;
-    R(1) R(2) R(3) R(4) R(5) R(6) R(7)
-    default: wide_rows(8, w, wd, a, xs, ad, k, out, ldo);
-#undef R
-  }
+  const int64_t nb = k / QK;
+#define ROWS(n) wide_rows(n, w, wd, ai, si, di, k, oi, ldo)
+  PASSES_OF_8(r, xs, 1, ROWS)
+#undef ROWS
 }
 
 /* The wide 4-bit panels (codes 7 and 8: a GGUF Q4_K matrix's own values in 16-output panels, two of
@@ -417,44 +439,22 @@ static inline __attribute__((always_inline)) void wide6_rows(const int r, const 
   for (int i = 0; i < r; ++i) _mm512_storeu_ps(out + i * ldo, acc[i]);
 }
 
-/* r rows (any count) against one wide 6-bit panel, 8 rows a pass. */
+/* r rows (any count) against one wide 6-bit panel. */
 static void panel_wide6(int r, const uint8_t* w, const uint16_t* wd, const int8_t* a, const int32_t* x32,
                         const float* ad, int64_t k, float* out, int64_t ldo) {
   const int64_t nb = k / QK;
-  for (int i0 = 0; i0 < r; i0 += 8) {
-    const int rr = r - i0 < 8 ? r - i0 : 8;
-    const int8_t* ai = a + i0 * k;
-    const int32_t* xi = x32 + i0 * nb * 2;
-    const float* di = ad + i0 * nb;
-    float* oi = out + i0 * ldo;
-    switch (rr) {
-#define R(n) \
-  case n: wide6_rows(n, w, wd, ai, xi, di, k, oi, ldo); break;
-      R(1) R(2) R(3) R(4) R(5) R(6) R(7)
-      default: wide6_rows(8, w, wd, ai, xi, di, k, oi, ldo);
-#undef R
-    }
-  }
+#define ROWS(n) wide6_rows(n, w, wd, ai, si, di, k, oi, ldo)
+  PASSES_OF_8(r, x32, 2, ROWS)
+#undef ROWS
 }
 
-/* r rows (any count) against one wide 4-bit panel, 8 rows a pass. */
+/* r rows (any count) against one wide 4-bit panel. */
 static void panel_wide4(int r, const uint8_t* w, const uint16_t* wd, const int8_t* a, const float* xm,
                         const float* ad, int64_t k, float* out, int64_t ldo) {
   const int64_t nb = k / QK;
-  for (int i0 = 0; i0 < r; i0 += 8) {
-    const int rr = r - i0 < 8 ? r - i0 : 8;
-    const int8_t* ai = a + i0 * k;
-    const float* xi = xm + i0 * nb;
-    const float* di = ad + i0 * nb;
-    float* oi = out + i0 * ldo;
-    switch (rr) {
-#define R(n) \
-  case n: wide4_rows(n, w, wd, ai, xi, di, k, oi, ldo); break;
-      R(1) R(2) R(3) R(4) R(5) R(6) R(7)
-      default: wide4_rows(8, w, wd, ai, xi, di, k, oi, ldo);
-#undef R
-    }
-  }
+#define ROWS(n) wide4_rows(n, w, wd, ai, si, di, k, oi, ldo)
+  PASSES_OF_8(r, xm, 1, ROWS)
+#undef ROWS
 }
 #pragma GCC pop_options
 
@@ -571,13 +571,9 @@ static inline __attribute__((always_inline)) void amx_rows(const int R, const in
 
 static void panel_amx(int r, const int8_t* w, const float* wd, const int8_t* a, const float* ad, int64_t k, float* out,
                       int64_t ldo, int32_t* sums) {
-  switch (r) {
-#define R(n) \
-  case n: amx_rows(n, w, wd, a, ad, k, out, ldo, sums); break;
-    R(1) R(2) R(3) R(4) R(5) R(6) R(7) R(8) R(9) R(10) R(11) R(12) R(13) R(14) R(15)
-    default: amx_rows(16, w, wd, a, ad, k, out, ldo, sums);
-#undef R
-  }
+#define ROWS(n) amx_rows(n, w, wd, a, ad, k, out, ldo, sums)
+  BY_ROWS_16(r, ROWS)
+#undef ROWS
 }
 
 /* The wide 4-bit panels on AMX: each block's nibbles unpacked to bytes in a 512-byte buffer, which
@@ -651,13 +647,9 @@ static inline __attribute__((always_inline)) void amx4_rows(const int R, const u
 
 static void panel_amx4(int r, const uint8_t* w, const uint16_t* wd, const int8_t* a, const float* xm,
                        const float* ad, int64_t k, float* out, int64_t ldo, int32_t* sums, uint8_t* buf) {
-  switch (r) {
-#define R(n) \
-  case n: amx4_rows(n, w, wd, a, xm, ad, k, out, ldo, sums, buf); break;
-    R(1) R(2) R(3) R(4) R(5) R(6) R(7) R(8) R(9) R(10) R(11) R(12) R(13) R(14) R(15)
-    default: amx4_rows(16, w, wd, a, xm, ad, k, out, ldo, sums, buf);
-#undef R
-  }
+#define ROWS(n) amx4_rows(n, w, wd, a, xm, ad, k, out, ldo, sums, buf)
+  BY_ROWS_16(r, ROWS)
+#undef ROWS
 }
 
 /* A call of fewer than 16 rows runs tiles of that many rows (at 1 row, 16 made the head 2x slower). */
@@ -682,11 +674,20 @@ void q8_offset(int8_t* q, int64_t bytes) {
  * load): 2 AVX-512 VNNI int8 (offset weights), 3 AMX int8, 7 the 4-bit panels on AVX-512 VNNI, 8
  * the same bytes on AMX (tiles from AMX4_ROWS rows up), 9 the 6-bit panels (AVX-512 VNNI at every
  * row count). Codes 0, 4, 5 and 6 mix, and so do 2, 3,
- * 7, 8 and 9: a fused matrix whose parts the file stores in different formats.
- * Returns 0, or -1 when scratch memory cannot be had. */
+ * 7, 8 and 9: a fused matrix whose parts the file stores in different formats. `tile8` / `tile4`:
+ * how many leading rows the code-3 / code-8 segments take on BF16 tiles (tiles_bf16.c): the rows
+ * of a step's long prompt segments, put first (runtime/context.py; 0 where the caller does not
+ * say; native.py TILE_ROWS_INT8 / _4BIT), so no row's bits depend on its neighbours. Returns 0, or
+ * -1 when scratch memory cannot be had. */
+int prompt_tiles_bf16(const float* x, int64_t tile8, int64_t tile4, int64_t k, int nseg, const void* const* seg_q,
+                      const void* const* seg_d, const int64_t* seg_n, const int* codes, float* y, int64_t n);
+
 int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* const* seg_q, const void* const* seg_d,
-                  const int64_t* seg_n, const int* codes, float* y, int64_t n) {
+                  const int64_t* seg_n, const int* codes, float* y, int64_t n, int64_t tile8, int64_t tile4) {
   if (m == 0) return 0; /* a step that samples no row (its head call is empty): a 0-row tile faults */
+  /* rows [0, tiled8) of the code-3 segments and [0, tiled4) of the code-8 ones go to the BF16
+   * tiles, after the int8 pass */
+  const int64_t tiled8 = tile8 < m ? tile8 : m, tiled4 = tile4 < m ? tile4 : m;
   int wide = 0, amx = 0, sums_needed = 0, four = 0, six = 0;
   for (int s = 0; s < nseg; ++s) {
     four |= codes[s] == 7 || codes[s] == 8; /* the wide 4-bit panels read dx * xs, one float per row and block */
@@ -757,39 +758,39 @@ int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* co
                             xq + row * k, xs + row * nb, xd + row * nb, k, y + row * n + g * NC, n);
               continue;
             }
-            if (wide) {
-              int sg = 0;
-              while (sg + 1 < nseg && g >= seg_g[sg + 1]) ++sg;
-              const int64_t gl = g - seg_g[sg];
-              float* out = y + row * n + g * NW;
-              if (codes[sg] == 9) {
-                const uint8_t* w6 = (const uint8_t*)seg_q[sg] + gl * NW * k * 13 / 16;
-                const uint16_t* d6 = (const uint16_t*)seg_d[sg] + gl * NW * (k / 256);
-                panel_wide6(r, w6, d6, xq + row * k, x32 + row * nb * 2, xd + row * nb, k, out, n);
-                continue;
-              }
-              if (codes[sg] >= 7) {
-                const uint8_t* w4 = (const uint8_t*)seg_q[sg] + gl * NW * k * 9 / 16;
-                const uint16_t* d4 = (const uint16_t*)seg_d[sg] + gl * NW * (k / 256) * 2;
-                if (codes[sg] == 8 && r >= AMX4_ROWS)
-                  panel_amx4(r, w4, d4, xq + row * k, xm + row * nb, xd + row * nb, k, out, n, sums, buf);
-                else
-                  panel_wide4(r, w4, d4, xq + row * k, xm + row * nb, xd + row * nb, k, out, n);
-                continue;
-              }
-              const uint8_t* wg = (const uint8_t*)seg_q[sg] + gl * NW * k;
-              const float* dg = (const float*)seg_d[sg] + gl * NW * nb;
-              if (codes[sg] == 3)
-                panel_amx(r, (const int8_t*)wg, dg, xq + row * k, xd + row * nb, k, out, n, sums);
-              else
-                for (int i0 = 0; i0 < r; i0 += 8) /* AVX-512 VNNI: 8 rows a pass */
-                  panel_wide(r - i0 < 8 ? r - i0 : 8, wg, dg, xq + (row + i0) * k, xs + (row + i0) * nb,
-                             xd + (row + i0) * nb, k, out + i0 * n, n);
-              continue;
-            }
             int sg = 0;
             while (sg + 1 < nseg && g >= seg_g[sg + 1]) ++sg;
             const int64_t gl = g - seg_g[sg];
+            if (wide) {
+              /* the rows here that the BF16 tiles do not take: [r0, row + r) */
+              const int64_t tiled = codes[sg] == 3 ? tiled8 : codes[sg] == 8 ? tiled4 : 0;
+              const int64_t r0 = row > tiled ? row : tiled;
+              if (r0 >= row + r) continue;
+              const int rn = (int)(row + r - r0);
+              const int8_t* a0 = xq + r0 * k;
+              const float* d0 = xd + r0 * nb;
+              float* out = y + r0 * n + g * NW;
+              if (codes[sg] == 9) {
+                const uint8_t* w6 = (const uint8_t*)seg_q[sg] + gl * NW * k * 13 / 16;
+                const uint16_t* d6 = (const uint16_t*)seg_d[sg] + gl * NW * (k / 256);
+                panel_wide6(rn, w6, d6, a0, x32 + r0 * nb * 2, d0, k, out, n);
+              } else if (codes[sg] >= 7) {
+                const uint8_t* w4 = (const uint8_t*)seg_q[sg] + gl * NW * k * 9 / 16;
+                const uint16_t* d4 = (const uint16_t*)seg_d[sg] + gl * NW * (k / 256) * 2;
+                if (codes[sg] == 8 && rn >= AMX4_ROWS)
+                  panel_amx4(rn, w4, d4, a0, xm + r0 * nb, d0, k, out, n, sums, buf);
+                else
+                  panel_wide4(rn, w4, d4, a0, xm + r0 * nb, d0, k, out, n);
+              } else {
+                const uint8_t* wg = (const uint8_t*)seg_q[sg] + gl * NW * k;
+                const float* dg = (const float*)seg_d[sg] + gl * NW * nb;
+                if (codes[sg] == 3)
+                  panel_amx(rn, (const int8_t*)wg, dg, a0, d0, k, out, n, sums);
+                else
+                  panel_wide(rn, wg, dg, a0, xs + r0 * nb, d0, k, out, n);
+              }
+              continue;
+            }
             float* out = y + row * n + g * NC;
             const int8_t* xa = xq + row * k;
             const float* xda = xd + row * nb;
@@ -846,14 +847,15 @@ int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* co
   free(xs);
   free(xm);
   free(x32);
-  return 0;
+  return prompt_tiles_bf16(x, tiled8, tiled4, k, nseg, seg_q, seg_d, seg_n, codes, y, n);
 }
 
 /* One segment (q8_linear_seg): y [m, n] = x [m, k] @ W^T, W in panels of form `vnni` (its code). */
-int q8_linear(const float* x, int64_t m, int64_t k, const int8_t* q, const void* d, int64_t n, float* y, int vnni) {
+int q8_linear(const float* x, int64_t m, int64_t k, const int8_t* q, const void* d, int64_t n, float* y, int vnni,
+              int64_t tile8, int64_t tile4) {
   const void* qs[1] = {q};
   const void* ds[1] = {d};
   const int64_t ns[1] = {n};
   const int cs[1] = {vnni};
-  return q8_linear_seg(x, m, k, 1, qs, ds, ns, cs, y, n);
+  return q8_linear_seg(x, m, k, 1, qs, ds, ns, cs, y, n, tile8, tile4);
 }
