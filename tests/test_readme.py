@@ -42,6 +42,9 @@ def test_the_readme_call_it_block_runs_against_the_instruct_model_and_its_first_
     lines = out.getvalue().splitlines()
     assert len(lines) >= 4, out.getvalue()
     # an answer a person reads (Gemma 3 270M base answered the README's chat with `|imagenumberwld`, issue 44)
+    # The question is one the oracle answers with a margin: HF's greedy path for "Name the capital of
+    # France." leads by >= 1.0 logit over its first 8 tokens; "What is the capital of France?" led by
+    # 0.08 ("The" over "L"), and AMD EPYC Zen 5's int8 panels took "L'Étoile, la Cité, ...".
     assert "Paris" in lines[0], lines
     assert httpx.get(smol_server + "/version").json()["model"]["base"] is False
     assert isinstance(ast.literal_eval(lines[-2])["city"], str)  # the schema-held answer, parsed
