@@ -337,43 +337,57 @@ def test_a_ttft_horizon_never_widens_past_the_fixed_walk_nor_narrows_a_round_the
     assert RoundBudget(0.005, None, model=fitted(), horizon_s=600.0).rows(walkers, rows) == 1
 
 
-def test_the_walk_keeps_its_width_until_a_backlog_would_miss_the_horizon_then_widens_to_the_fewest_rows_that_clear_it():
-    walkers, rows = [walker(300), walker(256)], live(100, 700, 350)
-    kp = sum(c + 1 for c in (100, 700, 350)) / 1000
+def test_a_walk_round_nobody_rides_keeps_its_width_until_a_backlog_would_miss_the_horizon_then_widens_to_the_fewest_rows_that_clear_it():
+    walkers = [walker(300), walker(256)]
     metrics = EngineMetrics()
     # a floor large beside a prompt row, so wider rounds clear rows faster (TRUE's attention term
     # makes this backlog's rate peak near 100 rows: there the price bound decides, tested below)
     cost = CostModel(floor=0.030, prompt_row=0.0003, decode_row=0.002, sampled_row=0.0003, attn_per_1k=0.0005)
     b = RoundBudget(WALK, None, metrics, model=fitted(cost), fallback=64, horizon_s=1.0)
-    assert b.rows(walkers, rows) == 64 and metrics.rounds_widened == 0  # 556 rows clear within 1 s at 64
+    assert b.rows(walkers, []) == 64 and metrics.rounds_widened == 0  # 556 rows clear within 1 s at 64
     assert metrics.step_cost.get("target_s") is None  # the walk prices no target
-    take = b.rows(walkers, rows, queued_rows=1200)
+    take = b.rows(walkers, [], queued_rows=1200)
 
     def rate(n):  # prompt rows a second at n rows a round
-        return n / b.model.predict(b.round_features(walkers, 3, kp, n))
+        return n / b.model.predict(b.round_features(walkers, 0, 0.0, n))
 
     assert take > 64 and rate(take) >= (556 + 1200) / 1.0 > rate(take - 1)
     assert metrics.rounds_widened == 1 and b.predicted == pytest.approx(
-        b.model.predict(b.round_features(walkers, 3, kp, take))
+        b.model.predict(b.round_features(walkers, 0, 0.0, take))
     )
     # the fit untrusted (nothing seen yet): the walk's width, whatever the backlog
-    assert RoundBudget(WALK, None, model=StepCostModel(), fallback=64, horizon_s=0.1).rows(walkers, rows, 10_000) == 64
+    assert RoundBudget(WALK, None, model=StepCostModel(), fallback=64, horizon_s=0.1).rows(walkers, [], 10_000) == 64
+
+
+def test_a_walk_round_live_streams_ride_keeps_its_width_whatever_the_backlog_until_a_walker_is_late():
+    """The same backlog beside three live streams: no widening (a wide round bunches a closed loop's
+    waves, docs/engine.md), until the first walker has waited LATE horizons."""
+    walkers, rows = [walker(300), walker(256)], live(100, 700, 350)
+    cost = CostModel(floor=0.030, prompt_row=0.0003, decode_row=0.002, sampled_row=0.0003, attn_per_1k=0.0005)
+    b = RoundBudget(WALK, None, EngineMetrics(), model=fitted(cost), fallback=64, horizon_s=1.0)
+    assert b.rows(walkers, rows, queued_rows=100_000) == 64 and b.metrics.rounds_widened == 0
+    assert b.rows(walkers, rows, queued_rows=100_000, waited=LATE * 1.0) == 64  # not yet late
+    assert b.rows(walkers, rows, queued_rows=0, waited=LATE * 1.0 + 0.01) > 64
+    assert b.metrics.rounds_widened == 1
 
 
 def test_a_widened_walk_round_stays_within_the_price_bound_so_a_cpu_with_dear_prompt_rows_keeps_its_width():
     walkers, rows = [walker(4000), walker(4000)], live(*range(100, 1300, 100))
     kp = sum(a.pages.frontier + 1 for a in rows) / 1000
     cheap = RoundBudget(WALK, None, model=fitted(), fallback=64, horizon_s=0.1)
-    take = cheap.rows(walkers, rows, 10_000)  # a backlog no width clears within 0.1 s
+    late = LATE * 0.1 + 0.01  # live streams ride it: only a late walker widens it
+    take = cheap.rows(walkers, rows, 10_000, late)
     assert 64 < take < WIDEN * 64
     assert cheap.predicted <= WIDEN_S < cheap.model.predict(cheap.round_features(walkers, 12, kp, take + 1))
     # prompt rows 10x dearer: the walk's 64-row round is past the bound already, and stays 64
     dear = CostModel(floor=0.010, prompt_row=0.005, decode_row=0.002, sampled_row=0.0003, attn_per_1k=0.004)
-    assert RoundBudget(WALK, None, model=fitted(dear), fallback=64, horizon_s=0.1).rows(walkers, rows, 10_000) == 64
+    assert (
+        RoundBudget(WALK, None, model=fitted(dear), fallback=64, horizon_s=0.1).rows(walkers, rows, 10_000, late) == 64
+    )
     # and never past WIDEN x the width, however cheap the rows are priced
     free = CostModel(floor=0.010, prompt_row=0.00001, decode_row=0.0001, sampled_row=0.0, attn_per_1k=0.0)
     assert (
-        RoundBudget(WALK, None, model=fitted(free), fallback=64, horizon_s=0.1).rows(walkers, rows, 10_000)
+        RoundBudget(WALK, None, model=fitted(free), fallback=64, horizon_s=0.1).rows(walkers, rows, 10_000, late)
         == WIDEN * 64
     )
 
@@ -709,21 +723,34 @@ def test_the_default_walk_clears_long_prompts_sooner_by_widening_under_the_simul
     fixed, _ = walk_sim("zen5-measured", 768, 12, 48, TTFT_TARGET_MS="off")
     t = s_wide["itl_target"]
     assert t["target_ms"] is None and t["rounds_widened"] > 0 and t["mean_round_rows"] > 64
-    assert wide["median_ttft_ms"] < 0.5 * fixed["median_ttft_ms"] and wide["p99_ttft_ms"] < fixed["p99_ttft_ms"]
+    # (the wave's first round widened, then its late walkers: 0.53x the fixed walk's TTFT p50 here)
+    assert wide["median_ttft_ms"] < 0.6 * fixed["median_ttft_ms"] and wide["p99_ttft_ms"] < fixed["p99_ttft_ms"]
     assert wide["p99_itl_ms"] > fixed["p99_itl_ms"]  # what the wider rounds cost the streams
     assert wide["p99_itl_ms"] <= 1000 * WIDEN_S * 1.05  # the price bound holds at the client (no jitter here)
+
+
+def test_the_default_walk_keeps_a_closed_loops_waves_apart_under_the_simulator():
+    """Issue 42's bound for the default against the fixed walk, W-std c16 on the measured presets:
+    widening every round of a backlog had bunched the first wave's finishes and so every later
+    wave (TTFT p50 2.6x / 2.0x the walk's on zen5 / amx, docs/engine.md); now rounds that live
+    streams ride widen only for a late walker."""
+    for preset in ("zen5-measured", "amx-measured"):
+        wide = walk_sim(preset, 256, 16, 64)[0]
+        fixed = walk_sim(preset, 256, 16, 64, TTFT_TARGET_MS="off")[0]
+        assert wide["median_ttft_ms"] <= 1.25 * fixed["median_ttft_ms"], preset
+        assert wide["output_throughput"] >= 0.97 * fixed["output_throughput"], preset
 
 
 def test_where_prompt_rows_are_dear_the_default_walk_stays_the_fixed_walk_under_the_simulator():
     # AMD EPYC Zen 3's measured costs: a 64-row round beside the live rows is near WIDEN_S already,
     # so the walk widens in a few rounds with few live rows (4 of 288 here) and the tail is the
-    # fixed walk's; on Zen 5's costs the same backlog widens most rounds
+    # fixed walk's; on Zen 5's costs the same backlog's late walkers widen a third of the rounds
     wide, s_wide = walk_sim("zen3-measured", 768, 12, 24)
     fixed, _ = walk_sim("zen3-measured", 768, 12, 24, TTFT_TARGET_MS="off")
     t = s_wide["itl_target"]
     assert t["rounds_widened"] < 0.05 * t["rounds"] and wide["p99_itl_ms"] <= fixed["p99_itl_ms"] * 1.02
     t5 = walk_sim("zen5-measured", 768, 12, 24)[1]["itl_target"]
-    assert t5["rounds_widened"] > 0.5 * t5["rounds"]
+    assert t5["rounds_widened"] > 0.2 * t5["rounds"]
 
 
 # ---- /metrics -------------------------------------------------------------------------------

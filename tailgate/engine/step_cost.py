@@ -106,6 +106,17 @@ WIDEN = 8
 # presets (jitter 0.1, seeds 0-2) only W-std c16 moved: amx-measured (costs ~2x this host's, TTFT
 # p99 3.6 s) TTFT p50 +4 % and ITL p99 +3 %, zen5-measured -1 % and -2 %.
 LATE = 4
+# Under the walk, a round that live streams ride keeps the walk's width unless a walker is LATE;
+# the horizon's clearing width is for rounds nobody rides (a wave's first round). Widening every
+# round a backlog would miss the horizon lumped a closed loop's first wave into a few 150 ms rounds
+# that slowed the early finishers' decode while the late ones caught up: the wave finished
+# bunched, and every later wave arrived bunched, queueing behind its neighbours at the walk's
+# width (the simulator, zen5-measured, W-std c16: sends 50 ms apart where the walk's are 220 ms).
+# Measured on AMD EPYC Zen 5 (family 26, two alternated rounds, vLLM's client): that widening had
+# 2.4x the fixed walk's W-std c16 ITL p99 and 2.2x its TTFT p50 (c8 1.16x / 1.24x), the AMX
+# Xeon's rounds 2.0x / 1.9x; the simulator's measured presets put this rule at c16 TTFT p50
+# 1.04x (zen5) / 1.06x (amx) the walk's, with long prompts' TTFT p99 at 0.88x / 0.87x the walk's
+# (the widening's 0.84x / 0.87x; docs/benchmarks/socket-tail.md, the Zen 5 section).
 # The fit's error on a W-std c8 run: p90 0.11 on the AMX Xeon (its step trace in
 # ../shared/design/measured/), 0.13-0.17 on AMD EPYC Zen 3 (issue 26).
 TRUST_ERROR = 0.35
@@ -325,9 +336,12 @@ class RoundBudget:
                 # clears in time took every walker's rest at once (the simulator, `local` costs, c8
                 # with a 1 s horizon: ITL p99 2.1 s, one 1000-row round).
                 ceiling = min(widest, self.fallback)
+            late = self.horizon is not None and waited > LATE * self.horizon
+            if self.target == WALK and live and not late:
+                ceiling = take  # streams ride this round: the walk's width (see LATE)
             if self.horizon is not None and take < ceiling:
                 # late: no round clears it in time, so the widest the bound allows
-                backlog = math.inf if waited > LATE * self.horizon else total + queued_rows
+                backlog = math.inf if late else total + queued_rows
                 if self.target == WALK:
                     wide = self._widened(cost, take, ceiling, backlog)
                 else:
