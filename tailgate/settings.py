@@ -221,7 +221,7 @@ class Settings(BaseSettings):
         "a walk round widens past its width (MIX_CHUNK_TOKENS, or the inter-token target's price) "
         "to the prompt rows that clear every waiting prompt (the walkers' rest and the queue's) within N ms at the "
         "predicted step time, so arrivals do not queue behind narrow rounds; under the walk only a round no live "
-        "stream rides widens so, or any round once a walker has waited 4 x N (engine/step_cost.py LATE: a closed "
+        "stream rides widens so, or any round once a walker has waited 6 x N (engine/step_cost.py LATE: a closed "
         "loop's waves stay apart); a widened round stays within a "
         "150 ms predicted step (engine/step_cost.py WIDEN_S), so a CPU where prompt rows are dear keeps its "
         "walk; off: the fixed width alone. It refuses where there is no walk (MIX_CHUNK_TOKENS=off, a lane)",

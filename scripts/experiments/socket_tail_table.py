@@ -24,7 +24,16 @@ CLIENT = {
 # (arm, against): until issue 42 the default was `auto` and the walk an arm ("walk"); then the
 # default was the walk and `auto` the arm ("auto"); since the walk widens under a backlog by
 # default, the fixed 64-row walk is the arm ("walk") again.
-PAIRS = (("default", "walk"), ("auto", "default"), ("default", "vllm"), ("walk", "vllm"), ("auto", "vllm"))
+PAIRS = (
+    ("default", "walk"),
+    ("auto", "default"),
+    ("default", "vllm"),
+    ("walk", "vllm"),
+    ("auto", "vllm"),
+    ("default", "before"),  # a change against the code before it (a worktree)
+    ("before", "walk"),
+    ("late6", "default"),  # a LATE of 6 horizons against the default 4 (a worktree)
+)
 
 
 def read(paths) -> dict:

@@ -105,7 +105,14 @@ WIDEN = 8
 # measured here at the 500 ms horizon, so only such waves reach it; in the simulator's measured
 # presets (jitter 0.1, seeds 0-2) only W-std c16 moved: amx-measured (costs ~2x this host's, TTFT
 # p99 3.6 s) TTFT p50 +4 % and ITL p99 +3 %, zen5-measured -1 % and -2 %.
-LATE = 4
+# 6 since rounds that live streams ride widen for a late walker alone (below): on AMD EPYC Zen 5
+# (family 26) the fixed walk's first W-std c16 wave reaches 2.4-3.0 s, so at 4 its late walkers
+# widened enough rounds to put W-std c16's ITL p99 at 1.56x the walk's. Two alternated rounds, 6
+# against 4: c16 ITL p99 55.8 / 60.4 vs 88.0 / 68.1 ms (0.74x), tok/s 1.06x, TTFT p50 0.91x; long
+# prompts TTFT p99 1.03x (5.7 / 5.6 vs 5.5 / 5.5 s, vLLM's 6.3 / 6.1 s an hour before), p50 1.28x.
+# Simulator at 6: c16 ITL p99 1.50x -> 1.02x the walk's (zen5-measured), 1.30x -> 1.23x (amx),
+# long TTFT p99 0.88x / 0.87x -> 0.89x / 0.88x.
+LATE = 6
 # Under the walk, a round that live streams ride keeps the walk's width unless a walker is LATE;
 # the horizon's clearing width is for rounds nobody rides (a wave's first round). Widening every
 # round a backlog would miss the horizon lumped a closed loop's first wave into a few 150 ms rounds
