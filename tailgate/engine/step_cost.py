@@ -327,10 +327,13 @@ class RoundBudget:
         total = sum(w.rest for w in walkers)
         widest = total if self.cap is None else min(self.cap, total)
         self.predicted = None
+        late = self.horizon is not None and waited > LATE * self.horizon
         if not live and self.target != WALK:  # nobody to protect: full width
             take = widest
         elif not self.model.trusted:  # not fitted yet, or its error says it does not know this host
             take = min(self.fallback, widest)
+        elif self.target == WALK and (self.horizon is None or (live and not late)):
+            take = min(self.fallback, widest)  # no horizon, or streams ride this round: unpriced (see LATE)
         else:
             cost, decode_step = self._pricer(walkers, live)
             if self.target == WALK:  # the fixed walk: its width, widened below within WIDEN_S
@@ -343,9 +346,6 @@ class RoundBudget:
                 # clears in time took every walker's rest at once (the simulator, `local` costs, c8
                 # with a 1 s horizon: ITL p99 2.1 s, one 1000-row round).
                 ceiling = min(widest, self.fallback)
-            late = self.horizon is not None and waited > LATE * self.horizon
-            if self.target == WALK and live and not late:
-                ceiling = take  # streams ride this round: the walk's width (see LATE)
             if self.horizon is not None and take < ceiling:
                 # late: no round clears it in time, so the widest the bound allows
                 backlog = math.inf if late else total + queued_rows

@@ -439,12 +439,11 @@ class Linear:
             if self.q is not None and x.shape[0] <= self.max_q_rows:
                 y = self.q(x)
             else:
-                y = self.wide.linear(x.float(), native.tile_rows() if self.prompt_tiles else (0, 0))
+                y = self.wide.linear(x.float(), self._tiles())
             return y.to(x.dtype)
         if self.quant is not None and x.shape[0] <= self.max_q_rows:
             if self.quant == "q8":
-                tiles = native.tile_rows() if self.prompt_tiles else (0, 0)
-                return native.q8_linear(x.float(), *self.q, tiles=tiles).to(x.dtype)
+                return native.q8_linear(x.float(), *self.q, tiles=self._tiles()).to(x.dtype)
             xb = x.to(torch.bfloat16)  # with fp32 activations both ops take a scalar path (10-30x slower)
             if self.quant == "int8":
                 y = torch._weight_int8pack_mm(xb, self.q, self.qs)
@@ -454,6 +453,10 @@ class Linear:
         if self.dense_dtype is not None:
             return self._dense(x.to(self.dense_dtype))
         return self._dense(x)
+
+    def _tiles(self) -> tuple[int, int]:
+        """The running step's leading rows the AMX panels take on BF16 tiles (none for the head)."""
+        return native.tile_rows() if self.prompt_tiles else (0, 0)
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed:

@@ -77,6 +77,7 @@ def build_context(
     # Long prompt segments first (stable): the AMX kernels take a step's leading rows on BF16 tiles,
     # and a segment's own length decides whether its rows are among them (native.TILE_ROWS_*).
     prefill = sorted((s for s in segments if len(s.tokens) > 1), key=lambda s: _tile_class(len(s.tokens)))
+    prompt_lens = [len(s.tokens) for s in prefill]
     decode = [s for s in segments if len(s.tokens) == 1]
     ordered = prefill + decode
     toks, pos, rows = [], [], {}
@@ -136,8 +137,5 @@ def build_context(
         decode_rows=(d0, r),
         families=fams,
         native=native,
-        tile_rows=(
-            sum(len(s.tokens) for s in prefill if len(s.tokens) >= TILE_ROWS_INT8),
-            sum(len(s.tokens) for s in prefill if len(s.tokens) >= TILE_ROWS_4BIT),
-        ),
+        tile_rows=tuple(sum(n for n in prompt_lens if _tile_class(n) <= c) for c in (0, 1)),
     )

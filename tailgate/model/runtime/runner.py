@@ -160,9 +160,7 @@ class ModelRunner:
 
         Logits stay in the runtime dtype: widening 64 x 262k rows to fp32 costs ~19 ms a step;
         greedy argmax is the same either way and the sampler widens only the rows it needs."""
-        ctx = self._context(segments)
-        with native.step_tile_rows(ctx.tile_rows):
-            return self._forward(self.w, self.spec, ctx, self.kv)
+        return self._run(self.w, segments)
 
     @torch.inference_mode()
     def hidden(self, segments: list[Segment]) -> torch.Tensor:
@@ -171,10 +169,15 @@ class ModelRunner:
         for a tap, so no logits are computed (embeddings' last-token pooling, server/embeddings.py).
         The weights dict is copied, not edited: a side-lane prefill may be reading it."""
         tap = _Tap()
+        self._run({**self.w, "head": tap}, segments)
+        return tap.h
+
+    def _run(self, w: dict, segments: list[Segment]):
+        """The family's forward pass over `segments` with weights `w`, the step's long prompt rows
+        told to the AMX kernels (native.step_tile_rows)."""
         ctx = self._context(segments)
         with native.step_tile_rows(ctx.tile_rows):
-            self._forward({**self.w, "head": tap}, self.spec, ctx, self.kv)
-        return tap.h
+            return self._forward(w, self.spec, ctx, self.kv)
 
     def hold_kv(self, pages: dict[str, int]) -> None:
         """Allocate the KV cache: `pages` per pool (engine/pages.py pool_pages or budget_pool_pages)."""
