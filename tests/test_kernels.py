@@ -214,22 +214,29 @@ XEON_VNNI = parse_cpuinfo(
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 EVERY = 1 << 31
 PLANS = {  # (cpu, q8 builds, OS grants AMX) -> (dtype, dense, dense_dtype, quant, cuts, variant, attention, kv, prompt)
-    "AVX2-only EPYC (Zen 3)": ((ZEN3, True, False), (F32, "onednn", None, "gguf", (0, 0), "avx2", "native", F16, None)),
+    # prompt rows attend through the native kernel wherever attention is native, except on AMX (bf16 SDPA there)
+    "AVX2-only EPYC (Zen 3)": (
+        (ZEN3, True, False),
+        (F32, "onednn", None, "gguf", (0, 0), "avx2", "native", F16, "native"),
+    ),
     # every class serves the GGUF's blocks as stored, through the widest q8 panels it has (issue 35:
     # one form per matrix, and no row cut to tune per class); bf16 is only the prompt rows' attention
-    "AMX Xeon": ((XEON_VNNI, True, True), (F32, "onednn", BF16, "gguf", (0, 0), "amx", "native", F16, BF16)),
+    "AMX Xeon": ((XEON_VNNI, True, True), (F32, "onednn", BF16, "gguf", (0, 0), "amx", "native", F16, "bfloat16")),
     "AMX refused by the OS": (
         (XEON_VNNI, True, False),
-        (F32, "onednn", BF16, "gguf", (0, 0), "avx512_vnni", "native", F16, BF16),
+        (F32, "onednn", BF16, "gguf", (0, 0), "avx512_vnni", "native", F16, "bfloat16"),
     ),
     "AVX-512 BF16 without AMX (Zen 5)": (
         (ZEN5, True, False),
-        (F32, "onednn", BF16, "gguf", (0, 0), "avx512_vnni", "native", F16, BF16),
+        (F32, "onednn", BF16, "gguf", (0, 0), "avx512_vnni", "native", F16, "native"),
     ),
-    "no compiler, AVX2": ((ZEN3, False, False), (F32, "onednn", None, "int8", (16, 6), "avx2", "torch", F32, None)),
+    "no compiler, AVX2": (
+        (ZEN3, False, False),
+        (F32, "onednn", None, "int8", (16, 6), "avx2", "torch", F32, "float32"),
+    ),
     "no compiler, AVX-512 BF16": (
         (ZEN5, False, False),
-        (BF16, "onednn", None, None, (0, 0), "avx2", "torch", BF16, None),
+        (BF16, "onednn", None, None, (0, 0), "avx2", "torch", BF16, "bfloat16"),
     ),
 }
 
@@ -238,7 +245,8 @@ PLANS = {  # (cpu, q8 builds, OS grants AMX) -> (dtype, dense, dense_dtype, quan
 def test_every_known_cpu_class_gets_its_plan(cls):
     (cpu, builds, grant), want = PLANS[cls]
     p = choose(cpu=cpu, mkldnn=True, cuda=False, native_build=BUILT if builds else NO_CC, amx_grant=lambda: grant)
-    got = (p.dtype, p.dense, p.dense_dtype, p.quant, p.quant_rows, p.q8_variant, p.attention, p.kv, p.prompt_attention)
+    got = (p.dtype, p.dense, p.dense_dtype, p.quant, p.quant_rows, p.q8_variant, p.attention, p.kv)
+    got += (p.as_dict()["prompt_attention"],)
     assert got == want, f"{cls}: {p.line()}"
     assert cpu.model in p.line() and p.as_dict()["cpu"] == cpu.model
 
@@ -362,6 +370,76 @@ def test_native_decode_attention_matches_sdpa_over_the_same_pages(hq, hkv, d, po
     q[1, 0, 0] = float("nan")  # a NaN score stays NaN in its row (the sampler reports it), as SDPA's does
     bad = paged_attention(q, new_k, new_v, k_pool.clone(), v_pool.clone(), view, (0, len(lens)), d**-0.5, native=True)
     assert torch.isnan(bad[1, 0]).all() and torch.isfinite(bad[0]).all()
+
+
+def _prompt_views(segments, window, native_prompts):
+    from tailgate.model.runtime.context import build_context
+
+    fam = "global" if window is None else "local"
+    return build_context(segments, {fam: window}, "cpu", True, None, torch.float32, native_prompts).families[fam]
+
+
+@needs_native
+@pytest.mark.parametrize("pool", [torch.float32, torch.float16])
+@pytest.mark.parametrize("hq,hkv,d", [(4, 1, 256), (9, 3, 64)])  # Gemma 3 270M, SmolLM2-135M
+@pytest.mark.parametrize("window", [None, 24])  # 24: a sliding layer whose window the prompt passes
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_native_prompt_attention_matches_masked_sdpa_for_fresh_walked_and_windowed_prompts(
+    hq, hkv, d, pool, window, lanes, monkeypatch
+):
+    from tailgate.engine.pages import SeqPages
+    from tailgate.engine.plan import Segment
+    from tailgate.model.runtime.layers import paged_attention
+
+    if lanes == 16 and native.attention_lanes() < 16:
+        pytest.skip(f"this CPU ({this_cpu().model}) has no AVX-512")
+    monkeypatch.setattr(native, "attention_lanes", lambda cpu=None: lanes)
+    g = torch.Generator().manual_seed(d + (window or 0))
+
+    def pages(first):  # scattered, out-of-order pages
+        p = SeqPages()
+        p.global_pages = p.local_pages = list(range(first + 7, first - 1, -1))
+        return p
+
+    # a fresh prompt within the window, a walked chunk 40 tokens in (keys read back from the pool),
+    # and a fresh prompt longer than the window (gathered, each row's window a range of its keys)
+    segs = [Segment(list(range(20)), 0, pages(0)), Segment(list(range(33)), 40, pages(8))]
+    segs.append(Segment(list(range(30)), 0, pages(16)))
+    rows = sum(len(s.tokens) for s in segs)
+    k_pool, v_pool = (torch.randn(24 * 16, hkv, d, generator=g).to(pool) for _ in range(2))
+    q, k_new, v_new = (torch.randn(rows, h, d, generator=g) for h in (hq, hkv, hkv))
+    outs = [
+        paged_attention(
+            q, k_new, v_new, k_pool.clone(), v_pool.clone(), _prompt_views(segs, window, n), (rows, rows), d**-0.5, True
+        )
+        for n in (False, True)
+    ]
+    assert torch.allclose(outs[0], outs[1], atol=2e-5, rtol=1e-4), (outs[0] - outs[1]).abs().max()
+
+
+@needs_native
+def test_a_prompt_row_attends_with_the_bits_a_decode_row_at_its_position_gets():
+    from tailgate.engine.pages import SeqPages
+    from tailgate.engine.plan import Segment
+    from tailgate.model.runtime.layers import paged_attention
+
+    g = torch.Generator().manual_seed(7)
+    hq, hkv, d = 4, 1, 256
+    pages = SeqPages()
+    pages.global_pages = [5, 2, 9, 0]
+    k_pool, v_pool = (torch.randn(10 * 16, hkv, d, generator=g).half() for _ in range(2))
+    q, k_new, v_new = (torch.randn(50, h, d, generator=g) for h in (hq, hkv, hkv))
+    chunk = Segment(list(range(50)), 10, pages)  # positions 10..59, keys 0..59 (0..9 already in the pool)
+    walked = paged_attention(
+        q, k_new, v_new, k_pool, v_pool, _prompt_views([chunk], None, True), (50, 50), d**-0.5, True
+    )
+    for i in (0, 17, 49):  # the same rows as decode rows over the pool the chunk filled
+        row = Segment([0], 10 + i, pages)
+        one = paged_attention(
+            q[i : i + 1], k_new[i : i + 1], v_new[i : i + 1], k_pool, v_pool,
+            _prompt_views([row], None, True), (0, 1), d**-0.5, True, write=False,
+        )  # fmt: skip
+        assert torch.equal(one[0], walked[i])
 
 
 @needs_native

@@ -141,12 +141,22 @@ class KernelPlan:
         return self.kv_dtype or self.dtype
 
     @property
+    def native_prompts(self) -> bool:
+        """Prompt rows attend through the native kernel (csrc/attn.c, each row as a decode row over
+        its causal range of the pool, fp32) wherever attention is native, except on AMX, whose bf16
+        SDPA was measured there (below) and the kernel was not. Measured on AMD EPYC Zen 5 (family
+        26, 2 threads, fp16 pool, 4 query heads over 1 KV head of 256; docs/kernels.md): a walked
+        64-row chunk over 192 keys 201 us against bf16 SDPA's 309, a 512-row prefill 1.95 ms
+        against 6.19; at AVX2's 8 lanes on the same host 0.6-0.9x fp32 SDPA's time."""
+        return self.attention == "native" and self.isa != "amx"
+
+    @property
     def prompt_attention(self) -> torch.dtype | None:
-        """The dtype prompt rows attend in when not the activations': bf16 wherever the dense
-        weights are bf16 under fp32 activations (AMX / AVX-512 BF16). Measured on the AMX Xeon:
-        a 256-row causal SDPA (4 query heads over 1 KV head of 256) 1.53 ms in fp32, 0.74 in bf16
-        with its casts; decode rows keep the fp32 kernel (csrc/attn.c)."""
-        return self.dense_dtype if self.attention == "native" else None
+        """The dtype prompt rows attend in through SDPA when not the activations': bf16 wherever
+        the dense weights are bf16 under fp32 activations and the native kernel does not take
+        them (the AMX Xeon). Measured there: a 256-row causal SDPA (4 query heads over 1 KV head of
+        256) 1.53 ms in fp32, 0.74 in bf16 with its casts."""
+        return self.dense_dtype if self.attention == "native" and not self.native_prompts else None
 
     def line(self) -> str:
         dt = str(self.dtype).removeprefix("torch.")
@@ -171,7 +181,7 @@ class KernelPlan:
             cuts = ["every call" if n >= EVERY else f"calls of <= {n} rows" for n in self.quant_rows]
             s += f" + {self.quant} {what} for {cuts[0]} (layers) / {cuts[1]} (head)"
         if self.attention == "native":
-            s += " + native decode attention and fused norms/RoPE/GeGLU"
+            s += f" + native {'decode and prompt' if self.native_prompts else 'decode'} attention and fused norms/RoPE/GeGLU"
         if self.prompt_attention is not None:
             s += f" + {str(self.prompt_attention).removeprefix('torch.')} prompt attention"
         if self.kv_dtype is not None:
@@ -195,7 +205,9 @@ class KernelPlan:
                 "torch."
             ),
             "q8_variant": self.q8_variant if self.quant in ("q8", "gguf") else None,
-            "prompt_attention": str(self.prompt_attention or self.dtype).removeprefix("torch."),
+            "prompt_attention": "native"
+            if self.native_prompts
+            else str(self.prompt_attention or self.dtype).removeprefix("torch."),
         }
 
 

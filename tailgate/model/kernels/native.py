@@ -77,6 +77,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         for name in (f"decode_attention_{lanes}", f"decode_attention_f16_{lanes}"):
             getattr(lib, name).argtypes = [P, P, P, P, P, I64, I64, I64, I64, I64, F, P]
             getattr(lib, name).restype = ctypes.c_int
+        fn = getattr(lib, f"prompt_attention_{lanes}")
+        fn.argtypes, fn.restype = [P, P, P, ctypes.c_int, P, P, P, I64, I64, I64, I64, I64, F, P], ctypes.c_int
     B = ctypes.c_int
     lib.rms_norm.argtypes, lib.rms_norm.restype = [P, B, I64, I64, P, F, P, B], None
     lib.add_rms_norm.argtypes, lib.add_rms_norm.restype = [P, P, B, I64, I64, P, P, F, P, B], None
@@ -288,17 +290,9 @@ def decode_attention(
 ) -> torch.Tensor:
     """q [B, Hq, D] fp32; pools [slots, Hkv, D] fp32 or fp16; row i attends over slots[i, :lens[i]].
     `lanes` (8 | 16) picks the kernel's vector width; by default this CPU's widest that divides D."""
-    q = q.contiguous()
+    q, out, lanes = _attention_args(q, k_pool, v_pool, lanes)
     b, hq, d = q.shape
     hkv = k_pool.shape[1]
-    out = torch.empty_like(q)
-    if k_pool.dtype not in (torch.float32, torch.float16) or v_pool.dtype != k_pool.dtype:
-        raise ValueError(f"decode attention reads fp32 or fp16 pools, not {k_pool.dtype}/{v_pool.dtype}")
-    if lanes is None:
-        lanes = attention_lanes()
-        lanes = lanes if d % lanes == 0 else 8
-    if d % lanes:
-        raise ValueError(f"decode attention at {lanes} lanes needs head_dim % {lanes} == 0, got {d}")
     fn = getattr(_LIB, f"decode_attention{'_f16' if k_pool.dtype == torch.float16 else ''}_{lanes}")
     if fn(
         q.data_ptr(),
@@ -315,6 +309,57 @@ def decode_attention(
         out.data_ptr(),
     ):
         raise MemoryError("decode attention: no scratch memory for the scores")
+    return out
+
+
+def _attention_args(q, k_pool, v_pool, lanes):
+    if k_pool.dtype not in (torch.float32, torch.float16) or v_pool.dtype != k_pool.dtype:
+        raise ValueError(f"the attention kernel reads fp32 or fp16 pools, not {k_pool.dtype}/{v_pool.dtype}")
+    d = q.shape[-1]
+    if lanes is None:
+        lanes = attention_lanes()
+        lanes = lanes if d % lanes == 0 else 8
+    if d % lanes:
+        raise ValueError(f"the attention kernel at {lanes} lanes needs head_dim % {lanes} == 0, got {d}")
+    q = q.float().contiguous()
+    return q, torch.empty_like(q), lanes
+
+
+def prompt_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    slots: torch.Tensor,
+    starts: torch.Tensor,
+    lens: torch.Tensor,
+    scale: float,
+    lanes: int | None = None,
+    width: int | None = None,
+) -> torch.Tensor:
+    """Prompt rows through the decode kernel: q [T, Hq, D]; slots [K] int64, the keys' pool slots in
+    position order; row i attends over slots[starts[i] : starts[i] + lens[i]] (its causal and window
+    range), in fp32 whatever q's dtype (returned fp32). Each row is computed alone, as a decode row
+    at its position would be: a prompt's rows get the same bits whether it arrives whole, walks in
+    chunks or decodes token by token over the same pool."""
+    q, out, lanes = _attention_args(q, k_pool, v_pool, lanes)
+    b, hq, d = q.shape
+    if getattr(_LIB, f"prompt_attention_{lanes}")(
+        q.data_ptr(),
+        k_pool.data_ptr(),
+        v_pool.data_ptr(),
+        int(k_pool.dtype == torch.float16),
+        slots.data_ptr(),
+        starts.data_ptr(),
+        lens.data_ptr(),
+        b,
+        width if width is not None else int(lens.max()) if b else 0,
+        hq,
+        k_pool.shape[1],
+        d,
+        scale,
+        out.data_ptr(),
+    ):
+        raise MemoryError("prompt attention: no scratch memory for the scores")
     return out
 
 

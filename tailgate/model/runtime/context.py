@@ -7,6 +7,7 @@ attention runs one SDPA call per prefill segment plus one for the whole decode b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -16,15 +17,29 @@ from ...engine.plan import Segment
 from ..kernels.native import TILE_ROWS_4BIT, TILE_ROWS_INT8
 
 
+class PromptKeys(NamedTuple):
+    """One prompt segment's keys in one KV family: its rows [r0, r1) of the step, and the key slots
+    [K] in position order (None for a fresh prompt within the window: its keys are the step's own
+    rows, `write_slots[r0:r1]`). For SDPA an additive mask [Tq, K] (0 / -inf, in the dtype the
+    prompt attends in: SDPA would build that from a bool mask on every call, 18 a step, ~25 us each
+    for a 64 x 192 chunk on the Xeon), None when plainly causal; for the native kernel each row's
+    range of the slots instead (`starts`, `lens` [Tq] int64, `width` their longest)."""
+
+    r0: int
+    r1: int
+    slots: torch.Tensor | None
+    mask: torch.Tensor | None = None
+    starts: torch.Tensor | None = None
+    lens: torch.Tensor | None = None
+    width: int = 0
+
+
 @dataclass
 class FamilyView:
     """Where this step's keys live for one KV family (global or sliding)."""
 
     write_slots: torch.Tensor  # [T] flat slot (page*16+offset) each new row's K/V goes to
-    # (r0, r1, key slots [K], mask [Tq, K]); slots and mask are None for a fresh causal prompt.
-    # The mask is additive (0 / -inf) in the dtype the prompt attends in: SDPA would build that
-    # from a bool mask on every call (18 a step; ~25 us each for a 64 x 192 chunk, this Xeon).
-    prefill: list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]] = field(default_factory=list)
+    prefill: list[PromptKeys] = field(default_factory=list)
     decode_slots: torch.Tensor | None = None  # [B, K]
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, K]
     decode_lens: torch.Tensor | None = None  # [B] int64: row b's keys are decode_slots[b, :len]
@@ -70,10 +85,12 @@ def build_context(
     native: bool = False,
     prompt_dtype: torch.dtype | None = None,
     dtype: torch.dtype = torch.float32,
+    native_prompts: bool = False,
 ) -> StepContext:
     """`windows` maps family name ("global", "local") to its attention window (None = full);
-    `dtype`: the activations'; `prompt_dtype`: the dtype prompt rows attend in, when not the
-    activations' (`KernelPlan`)."""
+    `dtype`: the activations'; `prompt_dtype`: the dtype prompt rows attend in through SDPA, when
+    not the activations' (`KernelPlan`); `native_prompts`: prompt rows attend through the native
+    kernel (each row's key range, no mask)."""
     # Long prompt segments first (stable): the AMX kernels take a step's leading rows on BF16 tiles,
     # and a segment's own length decides whether its rows are among them (native.TILE_ROWS_*).
     prefill = sorted((s for s in segments if len(s.tokens) > 1), key=lambda s: _tile_class(len(s.tokens)))
@@ -97,19 +114,25 @@ def build_context(
         view = FamilyView(write_slots=t(write), prompt_dtype=prompt_dtype)
         for s in prefill:
             r0, r1 = rows[id(s)]
-            if s.start == 0 and (window is None or len(s.tokens) <= window):
-                # A fresh prompt within the window: its keys are this step's own rows and the
-                # mask is plain causal, so attention skips the gather and the explicit mask.
-                view.prefill.append((r0, r1, None, None))
-                continue
-            k0 = _key_start(s.start, window)
+            fresh = s.start == 0 and (window is None or len(s.tokens) <= window)
+            # A fresh prompt within the window: its keys are this step's own rows and the mask is
+            # plain causal, so attention skips the gather and the explicit mask.
+            k0 = 0 if fresh else _key_start(s.start, window)
             kpos = np.arange(k0, s.end)
+            slots = None if fresh else t(_slots(table(s), kpos))
             qpos = np.arange(s.start, s.end)
-            diff = qpos[:, None] - kpos[None, :]
-            mask = diff >= 0
-            if window is not None:
-                mask &= diff < window
-            view.prefill.append((r0, r1, t(_slots(table(s), kpos)), _additive(mask, prompt_dtype or dtype, device)))
+            if native_prompts:  # row i sees keys [max(k0, q - window + 1), q]: a range of the slots
+                lo = np.maximum(qpos - (window or s.end) + 1, k0) - k0
+                lens = qpos - k0 + 1 - lo
+                view.prefill.append(PromptKeys(r0, r1, slots, None, t(lo), t(lens), int(lens.max())))
+            elif fresh:
+                view.prefill.append(PromptKeys(r0, r1, None))
+            else:
+                diff = qpos[:, None] - kpos[None, :]
+                mask = diff >= 0
+                if window is not None:
+                    mask &= diff < window
+                view.prefill.append(PromptKeys(r0, r1, slots, _additive(mask, prompt_dtype or dtype, device)))
         if decode:
             starts = [_key_start(s.start, window) for s in decode]
             width = max(s.start + 1 - k0 for s, k0 in zip(decode, starts))

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .context import FamilyView
-from ..kernels.native import decode_attention, gather_f16_bf16, kv_write_f16
+from ..kernels.native import decode_attention, gather_f16_bf16, kv_write_f16, prompt_attention
 
 
 def linear(x: torch.Tensor, w, out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -140,7 +140,11 @@ def paged_attention(
         k_pool.index_copy_(0, view.write_slots, k_new.to(k_pool.dtype))
         v_pool.index_copy_(0, view.write_slots, v_new.to(v_pool.dtype))
     out = torch.empty(q.shape, dtype=out_dtype or q.dtype, device=q.device)
-    for r0, r1, slots, mask in view.prefill:
+    for r0, r1, slots, mask, starts, lens, width in view.prefill:
+        if starts is not None:  # each row alone through the decode kernel, over its range of the keys
+            own = view.write_slots[r0:r1] if slots is None else slots
+            out[r0:r1] = prompt_attention(q[r0:r1], k_pool, v_pool, own, starts, lens, scale, width=width)
+            continue
         if fused_gather:  # fp16 pages -> bf16 in one pass (csrc/fused.c); a fresh prompt reads back its own rows
             own = view.write_slots[r0:r1] if slots is None else slots
             k = gather_f16_bf16(k_pool, own).transpose(0, 1).unsqueeze(0)

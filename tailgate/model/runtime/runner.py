@@ -153,6 +153,8 @@ class ModelRunner:
         if spec.has_sliding:
             self.windows["local"] = spec.sliding_window
         self._forward = families.get(spec.arch).forward_fn
+        # the kernel walks head_dim in 8-float vectors; a plan without it keeps SDPA (masks built)
+        self.native_prompts = self.plan.native_prompts and all(d % 8 == 0 for d in spec.layer_head_dim)
 
     @torch.inference_mode()
     def step(self, segments: list[Segment]) -> torch.Tensor:
@@ -199,6 +201,7 @@ class ModelRunner:
             self.plan.attention == "native",
             self.plan.prompt_attention,
             self.plan.dtype,
+            self.native_prompts,
         )
 
     def warm_up(self, book, rows: int = 64) -> float:

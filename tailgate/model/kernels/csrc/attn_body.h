@@ -142,15 +142,18 @@ static inline __attribute__((always_inline)) void FN(values)(const float* p, int
   }
 }
 
-/* q [b, hq, d]; pools [slots, hkv, d]; slots [b, w] (row i uses its first lens[i]); out [b, hq, d].
+/* q [b, hq, d]; pools [slots, hkv, d]; row i attends over slots[i * rstride + starts[i] ...] for
+ * lens[i] keys (starts NULL: from 0), at most w of them; out [b, hq, d]. Decode rows pass their own
+ * slot rows (rstride w); prompt rows share one slot vector (rstride 0), each row its causal (and
+ * window) range of it, so a prompt row attends exactly as a decode row at its position would.
  * d must be a multiple of LANES and hq a multiple of hkv. Returns 0, or -1 without scratch memory.
  * Always inlined with a constant `half`, so each exported variant has its own loads; the query
  * heads of a kv head go through in blocks of up to 4 (a constant block size per call, so the
  * accumulators stay in registers). */
 static inline __attribute__((always_inline)) int FN(attend)(const float* q, const void* kpool, const void* vpool,
-                                                            int half, const int64_t* slots, const int64_t* lens,
-                                                            int64_t b, int64_t w, int64_t hq, int64_t hkv, int64_t d,
-                                                            float scale, float* out) {
+                                                            int half, const int64_t* slots, const int64_t* starts,
+                                                            const int64_t* lens, int64_t b, int64_t rstride, int64_t w,
+                                                            int64_t hq, int64_t hkv, int64_t d, float scale, float* out) {
   const int64_t g = hq / hkv;
   int failed = 0;
 #pragma omp parallel
@@ -164,7 +167,7 @@ static inline __attribute__((always_inline)) int FN(attend)(const float* q, cons
     for (int64_t task = 0; task < b * hkv; ++task) {
       if (!p) continue;
       const int64_t row = task / hkv, h = task % hkv, n = lens[row];
-      const int64_t* sl = slots + row * w;
+      const int64_t* sl = slots + row * rstride + (starts ? starts[row] : 0);
       const float* qr = q + (row * hq + h * g) * d;
       float* o = out + (row * hq + h * g) * d;
       for (int64_t j0 = 0; j0 < g; j0 += 4) {
@@ -197,12 +200,21 @@ static inline __attribute__((always_inline)) int FN(attend)(const float* q, cons
 int FN(decode_attention)(const float* q, const float* kpool, const float* vpool, const int64_t* slots,
                          const int64_t* lens, int64_t b, int64_t w, int64_t hq, int64_t hkv, int64_t d, float scale,
                          float* out) {
-  return FN(attend)(q, kpool, vpool, 0, slots, lens, b, w, hq, hkv, d, scale, out);
+  return FN(attend)(q, kpool, vpool, 0, slots, NULL, lens, b, w, w, hq, hkv, d, scale, out);
 }
 
 /* The same over fp16 pools (uint16 storage of IEEE half). */
 int FN(decode_attention_f16)(const float* q, const uint16_t* kpool, const uint16_t* vpool, const int64_t* slots,
                              const int64_t* lens, int64_t b, int64_t w, int64_t hq, int64_t hkv, int64_t d,
                              float scale, float* out) {
-  return FN(attend)(q, kpool, vpool, 1, slots, lens, b, w, hq, hkv, d, scale, out);
+  return FN(attend)(q, kpool, vpool, 1, slots, NULL, lens, b, w, w, hq, hkv, d, scale, out);
+}
+
+/* Prompt rows (see attend): slots [K] shared, row i over slots[starts[i] .. starts[i] + lens[i]),
+ * w >= every lens[i]; `half`: fp16 pools. */
+int FN(prompt_attention)(const float* q, const void* kpool, const void* vpool, int half, const int64_t* slots,
+                         const int64_t* starts, const int64_t* lens, int64_t b, int64_t w, int64_t hq, int64_t hkv,
+                         int64_t d, float scale, float* out) {
+  return half ? FN(attend)(q, kpool, vpool, 1, slots, starts, lens, b, 0, w, hq, hkv, d, scale, out)
+              : FN(attend)(q, kpool, vpool, 0, slots, starts, lens, b, 0, w, hq, hkv, d, scale, out);
 }
