@@ -33,6 +33,8 @@ PAIRS = (
     ("default", "before"),  # a change against the code before it (a worktree)
     ("before", "walk"),
     ("late6", "default"),  # a LATE of 6 horizons against the default 4 (a worktree)
+    ("new", "before"),  # a change against the code before it, both worktrees
+    ("new", "vllm"),
 )
 
 
