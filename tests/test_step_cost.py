@@ -16,6 +16,7 @@ from tailgate.engine.plan import Segment
 from tailgate.engine.request import Finished, Request, Sampled
 from tailgate.engine.scheduler import Scheduler
 from tailgate.engine.step_cost import (
+    even_rounds,
     AUTO_FACTOR,
     AUTO_OVERHEAD,
     LATE,
@@ -216,12 +217,31 @@ def test_auto_prices_a_round_to_a_multiple_of_the_live_batchs_own_decode_step(co
     decode = b.model.predict(b.round_features([], len(rows), kp, 0))
     take = b.rows(walkers, rows)
     target = AUTO_FACTOR * decode
-    priced = take if b.predicted <= target else None  # the largest round within the target...
-    if priced is not None:
-        assert b.model.predict(b.round_features(walkers, len(rows), kp, take + 1)) > target
-    else:  # ...unless that is narrower than rounds may cheaply go: then the narrowest such round
-        assert take == b.narrowest()
+    total = sum(w.rest for w in walkers)
+
+    def price(n):
+        return b.model.predict(b.round_features(walkers, len(rows), kp, n))
+
+    # the largest round within the target, unless that is narrower than rounds may cheaply go (then
+    # the narrowest such round), evened over the rounds it needs
+    largest = max(n for n in range(1, total + 1) if price(n) <= target or n == 1)
+    assert take == even_rounds(max(largest, b.narrowest()), total)
     assert take > 1  # a factor over the batch's own step always leaves room for prompt rows
+
+
+@pytest.mark.parametrize("rest", [256, 300, 1000, 64, 50])
+def test_auto_spreads_the_walkers_rest_evenly_over_the_rounds_its_price_needs(rest, monkeypatch):
+    """No round is a sliver that pays a whole step floor for a few rows: evened, the rounds are as
+    many as the priced width needs, none wider than it, and they differ by at most one row."""
+    from tailgate.engine import step_cost
+
+    rows = live(100, 200, 300)
+    take = RoundBudget(None, 64, model=fitted()).rows([walker(rest)], rows)
+    monkeypatch.setattr(step_cost, "even_rounds", lambda t, total: t)
+    raw = RoundBudget(None, 64, model=fitted()).rows([walker(rest)], rows)  # the priced width alone
+    assert take <= raw and -(-rest // take) == -(-rest // raw)  # never wider, never more rounds
+    assert take * (-(-rest // take)) - rest < -(-rest // take)  # the rounds differ by at most a row
+    assert even_rounds(51, 256) == 43 and even_rounds(64, 256) == 64 and even_rounds(300, 256) == 300
 
 
 def test_auto_narrows_a_round_only_as_far_as_its_extra_step_floors_cost_at_most_auto_overhead():

@@ -293,6 +293,16 @@ class StepCostModel:
         return self._fitted(features) * self.pace
 
 
+def even_rounds(take: int, total: int) -> int:
+    """`auto`'s round, evened: the rows that spread `total` (every walker's rest) over as many rounds
+    as rounds of `take` would need, so no round is wider than the rest need and the last is not a
+    sliver that costs a whole step floor (256 rows at 51 a round: five of 51 and one of 1; evened,
+    six of 43). Never more rounds, never a wider one."""
+    if take <= 0 or take >= total:
+        return take
+    return -(-total // -(-total // take))
+
+
 class RoundBudget:
     """The prompt rows of each walk round under a target of `target_s` seconds a step (module
     doc); `target_s` None is `auto`: AUTO_FACTOR x the predicted decode-only step of the round's
@@ -340,7 +350,7 @@ class RoundBudget:
                 take = min(self.fallback, widest)
                 ceiling = min(widest, self.wide)
             else:
-                take = self._largest_within(cost, decode_step, widest)
+                take = self._largest_within(cost, decode_step, widest, total)
                 # Widened at most to the fixed walk's width (MIX_CHUNK_TOKENS, else 64): a stream
                 # waits no longer than it would behind the plain walk. Uncapped, a backlog no width
                 # clears in time took every walker's rest at once (the simulator, `local` costs, c8
@@ -457,7 +467,7 @@ class RoundBudget:
         self._hint = lo
         return lo
 
-    def _largest_within(self, cost, decode_step, widest: int) -> int:
+    def _largest_within(self, cost, decode_step, widest: int, total: int) -> int:
         if widest <= 0:
             return 0
         target = self.target
@@ -477,7 +487,7 @@ class RoundBudget:
                 else:
                     hi = mid - 1
         if self.target is None:
-            lo = max(lo, min(widest, self.narrowest()))
+            lo = even_rounds(max(lo, min(widest, self.narrowest())), total)
         self.predicted = cost(lo)
         return lo
 
