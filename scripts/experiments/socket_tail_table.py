@@ -35,6 +35,8 @@ PAIRS = (
     ("late6", "default"),  # a LATE of 6 horizons against the default 4 (a worktree)
     ("new", "before"),  # a change against the code before it, both worktrees
     ("new", "vllm"),
+    ("even", "default"),  # ITL_TARGET_MS=auto with evened rounds against the default walk
+    ("even", "vllm"),
 )
 
 
