@@ -210,7 +210,8 @@ class Settings(BaseSettings):
         ITL_TARGET_GRAMMAR,
         "inter-token target: each walk round takes the most prompt rows whose predicted step time (a step-cost "
         "model fitted online from the engine's own steps) stays within N ms (auto: 2x the live batch's own "
-        "predicted decode step, never more rows than the walk's width; the walk's width while the fit's error "
+        "predicted decode step, never more rows than the walk's width, evened over the walkers' rest; the walk's "
+        "width while the fit's error "
         "says it does not know this CPU), at least one; an idle engine prefills at full width (auto: the walk's "
         "width). Turns the walk on; MIX_CHUNK_TOKENS, when set, caps every round; given explicitly it refuses "
         "with MIX_CHUNK_TOKENS=off and with ASYNC_PREFILL (unset, the default yields to them)",
