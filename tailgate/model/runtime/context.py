@@ -1,7 +1,8 @@
 """StepContext: a step plan turned into flat index tensors, built once and read by every layer.
 
 Row order: prefill segments first (in plan order), then all one-token rows batched together, so
-attention runs one SDPA call per prefill segment plus one for the whole decode batch.
+attention runs one call per prefill segment (the native kernel over each row's key range, or SDPA
+with a mask) plus one for the whole decode batch.
 """
 
 from __future__ import annotations
