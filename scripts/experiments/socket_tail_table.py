@@ -37,6 +37,8 @@ PAIRS = (
     ("new", "vllm"),
     ("even", "default"),  # ITL_TARGET_MS=auto with evened rounds against the default walk
     ("even", "vllm"),
+    ("tailgate", "llama"),  # issue 45: sizes_rounds.sh and the 1B open-loop runs
+    ("tailgate", "vllm"),
 )
 
 
