@@ -174,12 +174,14 @@ def can_run(variant: str) -> bool:
 def test_the_wide_4_bit_panel_matmul_gives_the_avx2_4_bit_panels_bits_at_every_row_count(variant, m):
     if not can_run(variant):
         pytest.skip(f"this CPU cannot run the {variant} panels")
-    b = random_blocks("Q4_K", 48, 768, seed=m)
-    x = torch.randn(m, 768, generator=torch.Generator().manual_seed(m))
-    y = q8_panels([b], variant, 16).linear(x)
-    assert torch.equal(y, q8_panels([b], "avx2", 8).linear(x))  # the exact sums, the same float steps
-    ref = rounded_activations(x.numpy()) @ b.dequantize().double().numpy().T
-    assert np.abs(y.double().numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
+    # 48 x 768: one panel a chunk; 640 x 256: chunks of several, run two panels at a time, one left over
+    for n, k in ((48, 768), (640, 256)):
+        b = random_blocks("Q4_K", n, k, seed=m)
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+        y = q8_panels([b], variant, 16).linear(x)
+        assert torch.equal(y, q8_panels([b], "avx2", 8).linear(x))  # the exact sums, the same float steps
+        ref = rounded_activations(x.numpy()) @ b.dequantize().double().numpy().T
+        assert np.abs(y.double().numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
 
 
 def bf16_product(x: torch.Tensor, w: torch.Tensor) -> np.ndarray:

@@ -262,7 +262,9 @@ def test_every_other_q8_panel_gives_the_avx2_panels_bits(variant):
     if not have[variant] <= this_cpu().flags or (variant == "amx" and not native.amx_ready()):
         pytest.skip(f"this CPU ({this_cpu().model}) or its OS offers no {variant}")
     g = torch.Generator().manual_seed(5)
-    for n, k in ((96, 576), (64, 2048), (32, 608)):  # 608: an odd number of blocks (AMX pairs them)
+    # 608: an odd number of blocks (AMX pairs them); 640 x 256: chunks of several panels, which the
+    # VNNI kernel runs two at a time, with one left over
+    for n, k in ((96, 576), (64, 2048), (32, 608), (640, 256)):
         w = torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g)  # scales differ per output
         base, other = native.q8_quantize(w, "avx2"), native.q8_quantize(w, variant)
         for rows in (0, 1, 3, 4, 5, 8, 9, 16, 17, 70):  # every remainder of the 4-, 8-, 16-row sweeps, past 64; none
