@@ -58,30 +58,18 @@
     case 11: CALL(11); break; case 12: CALL(12); break; case 13: CALL(13); break; case 14: CALL(14); break; \
     case 15: CALL(15); break; default: CALL(16);                                                         \
   }
-/* r rows (any count) against one 16-output VNNI panel, 8 rows a pass: ROWS(n) runs n rows from
- * ai (activations), si (the kernel's per-row side array, `per` values a block), di (scales), oi. */
-#define PASSES_OF_8(r, side, per, ROWS)                    \
-  for (int i0 = 0; i0 < (r); i0 += 8) {                    \
+#define BY_ROWS_4(r, CALL) \
+  switch (r) { case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; default: CALL(4); }
+/* r rows (any count) against a 16-output VNNI panel, n rows a pass (8; 4 for two panels at once:
+ * 2 x 4 accumulators of each kind, as 8 of one): ROWS(m) runs m rows from ai (activations), si (the
+ * kernel's per-row side array, `per` values a block), di (scales), oi. */
+#define PASSES_OF(n, r, side, per, ROWS)                   \
+  for (int i0 = 0; i0 < (r); i0 += (n)) {                  \
     const int8_t* ai = a + i0 * k;                         \
     const __typeof__(side) si = (side) + i0 * nb * (per);  \
     const float* di = ad + i0 * nb;                        \
     float* oi = out + i0 * ldo;                            \
-    BY_ROWS_8((r) - i0, ROWS)                              \
-  }
-
-/* The same, 4 rows a pass (two panels at once: 2 x 4 accumulators of each kind, as 8 of one). */
-#define PASSES_OF_4(r, side, per, ROWS)                    \
-  for (int i0 = 0; i0 < (r); i0 += 4) {                    \
-    const int8_t* ai = a + i0 * k;                         \
-    const __typeof__(side) si = (side) + i0 * nb * (per);  \
-    const float* di = ad + i0 * nb;                        \
-    float* oi = out + i0 * ldo;                            \
-    switch ((r) - i0) {                                    \
-      case 1: ROWS(1); break;                              \
-      case 2: ROWS(2); break;                              \
-      case 3: ROWS(3); break;                              \
-      default: ROWS(4);                                    \
-    }                                                      \
+    BY_ROWS_##n((r) - i0, ROWS)                            \
   }
 
 /* Ask for `bytes` of weights Q8_PREFETCH past w, a cache line at a time. */
@@ -363,7 +351,7 @@ static void panel_wide(int r, const uint8_t* w, const float* wd, const int8_t* a
                        int64_t k, float* out, int64_t ldo) {
   const int64_t nb = k / QK;
 #define ROWS(n) wide_rows(n, 1, w, wd, ai, si, di, k, oi, ldo, 0, 0)
-  PASSES_OF_8(r, xs, 1, ROWS)
+  PASSES_OF(8, r, xs, 1, ROWS)
 #undef ROWS
 }
 
@@ -372,7 +360,7 @@ static void panel_wide_pair(int r, const uint8_t* w, const float* wd, const int8
                             const float* ad, int64_t k, float* out, int64_t ldo) {
   const int64_t nb = k / QK;
 #define ROWS(n) wide_rows(n, 2, w, wd, ai, si, di, k, oi, ldo, NW * k, NW * nb)
-  PASSES_OF_4(r, xs, 1, ROWS)
+  PASSES_OF(4, r, xs, 1, ROWS)
 #undef ROWS
 }
 
@@ -494,7 +482,7 @@ static void panel_wide6(int r, const uint8_t* w, const uint16_t* wd, const int8_
                         const float* ad, int64_t k, float* out, int64_t ldo) {
   const int64_t nb = k / QK;
 #define ROWS(n) wide6_rows(n, w, wd, ai, si, di, k, oi, ldo)
-  PASSES_OF_8(r, x32, 2, ROWS)
+  PASSES_OF(8, r, x32, 2, ROWS)
 #undef ROWS
 }
 
@@ -503,7 +491,7 @@ static void panel_wide4(int r, const uint8_t* w, const uint16_t* wd, const int8_
                         const float* ad, int64_t k, float* out, int64_t ldo) {
   const int64_t nb = k / QK;
 #define ROWS(n) wide4_rows(n, 1, w, wd, ai, si, di, k, oi, ldo, 0, 0)
-  PASSES_OF_8(r, xm, 1, ROWS)
+  PASSES_OF(8, r, xm, 1, ROWS)
 #undef ROWS
 }
 
@@ -512,7 +500,7 @@ static void panel_wide4_pair(int r, const uint8_t* w, const uint16_t* wd, const 
                              const float* ad, int64_t k, float* out, int64_t ldo) {
   const int64_t nb = k / QK;
 #define ROWS(n) wide4_rows(n, 2, w, wd, ai, si, di, k, oi, ldo, NW * k * 9 / 16, NW * (k / 256) * 2)
-  PASSES_OF_4(r, xm, 1, ROWS)
+  PASSES_OF(4, r, xm, 1, ROWS)
 #undef ROWS
 }
 #pragma GCC pop_options
