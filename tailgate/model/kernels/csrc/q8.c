@@ -81,8 +81,12 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const void* w, 
 /* 8 fp16 scales -> fp32 (exact). */
 static inline __m256 load_h8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
 
-/* One row of k floats -> k/32 int8 blocks, each with its scale amax / 127 (round to nearest). */
-static void quantize_row(const float* x, int64_t k, int8_t* q, float* d) {
+/* One row of k floats -> k/32 int8 blocks, each with its scale amax / 127 (round to nearest); where
+ * hs is given, each block's two half sums (inputs 0-15, 16-31) of the bytes stored, into hs[2b],
+ * hs[2b + 1]. The sums were a scalar loop over every byte after this one: at 64 rows x 2048 inputs it
+ * cost ~100 us of a call's ~109 (2 threads, AMD EPYC Zen 5), ~4 ms of a 64-row walk round of Gemma 3
+ * 270M; a sum of absolute differences over the offset bytes gives them in a few instructions. */
+static void quantize_row(const float* x, int64_t k, int8_t* q, float* d, int32_t* hs) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t b = 0; b < k / QK; ++b) {
@@ -101,8 +105,16 @@ static void quantize_row(const float* x, int64_t k, int8_t* q, float* d) {
     __m256i i[4];
     for (int j = 0; j < 4; ++j)
       i[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    const __m256i a = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
-    _mm256_storeu_si256((__m256i*)(q + b * QK), _mm256_permutevar8x32_epi32(a, perm));
+    const __m256i a = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3])), perm);
+    _mm256_storeu_si256((__m256i*)(q + b * QK), a);
+    if (hs) {
+      /* bytes + 128 summed by eights: [0-7, 8-15, 16-23, 24-31] as four 64-bit sums */
+      const __m256i s8 = _mm256_sad_epu8(_mm256_xor_si256(a, _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
+      const __m128i lo = _mm256_castsi256_si128(s8), hi = _mm256_extracti128_si256(s8, 1);
+      hs[2 * b] = (int32_t)(_mm_cvtsi128_si64(lo) + _mm_extract_epi64(lo, 1)) - 16 * 128;
+      hs[2 * b + 1] = (int32_t)(_mm_cvtsi128_si64(hi) + _mm_extract_epi64(hi, 1)) - 16 * 128;
+    }
   }
 }
 
@@ -116,7 +128,7 @@ void q8_quantize(const float* w, int64_t n, int64_t k, int8_t* q, float* d) {
     float* td = malloc((size_t)(NC * nb) * sizeof(float));
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < n / NC; ++g) {
-      for (int c = 0; c < NC; ++c) quantize_row(w + (g * NC + c) * k, k, tq + c * k, td + c * nb);
+      for (int c = 0; c < NC; ++c) quantize_row(w + (g * NC + c) * k, k, tq + c * k, td + c * nb, NULL);
       int8_t* pq = q + g * NC * k;
       float* pd = d + g * NC * nb;
       for (int64_t b = 0; b < nb; ++b) {
@@ -762,7 +774,9 @@ int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* co
   int32_t* xs = offset ? malloc((size_t)(m * nb) * sizeof(int32_t)) : NULL;
   float* xm = four ? malloc((size_t)(m * nb) * sizeof(float)) : NULL;
   int32_t* x32 = six ? malloc((size_t)(m * nb * 2) * sizeof(int32_t)) : NULL;
-  if (!xq || !xd || (offset && !xs) || (four && !xm) || (six && !x32)) {
+  int32_t* hs = offset ? malloc((size_t)(m * nb * 2) * sizeof(int32_t)) : NULL; /* half-block sums */
+  if (!xq || !xd || (offset && (!xs || !hs)) || (four && !xm) || (six && !x32)) {
+    free(hs);
     free(xq);
     free(xd);
     free(xs);
@@ -783,10 +797,9 @@ int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* co
     if (amx) amx_begin(m);
 #pragma omp for schedule(static)
     for (int64_t row = 0; row < m; ++row) {
-      quantize_row(x + row * k, k, xq + row * k, xd + row * nb);
+      quantize_row(x + row * k, k, xq + row * k, xd + row * nb, offset ? hs + row * nb * 2 : NULL);
       for (int64_t b = 0; offset && b < nb; ++b) {
-        int32_t half[2] = {0, 0};
-        for (int j = 0; j < QK; ++j) half[j / 16] += xq[row * k + b * QK + j];
+        const int32_t* half = hs + (row * nb + b) * 2;
         const int32_t sum = half[0] + half[1];
         xs[row * nb + b] = sum;
         if (four) xm[row * nb + b] = xd[row * nb + b] * (float)sum;
@@ -907,6 +920,7 @@ int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* co
     free(sums);
     free(buf);
   }
+  free(hs);
   free(xq);
   free(xd);
   free(xs);
