@@ -74,6 +74,15 @@ class Engine:
         self.snapshot: EngineSnapshot = snapshot(scheduler)
 
     def start(self) -> "Engine":
+        # Every step runs on this one thread, and nothing that outlives start-up may run OpenMP work
+        # (our kernels, torch's parallel ops) on another: libgomp keeps a worker pool per thread that
+        # ever opened a parallel region, and once its pools hold more threads than the CPU has, every
+        # pool's workers stop spinning between regions (GOMP's throttled spin) and sleep instead.
+        # Measured (Llama 3.2 3B's shape, one decode row, AMD EPYC Zen 5, 2 cores, one process): steps
+        # from a second thread while the main thread's pool lived 55-56 ms against 46-47 from the
+        # main thread; OMP_WAIT_POLICY=passive 55 on either. The server loads on a thread that exits
+        # before the first request (its pool goes with it): then this thread's steps match the main
+        # thread's (Llama 3.2 1B's shape: 18.8-20.5 ms against 19.1-20.3). docs/runtime.md, "The step".
         self._running = True
         self._thread = threading.Thread(target=self._loop, name="tailgate-engine", daemon=True)
         self._thread.start()
