@@ -71,6 +71,15 @@
     float* oi = out + i0 * ldo;                            \
     BY_ROWS_##n((r) - i0, ROWS)                            \
   }
+/* The wide panels' passes, one panel (8 rows a pass) or, with `pair`, two neighbours (4 rows a pass,
+ * PAIR_ROWS): the includer defines ROWS(n, P), its kernel over n rows of P panels. */
+#define ONE_PANEL(n) ROWS(n, 1)
+#define TWO_PANELS(n) ROWS(n, 2)
+#define PANEL_PASSES(pair, r, side, per)       \
+  if (pair)                                    \
+    PASSES_OF(4, r, side, per, TWO_PANELS)     \
+  else                                         \
+    PASSES_OF(8, r, side, per, ONE_PANEL)
 
 /* Ask for `bytes` of weights Q8_PREFETCH past w, a cache line at a time. */
 static inline __attribute__((always_inline)) void prefetch_ahead(const void* w, int bytes) {
@@ -358,21 +367,12 @@ static inline __attribute__((always_inline)) void wide_rows(const int r, const i
     for (int p = 0; p < P; ++p) _mm512_storeu_ps(out + i * ldo + p * NW, acc[i * P + p]);
 }
 
-/* r rows (any count) against one 16-output panel. */
-static void panel_wide(int r, const uint8_t* w, const float* wd, const int8_t* a, const int32_t* xs, const float* ad,
-                       int64_t k, float* out, int64_t ldo) {
+/* r rows (any count) against one 16-output panel, or two neighbours with `pair`. */
+static void panel_wide(int r, int pair, const uint8_t* w, const float* wd, const int8_t* a, const int32_t* xs,
+                       const float* ad, int64_t k, float* out, int64_t ldo) {
   const int64_t nb = k / QK;
-#define ROWS(n) wide_rows(n, 1, w, wd, ai, si, di, k, oi, ldo, 0, 0)
-  PASSES_OF(8, r, xs, 1, ROWS)
-#undef ROWS
-}
-
-/* r rows against two neighbouring panels, 4 rows a pass (PAIR_ROWS). */
-static void panel_wide_pair(int r, const uint8_t* w, const float* wd, const int8_t* a, const int32_t* xs,
-                            const float* ad, int64_t k, float* out, int64_t ldo) {
-  const int64_t nb = k / QK;
-#define ROWS(n) wide_rows(n, 2, w, wd, ai, si, di, k, oi, ldo, NW * k, NW * nb)
-  PASSES_OF(4, r, xs, 1, ROWS)
+#define ROWS(n, P) wide_rows(n, P, w, wd, ai, si, di, k, oi, ldo, NW * k, NW * nb)
+  PANEL_PASSES(pair, r, xs, 1)
 #undef ROWS
 }
 
@@ -493,26 +493,17 @@ static inline __attribute__((always_inline)) void wide6_rows(const int r, const 
 static void panel_wide6(int r, const uint8_t* w, const uint16_t* wd, const int8_t* a, const int32_t* x32,
                         const float* ad, int64_t k, float* out, int64_t ldo) {
   const int64_t nb = k / QK;
-#define ROWS(n) wide6_rows(n, w, wd, ai, si, di, k, oi, ldo)
-  PASSES_OF(8, r, x32, 2, ROWS)
+#define ROWS(n, P) wide6_rows(n, w, wd, ai, si, di, k, oi, ldo)
+  PASSES_OF(8, r, x32, 2, ONE_PANEL)
 #undef ROWS
 }
 
-/* r rows (any count) against one wide 4-bit panel. */
-static void panel_wide4(int r, const uint8_t* w, const uint16_t* wd, const int8_t* a, const float* xm,
+/* r rows (any count) against one wide 4-bit panel, or two neighbours with `pair`. */
+static void panel_wide4(int r, int pair, const uint8_t* w, const uint16_t* wd, const int8_t* a, const float* xm,
                         const float* ad, int64_t k, float* out, int64_t ldo) {
   const int64_t nb = k / QK;
-#define ROWS(n) wide4_rows(n, 1, w, wd, ai, si, di, k, oi, ldo, 0, 0)
-  PASSES_OF(8, r, xm, 1, ROWS)
-#undef ROWS
-}
-
-/* r rows against two neighbouring wide 4-bit panels, 4 rows a pass (PAIR_ROWS). */
-static void panel_wide4_pair(int r, const uint8_t* w, const uint16_t* wd, const int8_t* a, const float* xm,
-                             const float* ad, int64_t k, float* out, int64_t ldo) {
-  const int64_t nb = k / QK;
-#define ROWS(n) wide4_rows(n, 2, w, wd, ai, si, di, k, oi, ldo, NW * k * 9 / 16, NW * (k / 256) * 2)
-  PASSES_OF(4, r, xm, 1, ROWS)
+#define ROWS(n, P) wide4_rows(n, P, w, wd, ai, si, di, k, oi, ldo, NW * k * 9 / 16, NW * (k / 256) * 2)
+  PANEL_PASSES(pair, r, xm, 1)
 #undef ROWS
 }
 #pragma GCC pop_options
@@ -724,7 +715,7 @@ void q8_offset(int8_t* q, int64_t bytes) {
  * give the same bits, so the cut moves no result): unpacking a block into a tile costs as much as its
  * products at a few rows. */
 #define AMX4_ROWS 12
-/* From this many rows a call's VNNI panels go two at a time (panel_wide_pair, panel_wide4_pair).
+/* From this many rows a call's VNNI panels go two at a time (panel_wide's and panel_wide4's `pair`).
  * Measured on AMD EPYC Zen 5 (Gemma 3 270M's 18 layers, 2 threads, old / new alternated twice, ms):
  * pairs from 4 rows: 64 rows 17.0 / 16.1 -> 14.4 / 14.9, 256 rows 59.5 / 58.8 -> 51.5 / 53.9, 16
  * rows even, but 4 and 8 rows 2.8 / 3.6 -> 3.2 / 4.0 (a decode step streams its weights once, and
@@ -852,19 +843,15 @@ int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* co
                 const uint16_t* d4 = (const uint16_t*)seg_d[sg] + gl * NW * (k / 256) * 2;
                 if (codes[sg] == 8 && rn >= AMX4_ROWS)
                   panel_amx4(rn, w4, d4, a0, xm + r0 * nb, d0, k, out, n, sums, buf);
-                else if (pair)
-                  panel_wide4_pair(rn, w4, d4, a0, xm + r0 * nb, d0, k, out, n);
                 else
-                  panel_wide4(rn, w4, d4, a0, xm + r0 * nb, d0, k, out, n);
+                  panel_wide4(rn, pair, w4, d4, a0, xm + r0 * nb, d0, k, out, n);
               } else {
                 const uint8_t* wg = (const uint8_t*)seg_q[sg] + gl * NW * k;
                 const float* dg = (const float*)seg_d[sg] + gl * NW * nb;
                 if (codes[sg] == 3)
                   panel_amx(rn, (const int8_t*)wg, dg, a0, d0, k, out, n, sums);
-                else if (pair)
-                  panel_wide_pair(rn, wg, dg, a0, xs + r0 * nb, d0, k, out, n);
                 else
-                  panel_wide(rn, wg, dg, a0, xs + r0 * nb, d0, k, out, n);
+                  panel_wide(rn, pair, wg, dg, a0, xs + r0 * nb, d0, k, out, n);
               }
               g += pair; /* its neighbour is done too */
               continue;
