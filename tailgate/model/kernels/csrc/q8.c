@@ -91,11 +91,11 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const void* w, 
 static inline __m256 load_h8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
 
 /* One row of k floats -> k/32 int8 blocks, each with its scale amax / 127 (round to nearest); where
- * hs is given, each block's two half sums (inputs 0-15, 16-31) of the bytes stored, into hs[2b],
- * hs[2b + 1]. The sums were a scalar loop over every byte after this one: at 64 rows x 2048 inputs it
+ * `sums` is given, each block's sum of the bytes stored into sums[b], and where `sums32` is too, its
+ * two half sums (inputs 0-15, 16-31) times 32 into sums32[2b], sums32[2b + 1]. The sums were a scalar loop over every byte after this one: at 64 rows x 2048 inputs it
  * cost ~100 us of a call's ~109 (2 threads, AMD EPYC Zen 5), ~4 ms of a 64-row walk round of Gemma 3
  * 270M; a sum of absolute differences over the offset bytes gives them in a few instructions. */
-static void quantize_row(const float* x, int64_t k, int8_t* q, float* d, int32_t* hs) {
+static void quantize_row(const float* x, int64_t k, int8_t* q, float* d, int32_t* sums, int32_t* sums32) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t b = 0; b < k / QK; ++b) {
@@ -117,12 +117,14 @@ static void quantize_row(const float* x, int64_t k, int8_t* q, float* d, int32_t
     const __m256i a = _mm256_permutevar8x32_epi32(
         _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3])), perm);
     _mm256_storeu_si256((__m256i*)(q + b * QK), a);
-    if (hs) {
+    if (sums) {
       /* bytes + 128 summed by eights: [0-7, 8-15, 16-23, 24-31] as four 64-bit sums */
       const __m256i s8 = _mm256_sad_epu8(_mm256_xor_si256(a, _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
       const __m128i lo = _mm256_castsi256_si128(s8), hi = _mm256_extracti128_si256(s8, 1);
-      hs[2 * b] = (int32_t)(_mm_cvtsi128_si64(lo) + _mm_extract_epi64(lo, 1)) - 16 * 128;
-      hs[2 * b + 1] = (int32_t)(_mm_cvtsi128_si64(hi) + _mm_extract_epi64(hi, 1)) - 16 * 128;
+      const int32_t h0 = (int32_t)(_mm_cvtsi128_si64(lo) + _mm_extract_epi64(lo, 1)) - 16 * 128;
+      const int32_t h1 = (int32_t)(_mm_cvtsi128_si64(hi) + _mm_extract_epi64(hi, 1)) - 16 * 128;
+      sums[b] = h0 + h1;
+      if (sums32) sums32[2 * b] = 32 * h0, sums32[2 * b + 1] = 32 * h1;
     }
   }
 }
@@ -137,7 +139,7 @@ void q8_quantize(const float* w, int64_t n, int64_t k, int8_t* q, float* d) {
     float* td = malloc((size_t)(NC * nb) * sizeof(float));
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < n / NC; ++g) {
-      for (int c = 0; c < NC; ++c) quantize_row(w + (g * NC + c) * k, k, tq + c * k, td + c * nb, NULL);
+      for (int c = 0; c < NC; ++c) quantize_row(w + (g * NC + c) * k, k, tq + c * k, td + c * nb, NULL, NULL);
       int8_t* pq = q + g * NC * k;
       float* pd = d + g * NC * nb;
       for (int64_t b = 0; b < nb; ++b) {
@@ -765,9 +767,7 @@ int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* co
   int32_t* xs = offset ? malloc((size_t)(m * nb) * sizeof(int32_t)) : NULL;
   float* xm = four ? malloc((size_t)(m * nb) * sizeof(float)) : NULL;
   int32_t* x32 = six ? malloc((size_t)(m * nb * 2) * sizeof(int32_t)) : NULL;
-  int32_t* hs = offset ? malloc((size_t)(m * nb * 2) * sizeof(int32_t)) : NULL; /* half-block sums */
-  if (!xq || !xd || (offset && (!xs || !hs)) || (four && !xm) || (six && !x32)) {
-    free(hs);
+  if (!xq || !xd || (offset && !xs) || (four && !xm) || (six && !x32)) {
     free(xq);
     free(xd);
     free(xs);
@@ -788,14 +788,9 @@ int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* co
     if (amx) amx_begin(m);
 #pragma omp for schedule(static)
     for (int64_t row = 0; row < m; ++row) {
-      quantize_row(x + row * k, k, xq + row * k, xd + row * nb, offset ? hs + row * nb * 2 : NULL);
-      for (int64_t b = 0; offset && b < nb; ++b) {
-        const int32_t* half = hs + (row * nb + b) * 2;
-        const int32_t sum = half[0] + half[1];
-        xs[row * nb + b] = sum;
-        if (four) xm[row * nb + b] = xd[row * nb + b] * (float)sum;
-        if (six) x32[(row * nb + b) * 2] = 32 * half[0], x32[(row * nb + b) * 2 + 1] = 32 * half[1];
-      }
+      quantize_row(x + row * k, k, xq + row * k, xd + row * nb, offset ? xs + row * nb : NULL,
+                   six ? x32 + row * nb * 2 : NULL);
+      for (int64_t b = 0; four && b < nb; ++b) xm[row * nb + b] = xd[row * nb + b] * (float)xs[row * nb + b];
     }
     const int64_t groups = n / nc;
     /* Chunks of panels: at most 128 KB of weights, and at least 4 chunks per thread for balance. */
@@ -907,7 +902,6 @@ int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* co
     free(sums);
     free(buf);
   }
-  free(hs);
   free(xq);
   free(xd);
   free(xs);
