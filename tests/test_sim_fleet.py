@@ -49,7 +49,10 @@ def test_shared_prefixes_land_where_cached_and_different_ones_spread():
         homes.add(home)
         at_home = [i for i in repeats if ex["replica_of"][i] == home]
         assert len(at_home) >= 0.75 * len(repeats)
-        assert all(ex["cached_tokens"][i] >= 0.8 * 512 for i in at_home)
+        # each finds its prefix cached; one that arrives while the first is still walking it finds
+        # the part walked so far (a walk round streams ride is priced: docs/engine.md)
+        assert all(ex["cached_tokens"][i] > 0 for i in at_home)
+        assert sum(ex["cached_tokens"][i] >= 0.8 * 512 for i in at_home) >= 0.8 * len(at_home)
     assert homes == {0, 1} and min(ex["requests_per_replica"]) > 0
 
 

@@ -81,6 +81,21 @@ AUTO_FACTOR = 2.0
 # in two real A/Bs (docs/benchmarks/raw-ab-target-factor-zen5.log); the bound keeps the extra
 # step time of absorbing a prompt within AUTO_OVERHEAD of the walk's.
 AUTO_OVERHEAD = 0.1
+# The default walk prices the rounds live streams ride: where its 64 rows cost more than WALK_FACTOR
+# x the batch's own decode step, a round takes `auto`'s rows within that price instead (never
+# narrower than `narrowest`, evened). A live stream feels a round in decode steps: Gemma 3 270M's
+# 64-row round is ~2-3 of them on AMD EPYC Zen 5 (family 26: 30.8 / 10.3 ms beside 4 streams, 42.4
+# / 21.9 beside 16, its `bench step` fit), Llama 3.2 3B's 4.6-7.7 (435 / 95 ms beside 8), which is
+# where the walk's closed-loop tail stood above vLLM's (docs/benchmarks/sizes.md). 2.5, not
+# `auto`'s 2.0: in a closed loop at saturation a narrower round only moves the wait to the queue
+# (TTFT p50 pays ~63 x the ITL saved at 64 tokens out), and at 2.0 the 270M's W-std c16 rounds
+# narrowed (the simulator, zen5-f26-measured, jitter 0.1, seeds 0-2: TTFT p50 2.6x the fixed
+# walk's); at 2.5 c16 is the walk's on the 270M's four measured presets, and c4 / c8 take ITL p99
+# 0.66-0.99x the fixed walk's for TTFT p50 1.02-1.20x and tok/s 0.99-1.00x (3.0 gave back most of
+# c8's gain). The sizes' W-std c4 / c8 there: ITL p99 0.61-0.80x (3B) and 0.42-0.64x (1B, Zen 5),
+# TTFT p99 1.0-1.1x; at c16 the same trade moves their TTFT p50 4.6-7.6x (TTFT p99 1.0x).
+# `/tmp/s6/simsweep.sh`; the real A/B is in docs/benchmarks/socket-tail.md (priced walk).
+WALK_FACTOR = 2.5
 # The fixed walk (no ITL_TARGET_MS) as a budget: its width, widened only by the TTFT horizon.
 WALK = "walk"
 # How far the TTFT horizon may widen a round with live rows: to the most rows whose predicted step
@@ -342,15 +357,32 @@ class RoundBudget:
             take = widest
         elif not self.model.trusted:  # not fitted yet, or its error says it does not know this host
             take = min(self.fallback, widest)
-        elif self.target == WALK and (self.horizon is None or (live and not late)):
-            take = min(self.fallback, widest)  # no horizon, or streams ride this round: unpriced (see LATE)
+        elif self.target == WALK and live:
+            # streams ride this round: the walk's width, or where that costs more than WALK_FACTOR x
+            # the batch's own decode step the rows within it (`auto`'s price); a late walker's round
+            # widens from there within WIDEN_S (LATE)
+            cost, decode_step = self._pricer(walkers, live)
+            take = min(self.fallback, widest)
+            if cost(take) > WALK_FACTOR * decode_step():
+                take = self._largest_within(cost, decode_step, take, total, WALK_FACTOR)
+            if late:
+                wide = self._widened(cost, take, min(widest, self.wide), math.inf)
+                if wide > take:
+                    take = wide
+                    self.predicted = cost(take)
+                    if self.metrics is not None:
+                        self.metrics.rounds_widened += 1
+        elif self.target == WALK and self.horizon is None:
+            take = min(self.fallback, widest)
         else:
             cost, decode_step = self._pricer(walkers, live)
             if self.target == WALK:  # the fixed walk: its width, widened below within WIDEN_S
                 take = min(self.fallback, widest)
                 ceiling = min(widest, self.wide)
             else:
-                take = self._largest_within(cost, decode_step, widest, total)
+                take = self._largest_within(
+                    cost, decode_step, widest, total, AUTO_FACTOR if self.target is None else None
+                )
                 # Widened at most to the fixed walk's width (MIX_CHUNK_TOKENS, else 64): a stream
                 # waits no longer than it would behind the plain walk. Uncapped, a backlog no width
                 # clears in time took every walker's rest at once (the simulator, `local` costs, c8
@@ -467,13 +499,16 @@ class RoundBudget:
         self._hint = lo
         return lo
 
-    def _largest_within(self, cost, decode_step, widest: int, total: int) -> int:
+    def _largest_within(self, cost, decode_step, widest: int, total: int, factor: float | None) -> int:
+        """The most rows (<= widest, at least one) priced within the target, or with a `factor`
+        within that many times the live batch's own decode step, never narrower than `narrowest`,
+        evened (`auto`, and the walk's WALK_FACTOR)."""
         if widest <= 0:
             return 0
         target = self.target
-        if target is None:  # auto: a multiple of this batch's own decode step
-            target = AUTO_FACTOR * decode_step()
-            if self.metrics is not None:
+        if factor is not None:  # a multiple of this batch's own decode step
+            target = factor * decode_step()
+            if self.metrics is not None and self.target is None:
                 self.metrics.step_cost["target_s"] = target
         lo = 1  # at least one row moves, whatever it costs
         if cost(widest) <= target:
@@ -486,7 +521,7 @@ class RoundBudget:
                     lo = mid
                 else:
                     hi = mid - 1
-        if self.target is None:
+        if factor is not None:
             lo = even_rounds(max(lo, min(widest, self.narrowest())), total)
         self.predicted = cost(lo)
         return lo
