@@ -225,7 +225,9 @@ class Settings(BaseSettings):
         "stream rides widens so, or any round once a walker has waited 6 x N (engine/step_cost.py LATE: a closed "
         "loop's waves stay apart); a widened round stays within a "
         "150 ms predicted step (engine/step_cost.py WIDEN_S), so a CPU where prompt rows are dear keeps its "
-        "walk; off: the fixed width alone. It refuses where there is no walk (MIX_CHUNK_TOKENS=off, a lane)",
+        "walk; under the walk it also prices a round live streams ride: the walk's width while that costs at most "
+        "2.5 x their own decode step (engine/step_cost.py WALK_FACTOR), else the rows within that price; "
+        "off: the fixed width alone. It refuses where there is no walk (MIX_CHUNK_TOKENS=off, a lane)",
     )
     default_max_tokens: KnobText = knob(
         f"min({DEFAULT_MAX_TOKENS}, MAX_CONTEXT)",

@@ -35,6 +35,7 @@ PAIRS = (
     ("late6", "default"),  # a LATE of 6 horizons against the default 4 (a worktree)
     ("new", "before"),  # a change against the code before it, both worktrees
     ("new", "vllm"),
+    ("new", "llama"),  # issue 45 at 3B: the priced walk beside both peers
     ("even", "default"),  # ITL_TARGET_MS=auto with evened rounds against the default walk
     ("even", "vllm"),
     ("tailgate", "llama"),  # issue 45: sizes_rounds.sh and the 1B open-loop runs

@@ -22,6 +22,8 @@ decode rows, their contexts, the sampled rows):
   most the rows whose predicted step stays within WIDEN_S (150 ms), so the widening follows the
   CPU (where prompt rows are dear beside the floor a round with live rows is near that already and
   keeps the walk's width); with no backlog past the horizon a round is the walk's, row for row;
+- and a round that live streams ride takes the walk's width only while that costs at most
+  WALK_FACTOR x their own decode step, else the rows within that price (`auto`'s rule at 2.5);
 - until the model has seen a few steps with prompt rows, at two widths or beside decode-only
   steps (`ready`), rounds with live rows take the fixed width (MIX_CHUNK_TOKENS, else the default 64): the engine's
   behaviour without a target, whose rounds are also what teaches the model a prompt row's price.
@@ -128,7 +130,8 @@ WIDEN = 8
 # Simulator at 6: c16 ITL p99 1.50x -> 1.02x the walk's (zen5-measured), 1.30x -> 1.23x (amx),
 # long TTFT p99 0.88x / 0.87x -> 0.89x / 0.88x.
 LATE = 6
-# Under the walk, a round that live streams ride keeps the walk's width unless a walker is LATE;
+# Under the walk, a round that live streams ride keeps the walk's width (priced: WALK_FACTOR)
+# unless a walker is LATE;
 # the horizon's clearing width is for rounds nobody rides (a wave's first round). Widening every
 # round a backlog would miss the horizon lumped a closed loop's first wave into a few 150 ms rounds
 # that slowed the early finishers' decode while the late ones caught up: the wave finished
@@ -357,28 +360,18 @@ class RoundBudget:
             take = widest
         elif not self.model.trusted:  # not fitted yet, or its error says it does not know this host
             take = min(self.fallback, widest)
-        elif self.target == WALK and live:
-            # streams ride this round: the walk's width, or where that costs more than WALK_FACTOR x
-            # the batch's own decode step the rows within it (`auto`'s price); a late walker's round
-            # widens from there within WIDEN_S (LATE)
-            cost, decode_step = self._pricer(walkers, live)
-            take = min(self.fallback, widest)
-            if cost(take) > WALK_FACTOR * decode_step():
-                take = self._largest_within(cost, decode_step, take, total, WALK_FACTOR)
-            if late:
-                wide = self._widened(cost, take, min(widest, self.wide), math.inf)
-                if wide > take:
-                    take = wide
-                    self.predicted = cost(take)
-                    if self.metrics is not None:
-                        self.metrics.rounds_widened += 1
         elif self.target == WALK and self.horizon is None:
             take = min(self.fallback, widest)
         else:
             cost, decode_step = self._pricer(walkers, live)
-            if self.target == WALK:  # the fixed walk: its width, widened below within WIDEN_S
+            widen = True
+            if self.target == WALK:  # the walk: its width, widened below within WIDEN_S
                 take = min(self.fallback, widest)
                 ceiling = min(widest, self.wide)
+                if live:  # streams ride it: priced at WALK_FACTOR decode steps, widened for a late walker only
+                    if cost(take) > WALK_FACTOR * decode_step():
+                        take = self._largest_within(cost, decode_step, take, total, WALK_FACTOR)
+                    widen = late
             else:
                 take = self._largest_within(
                     cost, decode_step, widest, total, AUTO_FACTOR if self.target is None else None
@@ -388,7 +381,7 @@ class RoundBudget:
                 # clears in time took every walker's rest at once (the simulator, `local` costs, c8
                 # with a 1 s horizon: ITL p99 2.1 s, one 1000-row round).
                 ceiling = min(widest, self.fallback)
-            if self.horizon is not None and take < ceiling:
+            if widen and self.horizon is not None and take < ceiling:
                 # late: no round clears it in time, so the widest the bound allows
                 backlog = math.inf if late else total + queued_rows
                 if self.target == WALK:
