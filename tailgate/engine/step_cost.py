@@ -96,7 +96,11 @@ AUTO_OVERHEAD = 0.1
 # 0.66-0.99x the fixed walk's for TTFT p50 1.02-1.20x and tok/s 0.99-1.00x (3.0 gave back most of
 # c8's gain). The sizes' W-std c4 / c8 there: ITL p99 0.61-0.80x (3B) and 0.42-0.64x (1B, Zen 5),
 # TTFT p99 1.0-1.1x; at c16 the same trade moves their TTFT p50 4.6-7.6x (TTFT p99 1.0x).
-# `/tmp/s6/simsweep.sh`; the real A/B is in docs/benchmarks/socket-tail.md (priced walk).
+# (`tailgate sim --cost PRESET --random-input-len 256 --random-output-len 64 --num-prompts 8c
+# --max-concurrency c --jitter 0.1 --seed 0|1|2`, this tree against the one before.) Real, Zen 5,
+# two alternated rounds against the walk (vLLM's client): 270M ITL p99 0.91 / 0.96 / 0.96x at c4 /
+# c8 / c16 for tok/s 1.04 / 1.02 / 0.98x and TTFT p50 0.97 / 0.93 / 0.97x; 3B c4 / c8 ITL p99 0.58 /
+# 0.63x, tok/s 1.03 / 1.04x; 3B c16 (one round) TTFT p50 7.0x (docs/engine.md: the saturation trade).
 WALK_FACTOR = 2.5
 # The fixed walk (no ITL_TARGET_MS) as a budget: its width, widened only by the TTFT horizon.
 WALK = "walk"
