@@ -373,13 +373,16 @@ class RoundBudget:
                 take = min(self.fallback, widest)
                 ceiling = min(widest, self.wide)
                 if live:  # streams ride it: priced at WALK_FACTOR decode steps, widened for a late walker only
-                    if cost(take) > WALK_FACTOR * decode_step():
-                        take = self._largest_within(cost, decode_step, take, total, WALK_FACTOR)
+                    price = WALK_FACTOR * decode_step()
+                    if cost(take) > price:
+                        take = self._largest_within(cost, price, take, total, even=True)
                     widen = late
             else:
-                take = self._largest_within(
-                    cost, decode_step, widest, total, AUTO_FACTOR if self.target is None else None
-                )
+                auto = self.target is None  # a multiple of this batch's own decode step
+                target = AUTO_FACTOR * decode_step() if auto else self.target
+                if auto and self.metrics is not None:
+                    self.metrics.step_cost["target_s"] = target
+                take = self._largest_within(cost, target, widest, total, even=auto)
                 # Widened at most to the fixed walk's width (MIX_CHUNK_TOKENS, else 64): a stream
                 # waits no longer than it would behind the plain walk. Uncapped, a backlog no width
                 # clears in time took every walker's rest at once (the simulator, `local` costs, c8
@@ -496,17 +499,12 @@ class RoundBudget:
         self._hint = lo
         return lo
 
-    def _largest_within(self, cost, decode_step, widest: int, total: int, factor: float | None) -> int:
-        """The most rows (<= widest, at least one) priced within the target, or with a `factor`
-        within that many times the live batch's own decode step, never narrower than `narrowest`,
-        evened (`auto`, and the walk's WALK_FACTOR)."""
+    def _largest_within(self, cost, target: float, widest: int, total: int, even: bool) -> int:
+        """The most rows (<= widest, at least one) priced within `target` seconds; `even` (a
+        target in decode steps: `auto`, the walk's WALK_FACTOR): never narrower than `narrowest`,
+        evened over the rounds `total` needs."""
         if widest <= 0:
             return 0
-        target = self.target
-        if factor is not None:  # a multiple of this batch's own decode step
-            target = factor * decode_step()
-            if self.metrics is not None and self.target is None:
-                self.metrics.step_cost["target_s"] = target
         lo = 1  # at least one row moves, whatever it costs
         if cost(widest) <= target:
             lo = widest
@@ -518,7 +516,7 @@ class RoundBudget:
                     lo = mid
                 else:
                     hi = mid - 1
-        if factor is not None:
+        if even:
             lo = even_rounds(max(lo, min(widest, self.narrowest())), total)
         self.predicted = cost(lo)
         return lo
