@@ -92,9 +92,10 @@ static inline __m256 load_h8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loa
 
 /* One row of k floats -> k/32 int8 blocks, each with its scale amax / 127 (round to nearest); where
  * `sums` is given, each block's sum of the bytes stored into sums[b], and where `sums32` is too, its
- * two half sums (inputs 0-15, 16-31) times 32 into sums32[2b], sums32[2b + 1]. The sums were a scalar loop over every byte after this one: at 64 rows x 2048 inputs it
- * cost ~100 us of a call's ~109 (2 threads, AMD EPYC Zen 5), ~4 ms of a 64-row walk round of Gemma 3
- * 270M; a sum of absolute differences over the offset bytes gives them in a few instructions. */
+ * two half sums (inputs 0-15, 16-31) times 32 into sums32[2b], sums32[2b + 1]. The sums had been a
+ * scalar loop over every byte after the packing: at 64 rows x 2048 inputs ~100 us of a call's ~109
+ * (2 threads, AMD EPYC Zen 5), ~4 ms of a 64-row walk round of Gemma 3 270M; a sum of absolute
+ * differences over the offset bytes gives them in a few instructions. */
 static void quantize_row(const float* x, int64_t k, int8_t* q, float* d, int32_t* sums, int32_t* sums32) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
