@@ -92,6 +92,7 @@ class EngineMetrics:
     step_cost_error: Histogram = field(default_factory=lambda: Histogram(ERROR_BUCKETS))
     step_cost: dict = field(default_factory=dict)
     rounds_widened: int = 0  # walk rounds TTFT_TARGET_MS widened past the inter-token price
+    rounds_kept_up: int = 0  # priced walk rounds held at the rows that keep every request in decoding
 
     def gaps(self, cause: str) -> Histogram:
         """The gap histogram of steps of this kind (made at its first gap)."""

@@ -279,6 +279,8 @@ class Scheduler:
         self.executor.release(r.id)
         r.status = Status.FINISHED
         self.metrics.finished[why] += 1
+        if self.pace is not None and why in ("stop", "length"):  # the loop the walk keeps up with
+            self.pace.finished(len(r.prompt) - r.cached, len(r.output))
         if why == "rejected":
             ev = Rejected(r.id, self.clock(), reason=message)
         else:

@@ -23,7 +23,9 @@ decode rows, their contexts, the sampled rows):
   CPU (where prompt rows are dear beside the floor a round with live rows is near that already and
   keeps the walk's width); with no backlog past the horizon a round is the walk's, row for row;
 - and a round that live streams ride takes the walk's width only while that costs at most
-  WALK_FACTOR x their own decode step, else the rows within that price (`auto`'s rule at 2.5);
+  WALK_FACTOR x their own decode step, else the rows within that price (`auto`'s rule at 2.5),
+  but never fewer than keep up with the requests in the system (`keeping_up`: each of them
+  decoding needs its prompt's rows per output token, so narrower rounds grow a queue);
 - until the model has seen a few steps with prompt rows, at two widths or beside decode-only
   steps (`ready`), rounds with live rows take the fixed width (MIX_CHUNK_TOKENS, else the default 64): the engine's
   behaviour without a target, whose rounds are also what teaches the model a prompt row's price.
@@ -102,6 +104,22 @@ AUTO_OVERHEAD = 0.1
 # c8 / c16 for tok/s 1.04 / 1.02 / 0.98x and TTFT p50 0.97 / 0.93 / 0.97x; 3B c4 / c8 ITL p99 0.58 /
 # 0.63x, tok/s 1.03 / 1.04x; 3B c16 (one round) TTFT p50 7.0x (docs/engine.md: the saturation trade).
 WALK_FACTOR = 2.5
+# ...but a priced round never takes fewer rows than keep every request in the system decoding:
+# a stream needs its prompt's rows for its output's tokens, so with N requests in (live, walking,
+# queued) a step must walk N x mean prompt rows / mean output tokens rows for the walk to keep up
+# with the streams it feeds (W-std: 4 rows a request). Below that the queue grows: the narrower
+# round thins the live batch, whose cheaper decode step prices the next round narrower still, and
+# a closed loop settles with a standing queue. That was the priced walk's saturation trade (Llama
+# 3.2 3B, W-std c16, AMD EPYC Zen 5: TTFT p50 7.0x the walk's, docs/benchmarks/sizes.md). The means
+# are running (KEEP_ALPHA) over finished requests' prompt rows computed and tokens out; none until
+# one finishes. The simulator (jitter 0.1, seeds 0-2, against the priced walk alone): W-std c16
+# TTFT p50 7.58 -> 1.01x the fixed walk's (3B, Zen 5), 4.96 -> 1.01x (1B), 2.51 -> 1.01x (3B, AMX);
+# c4 / c8 keep the priced tail (3B Zen 5 ITL p99 0.61 / 0.65x the walk's) and 1B c8's TTFT p50 went
+# 2.59 -> 1.14x; long prompts (768 in, c12: 48 rows a request, past the walk's 64 beside two)
+# keep the walk's width: TTFT p50 1.30-1.40 -> 1.00x, ITL p99 0.45-0.63 -> 0.94-0.98x (Zen 3, 1B,
+# 3B); the 270M's presets and gamma / Poisson arrivals unchanged but 1B's gamma (ITL p99 0.60 ->
+# 0.74x, TTFT p99 1.18 -> 1.10x). No margin: at 0.9x the rows c8 lost some of its gain, 1.0x none.
+KEEP_ALPHA = 0.1
 # The fixed walk (no ITL_TARGET_MS) as a budget: its width, widened only by the TTFT horizon.
 WALK = "walk"
 # How far the TTFT horizon may widen a round with live rows: to the most rows whose predicted step
@@ -347,15 +365,18 @@ class RoundBudget:
         self.metrics = metrics
         self.predicted: float | None = None  # the last round's predicted step seconds (None: not priced)
         self._hint = 0  # the last price bound `_largest_priced` found: where the next one starts
+        self.rows_per_token: float | None = None  # running prompt rows / output tokens (KEEP_ALPHA)
+        self._mean_in = self._mean_out = 0.0
         if metrics is not None and target_s is not None and target_s != WALK:
             metrics.step_cost["target_s"] = target_s
 
-    def rows(self, walkers, live, queued_rows: int = 0, waited: float = 0.0) -> int:
+    def rows(self, walkers, live, queued_rows: int = 0, waited: float = 0.0, requests: int = 0) -> int:
         """The budget `walk.walk_round` spreads over `walkers` (admission order; each with
         `done`, `rest`, `tokens`) this round, with `live` rows riding it (each with
         `pages.frontier`, the position its next token is fed at); `queued_rows` are the prompt
         rows of requests not yet admitted (the TTFT target's backlog beside the walkers' rest);
-        `waited` is how long the first walker has waited since it arrived (LATE)."""
+        `waited` is how long the first walker has waited since it arrived (LATE); `requests` how
+        many are in the system (live, walking, queued: `keeping_up`)."""
         total = sum(w.rest for w in walkers)
         widest = total if self.cap is None else min(self.cap, total)
         self.predicted = None
@@ -375,7 +396,13 @@ class RoundBudget:
                 if live:  # streams ride it: priced at WALK_FACTOR decode steps, widened for a late walker only
                     price = WALK_FACTOR * decode_step()
                     if cost(take) > price:
-                        take = self._largest_within(cost, price, take, total, even=True)
+                        priced = self._largest_within(cost, price, take, total, even=True)
+                        keep = min(take, self.keeping_up(requests))
+                        if keep > priced:  # the price would grow a queue
+                            priced, self.predicted = keep, cost(keep)
+                            if self.metrics is not None:
+                                self.metrics.rounds_kept_up += 1
+                        take = priced
                     widen = late
             else:
                 auto = self.target is None  # a multiple of this batch's own decode step
@@ -403,6 +430,25 @@ class RoundBudget:
         if self.metrics is not None and take > 0:
             self.metrics.step_prompt_rows.observe(take)
         return take
+
+    def finished(self, prompt_rows: int, output_tokens: int) -> None:
+        """A request finished having computed `prompt_rows` prompt rows and emitted
+        `output_tokens`: the running means `keeping_up` reads move toward them (KEEP_ALPHA)."""
+        if output_tokens <= 0:  # (an error before its first token says nothing about the loop)
+            return
+        if self.rows_per_token is None:
+            self._mean_in, self._mean_out = float(prompt_rows), float(output_tokens)
+        else:
+            self._mean_in += KEEP_ALPHA * (prompt_rows - self._mean_in)
+            self._mean_out += KEEP_ALPHA * (output_tokens - self._mean_out)
+        self.rows_per_token = self._mean_in / self._mean_out
+
+    def keeping_up(self, requests: int) -> int:
+        """The prompt rows a round needs for `requests` in the system to all be decoding (0 before
+        any request finished): requests x mean prompt rows / mean output tokens, rounded up."""
+        if self.rows_per_token is None or requests <= 0:
+            return 0
+        return math.ceil(requests * self.rows_per_token - 1e-9)
 
     def round_features(self, walkers, live_n: int, live_kpairs: float, budget: int):
         """The features of a round that spreads `budget` rows as `walk.walk_round` does (nobody waiting for pages)."""

@@ -109,6 +109,11 @@ class TailgateCollector:
                 m.rounds_widened,
                 "Walk rounds TTFT_TARGET_MS widened past the inter-token price to clear the waiting prompts.",
             )
+            x.counter(
+                "tailgate:walk_rounds_kept_up_total",
+                m.rounds_kept_up,
+                "Priced walk rounds held wider than their price: the rows that keep every request in the system decoding.",
+            )
             x.histogram(
                 "tailgate:step_cost_error_ratio",
                 m.step_cost_error,

@@ -106,6 +106,7 @@ def target_summary(m) -> dict:
         "target_ms": 1000 * m.step_cost["target_s"] if "target_s" in m.step_cost else None,  # None: the walk
         "rounds": rows.n,
         "rounds_widened": m.rounds_widened,
+        "rounds_kept_up": m.rounds_kept_up,
         "mean_round_rows": rows.total / max(1, rows.n),
         "priced_steps": err.n,
         **within,
@@ -208,7 +209,7 @@ def main(args) -> int:
         print(
             ("the walk" if t["target_ms"] is None else f"ITL target {t['target_ms']:.0f} ms")
             + f": {t['rounds']} walk rounds of {t['mean_round_rows']:.1f} prompt rows on average "
-            f"({t['rounds_widened']} widened by the TTFT horizon); step time predicted within 5 % / 15 % for {100 * t['within_5pct']:.0f} % / "
+            f"({t['rounds_widened']} widened by the TTFT horizon, {t['rounds_kept_up']} kept up with the requests in); step time predicted within 5 % / 15 % for {100 * t['within_5pct']:.0f} % / "
             f"{100 * t['within_15pct']:.0f} % of {t['priced_steps']} priced steps; fit: {fit}"
         )
     if args.save_result:
