@@ -36,6 +36,8 @@ PAIRS = (
     ("new", "before"),  # a change against the code before it, both worktrees
     ("new", "vllm"),
     ("new", "llama"),  # issue 45 at 3B: the priced walk beside both peers
+    ("new", "fixed"),  # a change against the fixed walk (--mix-chunk-tokens 64)
+    ("before", "fixed"),
     ("even", "default"),  # ITL_TARGET_MS=auto with evened rounds against the default walk
     ("even", "vllm"),
     ("tailgate", "llama"),  # issue 45: sizes_rounds.sh and the 1B open-loop runs
