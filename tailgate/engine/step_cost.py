@@ -115,8 +115,8 @@ WALK_FACTOR = 2.5
 # one finishes. The simulator (jitter 0.1, seeds 0-2, against the priced walk alone): W-std c16
 # TTFT p50 7.58 -> 1.01x the fixed walk's (3B, Zen 5), 4.96 -> 1.01x (1B), 2.51 -> 1.01x (3B, AMX);
 # c4 / c8 keep the priced tail (3B Zen 5 ITL p99 0.61 / 0.65x the walk's) and 1B c8's TTFT p50 went
-# 2.59 -> 1.14x; long prompts (768 in, c12: 48 rows a request, past the walk's 64 beside two)
-# keep the walk's width: TTFT p50 1.30-1.40 -> 1.00x, ITL p99 0.45-0.63 -> 0.94-0.98x (Zen 3, 1B,
+# 2.59 -> 1.14x; long prompts (768 in / 64 out, c12: 12 rows a request, 144 in all, past the
+# walk's 64) keep the walk's width: TTFT p50 1.30-1.40 -> 1.00x, ITL p99 0.45-0.63 -> 0.94-0.98x (Zen 3, 1B,
 # 3B); the 270M's presets and gamma / Poisson arrivals unchanged but 1B's gamma (ITL p99 0.60 ->
 # 0.74x, TTFT p99 1.18 -> 1.10x). No margin: at 0.9x the rows c8 lost some of its gain, 1.0x none.
 # Real (3B, Zen 5, two alternated rounds, vLLM's client): W-std c16 TTFT p50 1.16x the fixed walk's
