@@ -864,6 +864,7 @@ def test_the_rows_the_target_chose_and_the_fits_error_are_exported_on_metrics():
     s, ex = engine(target_ms=30)
     run_all(s, ex, [(0.0, req(10, 200, at=0.0))] + [(0.1 * i, req(150, 20, at=0.1 * i)) for i in range(1, 4)])
     m = s.metrics
+    m.rounds_kept_up = 3  # (a target of its own keeps up with nothing: set here to see it exported)
     from tailgate.server.state import ServerState
 
     state = ServerState("m", engine=SimpleNamespace(snapshot=EngineSnapshot(metrics=m), fence_timeouts=0))
@@ -879,6 +880,7 @@ def test_the_rows_the_target_chose_and_the_fits_error_are_exported_on_metrics():
     assert sample("tailgate:step_seconds") == pytest.approx(ex.steps[-1][0])
     assert 'tailgate:step_cost_coefficient{model_name="m",term="prompt_row"}' in text
     assert sample("tailgate:step_predicted_seconds") > 0
+    assert sample("tailgate:walk_rounds_kept_up_total") == 3
     # what `bench ab` reads back from it for a cell: the fit's share within 15 %, the widened rounds
     from tailgate.bench.ab import engine_figures, parse_engine_counts
 
