@@ -379,6 +379,8 @@ def test_a_row_that_cannot_grow_preempts_the_latest_arrival_which_resumes_by_rec
     # the last arrival was the one preempted: it came back as one recompute chunk (prompt + output)
     recomputes = [(r, take, start) for p in plans if p.kind == "recompute" for r, take, start, _ in chunks(p)]
     assert recomputes and all(r is rs[2] and take > 10 and start == 0 for r, take, start in recomputes)
+    # what its prefills computed, the recompute's rows included (what the walk keeps up with)
+    assert rs[2].walked == sum(take for p in plans for r, take, _, _ in chunks(p) if r is rs[2]) > len(rs[2].prompt)
     causes = {e.cause for e in events if isinstance(e, Token) and e.request_id == rs[2].id}
     assert "recompute" in causes
 

@@ -316,13 +316,26 @@ def test_a_priced_round_never_takes_fewer_rows_than_keep_every_request_in_the_sy
     priced = b.rows(walkers, rows, requests=20)
     assert priced < 48 and b.keeping_up(20) == 0 and b.metrics.rounds_kept_up == 0
     b.finished(256, 64)
-    b.finished(512, 0)  # an ending without a token says nothing about the loop
+    b.finished(0, 0)  # an ending that computed nothing and decoded nothing says nothing about the loop
     assert b.rows_per_token == 4 and b.keeping_up(5) == 20
     assert b.rows(walkers, rows, requests=5) == priced and b.metrics.rounds_kept_up == 0
     assert b.rows(walkers, rows, requests=12) == 48 and b.predicted == pytest.approx(b._pricer(walkers, rows)[0](48))
     assert b.rows(walkers, rows, requests=20) == 64 and b.metrics.rounds_kept_up == 2
     b.finished(256, 16)  # a running mean: prompt rows and tokens out each move a tenth of the way
     assert b.rows_per_token == pytest.approx((256 + 0.0) / (64 + 0.1 * (16 - 64)))
+    only_prompts = RoundBudget(WALK, None, model=fitted(BIG), fallback=64, horizon_s=0.5)
+    only_prompts.finished(300, 0)  # one-token requests: rows with no decode step to pay them back
+    assert only_prompts.keeping_up(2) == 10**9 and only_prompts.rows(walkers, rows, requests=2) == 64
+
+
+def test_the_walk_learns_prompt_rows_per_decode_token_from_what_each_finished_request_computed():
+    s, ex = engine(target_ms=30, chunk=None)
+    first = Request(prompt=list(range(1, 101)), max_tokens=11, arrival=0.0)
+    run_all(s, ex, [(0.0, first)])
+    assert first.walked == 100 and s.pace.rows_per_token == pytest.approx(100 / 10)  # 11 out: 10 decode steps
+    one = Request(prompt=list(range(300, 350)), max_tokens=1, arrival=ex.now)
+    run_all(s, ex, [(ex.now, one)])
+    assert s.pace.rows_per_token == pytest.approx((100 + 0.1 * (50 - 100)) / (10 + 0.1 * (0 - 10)))
 
 
 def test_a_target_below_the_live_batchs_own_step_still_moves_one_prompt_row():

@@ -89,6 +89,7 @@ class Request:
     tokens: list[int] = field(default_factory=list)
     resumed: int = 0
     cached: int = 0  # prompt tokens whose KV came from the prefix cache at admission
+    walked: int = 0  # prompt rows its prefills computed, every admission's (a recompute's too)
     scores: list | None = None  # its prompt logprobs by position, when asked (engine/prompt_logprobs.py)
     last_at: float | None = None  # when its previous token was emitted (a resumed one's gap spans the preemption)
     # Its decode rows' sampling request, built once past min_tokens (nothing in it changes after:

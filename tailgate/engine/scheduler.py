@@ -280,7 +280,7 @@ class Scheduler:
         r.status = Status.FINISHED
         self.metrics.finished[why] += 1
         if self.pace is not None and why in ("stop", "length"):  # the loop the walk keeps up with
-            self.pace.finished(len(r.prompt) - r.cached, len(r.output))
+            self.pace.finished(r.walked, max(0, len(r.output) - 1))  # (the first token is the prefill's)
         if why == "rejected":
             ev = Rejected(r.id, self.clock(), reason=message)
         else:

@@ -46,6 +46,7 @@ def absorb(s: Scheduler, plan: StepPlan, r: Request, take: int, out: Sampled | E
         s.prefix.written(r.tokens, len(r.prompt), r.id, r.pages, final)
         s.book.advance(r.pages, 0)
     s.metrics.prompt_tokens += take
+    r.walked += take
     if not final:
         return
     if r.status is Status.WALKING:  # (the lane's landing is in flight, in no walk)

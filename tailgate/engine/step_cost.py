@@ -111,8 +111,8 @@ WALK_FACTOR = 2.5
 # round thins the live batch, whose cheaper decode step prices the next round narrower still, and
 # a closed loop settles with a standing queue. That was the priced walk's saturation trade (Llama
 # 3.2 3B, W-std c16, AMD EPYC Zen 5: TTFT p50 7.0x the walk's, docs/benchmarks/sizes.md). The means
-# are running (KEEP_ALPHA) over finished requests' prompt rows computed and tokens out; none until
-# one finishes. The simulator (jitter 0.1, seeds 0-2, against the priced walk alone): W-std c16
+# are running (KEEP_ALPHA) over finished requests' prompt rows computed (a recompute's too) and
+# tokens from decode steps (the first is the prefill's); none until one finishes. The simulator (jitter 0.1, seeds 0-2, against the priced walk alone): W-std c16
 # TTFT p50 7.58 -> 1.01x the fixed walk's (3B, Zen 5), 4.96 -> 1.01x (1B), 2.51 -> 1.01x (3B, AMX);
 # c4 / c8 keep the priced tail (3B Zen 5 ITL p99 0.61 / 0.65x the walk's) and 1B c8's TTFT p50 went
 # 2.59 -> 1.14x; long prompts (768 in / 64 out, c12: 12 rows a request, 144 in all, past the
@@ -433,24 +433,28 @@ class RoundBudget:
             self.metrics.step_prompt_rows.observe(take)
         return take
 
-    def finished(self, prompt_rows: int, output_tokens: int) -> None:
-        """A request finished having computed `prompt_rows` prompt rows and emitted
-        `output_tokens`: the running means `keeping_up` reads move toward them (KEEP_ALPHA)."""
-        if output_tokens <= 0:  # (an error before its first token says nothing about the loop)
+    def finished(self, prompt_rows: int, decode_tokens: int) -> None:
+        """A request finished having computed `prompt_rows` prompt rows (a recompute's included)
+        and emitted `decode_tokens` from decode steps (its first token is its prefill's): the
+        running means `keeping_up` reads move toward them (KEEP_ALPHA). A one-token request adds
+        rows and no decode steps: demand that no stream's tokens pay back."""
+        if prompt_rows <= 0 and decode_tokens <= 0:
             return
         if self.rows_per_token is None:
-            self._mean_in, self._mean_out = float(prompt_rows), float(output_tokens)
+            self._mean_in, self._mean_out = float(prompt_rows), float(decode_tokens)
         else:
             self._mean_in += KEEP_ALPHA * (prompt_rows - self._mean_in)
-            self._mean_out += KEEP_ALPHA * (output_tokens - self._mean_out)
-        self.rows_per_token = self._mean_in / self._mean_out
+            self._mean_out += KEEP_ALPHA * (decode_tokens - self._mean_out)
+        self.rows_per_token = self._mean_in / self._mean_out if self._mean_out > 0 else math.inf
 
     def keeping_up(self, requests: int) -> int:
         """The prompt rows a round needs for `requests` in the system to all be decoding (0 before
-        any request finished): requests x mean prompt rows / mean output tokens, rounded up."""
+        any request finished): requests x the ratio of the running means of prompt rows and
+        decode tokens, rounded up (no decode tokens yet: every row the round can take)."""
         if self.rows_per_token is None or requests <= 0:
             return 0
-        return math.ceil(requests * self.rows_per_token - 1e-9)
+        need = requests * self.rows_per_token
+        return math.ceil(need - 1e-9) if need < 1e9 else 10**9
 
     def round_features(self, walkers, live_n: int, live_kpairs: float, budget: int):
         """The features of a round that spreads `budget` rows as `walk.walk_round` does (nobody waiting for pages)."""
