@@ -118,7 +118,7 @@ WALK_FACTOR = 2.5
 # 2.59 -> 1.14x; long prompts (768 in / 64 out, c12: 12 rows a request, 144 in all, past the
 # walk's 64) keep the walk's width: TTFT p50 1.30-1.40 -> 1.00x, ITL p99 0.45-0.63 -> 0.94-0.98x (Zen 3, 1B,
 # 3B); the 270M's presets and gamma / Poisson arrivals unchanged but 1B's gamma (ITL p99 0.60 ->
-# 0.74x, TTFT p99 1.18 -> 1.10x). No margin: at 0.9x the rows c8 lost some of its gain, 1.0x none.
+# 0.77x, TTFT p99 1.18 -> 1.09x). No margin: at 0.9x the rows c8 lost some of its gain, 1.0x none.
 # Real (3B, Zen 5, two alternated rounds, vLLM's client): W-std c16 TTFT p50 1.16x the fixed walk's
 # at 1.00x its tok/s and 1.02x its ITL p99 (the priced walk alone: 7.3x); c8 unchanged (0.95x ITL p99).
 KEEP_ALPHA = 0.1
