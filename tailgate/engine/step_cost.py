@@ -367,8 +367,7 @@ class RoundBudget:
         self.metrics = metrics
         self.predicted: float | None = None  # the last round's predicted step seconds (None: not priced)
         self._hint = 0  # the last price bound `_largest_priced` found: where the next one starts
-        self.rows_per_token: float | None = None  # running prompt rows / output tokens (KEEP_ALPHA)
-        self._mean_in = self._mean_out = 0.0
+        self._means: tuple[float, float] | None = None  # running prompt rows, decode tokens (KEEP_ALPHA)
         if metrics is not None and target_s is not None and target_s != WALK:
             metrics.step_cost["target_s"] = target_s
 
@@ -440,20 +439,29 @@ class RoundBudget:
         rows and no decode steps: demand that no stream's tokens pay back."""
         if prompt_rows <= 0 and decode_tokens <= 0:
             return
-        if self.rows_per_token is None:
-            self._mean_in, self._mean_out = float(prompt_rows), float(decode_tokens)
+        if self._means is None:
+            self._means = (float(prompt_rows), float(decode_tokens))
         else:
-            self._mean_in += KEEP_ALPHA * (prompt_rows - self._mean_in)
-            self._mean_out += KEEP_ALPHA * (decode_tokens - self._mean_out)
-        self.rows_per_token = self._mean_in / self._mean_out if self._mean_out > 0 else math.inf
+            rows, tokens = self._means
+            self._means = (rows + KEEP_ALPHA * (prompt_rows - rows), tokens + KEEP_ALPHA * (decode_tokens - tokens))
+
+    @property
+    def rows_per_token(self) -> float | None:
+        """The running means' prompt rows per decode token (None before any request finished;
+        inf while no decode token was seen)."""
+        if self._means is None:
+            return None
+        rows, tokens = self._means
+        return rows / tokens if tokens > 0 else math.inf
 
     def keeping_up(self, requests: int) -> int:
         """The prompt rows a round needs for `requests` in the system to all be decoding (0 before
         any request finished): requests x the ratio of the running means of prompt rows and
         decode tokens, rounded up (no decode tokens yet: every row the round can take)."""
-        if self.rows_per_token is None or requests <= 0:
+        per = self.rows_per_token
+        if per is None or requests <= 0:
             return 0
-        need = requests * self.rows_per_token
+        need = requests * per
         return math.ceil(need - 1e-9) if need < 1e9 else 10**9
 
     def round_features(self, walkers, live_n: int, live_kpairs: float, budget: int):

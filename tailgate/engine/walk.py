@@ -34,8 +34,7 @@ def round_budget(s: Scheduler, now: float) -> int | None:
         return s.pace.rows(s.walk, s.roster)
     queued = sum(len(r.prompt) for r in s.queue)
     waited = now - min(w.arrival for w in s.walk) if s.walk else 0.0  # the longest a walker has waited
-    requests = len(s.roster) + len(s.walk) + len(s.queue)  # what a round must keep up with
-    return s.pace.rows(s.walk, s.roster, queued, waited, requests)
+    return s.pace.rows(s.walk, s.roster, queued, waited, s.running + len(s.queue))  # (keeping_up: every request in)
 
 
 def spread(walkers, budget: float, planned: Callable[[], int] | None = None) -> Iterator[tuple[Request, int]]:
