@@ -310,7 +310,14 @@ def _resolve(lookup: Callable[[str], str | None], cores: int | None, lanes: tupl
         # (engine/step_cost.py AUTO_FACTOR: judged on three CPU classes' measured costs).
         if not present("MIX_CHUNK_TOKENS") and target != "auto":
             chunk = None  # (under auto, unset keeps the default walk's width parsed above)
-    ttft = parse_ttft_target_ms(raw["TTFT_TARGET_MS"] if present("TTFT_TARGET_MS") else DEFAULT_TTFT_TARGET)
+    # Unset, the TTFT horizon is on under `auto` and off under an absolute target: N ms is a tail
+    # budget the user chose, and in a saturated loop the horizon widens every round past it (Llama
+    # 3.2 3B's shape, AMD EPYC Zen 5, W-std c8, `tailgate sim --cost llama3.2-3b-zen5-measured`:
+    # targets of 150-250 ms all gave ITL p99 439-442 ms with the 2 s horizon, the target's own
+    # ~200 ms without; real, 115 ms without it, two rounds: ITL p99 134 ms against vLLM's 443-467,
+    # docs/benchmarks/sizes.md). Asked for beside N, the horizon widens as it does under `auto`.
+    ttft_default = DEFAULT_TTFT_TARGET if target == "auto" else "off"
+    ttft = parse_ttft_target_ms(raw["TTFT_TARGET_MS"] if present("TTFT_TARGET_MS") else ttft_default)
     if target is None:
         if present("TTFT_TARGET_MS") and ttft is not None and (chunk is None or lane is not None):
             raise KnobError(

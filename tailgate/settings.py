@@ -27,7 +27,8 @@ PREFIX = "TAILGATE_"
 DEFAULT_MAX_TOKENS = 2048
 # ITL_TARGET_MS when unset: off, the 64-row walk (why: config.resolve). `auto` is one flag away.
 DEFAULT_ITL_TARGET = "off"
-DEFAULT_TTFT_TARGET = "2000"  # TTFT_TARGET_MS under an inter-token target (why: step_cost.RoundBudget)
+# TTFT_TARGET_MS under ITL_TARGET_MS=auto (why: step_cost.RoundBudget); off under N ms (config.resolve)
+DEFAULT_TTFT_TARGET = "2000"
 DEFAULT_WALK_TTFT = "500"  # TTFT_TARGET_MS under the default walk (why: config.resolve)
 DOOR_GRAMMAR = "off | auto | N ms, 1 <= N <= 2000"
 ITL_TARGET_GRAMMAR = "off | auto | N ms, 1 <= N <= 10000"
@@ -213,11 +214,13 @@ class Settings(BaseSettings):
         "predicted decode step, never more rows than the walk's width, evened over the walkers' rest; the walk's "
         "width while the fit's error "
         "says it does not know this CPU), at least one; an idle engine prefills at full width (auto: the walk's "
-        "width). Turns the walk on; MIX_CHUNK_TOKENS, when set, caps every round; given explicitly it refuses "
+        "width). N ms is a tail budget: TTFT_TARGET_MS is off under it unless given, so a saturated loop keeps "
+        "the budget and its wait moves to the queue (first tokens later). Turns the walk on; MIX_CHUNK_TOKENS, when set, caps every round; given explicitly it refuses "
         "with MIX_CHUNK_TOKENS=off and with ASYNC_PREFILL (unset, the default yields to them)",
     )
     ttft_target_ms: KnobText = knob(
-        f"{DEFAULT_WALK_TTFT} (the default walk), {DEFAULT_TTFT_TARGET} (under ITL_TARGET_MS), off (a MIX_CHUNK_TOKENS given)",
+        f"{DEFAULT_WALK_TTFT} (the default walk), {DEFAULT_TTFT_TARGET} (under ITL_TARGET_MS=auto), off (under "
+        "an ITL_TARGET_MS of N ms, whose budget it would widen past; a MIX_CHUNK_TOKENS given)",
         TTFT_TARGET_GRAMMAR,
         "a walk round widens past its width (MIX_CHUNK_TOKENS, or the inter-token target's price) "
         "to the prompt rows that clear every waiting prompt (the walkers' rest and the queue's) within N ms at the "

@@ -42,6 +42,10 @@ PAIRS = (
     ("even", "vllm"),
     ("tailgate", "llama"),  # issue 45: sizes_rounds.sh and the 1B open-loop runs
     ("tailgate", "vllm"),
+    ("tail", "default"),  # issue 45: a tail budget (--itl-target-ms T --ttft-target-ms off) at 1B / 3B
+    ("tail", "vllm"),
+    ("tail", "llama"),
+    ("default", "llama"),
 )
 
 

@@ -10,7 +10,8 @@ decode rows, their contexts, the sampled rows):
   time degenerates to one row a round, the tightest the walk can be);
 - with no live rows the target is ignored (nobody to protect): the walk takes every walker's
   rest at once, or MIX_CHUNK_TOKENS rows when that is set (a cap on every round);
-- with a TTFT target (TTFT_TARGET_MS, on by default under a target), a round widens past the
+- with a TTFT target (TTFT_TARGET_MS, on by default under `auto`; off under N ms, a tail budget
+  the user chose, unless given), a round widens past the
   inter-token price to the fewest rows that clear every waiting prompt row (the walkers' rest and
   the queue's prompts) within that many seconds at the round's predicted step time. At saturation
   a closed loop's arrivals need a fixed number of prompt rows per step whatever the policy; rounds
