@@ -180,6 +180,8 @@ def build_engine(
         engine.probe = probed.as_dict()
         if sched.costs is not None:
             probe.seed(sched.costs, probed)
+        if isinstance(cfg.itl_target_ms, int):  # a tail budget: what it holds on this CPU
+            log(probed.budget_line(cfg.itl_target_ms))
     return engine, m, cfg
 
 

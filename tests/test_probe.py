@@ -159,3 +159,19 @@ def test_a_probe_measured_on_a_busy_host_says_so_is_not_cached_and_does_not_seed
     model = StepCostModel()
     probe.seed(model, busy)
     assert model.seen == [0, 0]
+
+
+def test_a_tail_budget_is_read_at_start_as_the_prompt_rows_a_round_beside_eight_streams_holds_within_it():
+    """ITL_TARGET_MS=N's start line (assemble logs it beside the probe's): by a fit of 20 ms a step,
+    2 ms a prompt row and 1 ms a decode row, 8 streams alone take 28 ms, so 50 ms holds 11 prompt
+    rows beside them and 28 ms or less holds none (the walk then moves one row a round). (One row
+    beside them is counted as the engine counts a one-row segment mid-prompt: a decode row.)"""
+    c = {"floor": 0.020, "prompt_row": 0.002, "decode_row": 0.001, "sampled_row": 0.0, "attn_per_1k": 0.0}
+    got = probe.ProbeResult([], c, 0.0, 0.0, True)
+    assert [got.rows_within(t) for t in (0.050, 0.0319, 0.028, 0.020)] == [11, 1, 0, 0]
+    assert got.rows_within(10.0, most=64) == 64
+    assert "holds 11 prompt rows within it (8 streams alone: 28.0 ms)" in got.budget_line(50)
+    assert "alone take 28.0 ms, leaving no room: rounds beside them carry one prompt row" in got.budget_line(20)
+    # attention over the streams' keys is priced too: 8 x 129 query-key pairs at 1 ms a thousand
+    got = probe.ProbeResult([], {**c, "attn_per_1k": 0.001}, 0.0, 0.0, True)
+    assert "(8 streams alone: 29.0 ms)" in got.budget_line(50)

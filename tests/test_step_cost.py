@@ -924,7 +924,7 @@ def test_the_rows_the_target_chose_and_the_fits_error_are_exported_on_metrics():
 
 
 # ---- on the real model --------------------------------------------------------------------
-def test_under_a_target_a_walked_prompt_is_token_exact_vs_serial_and_its_rounds_are_priced(loaded, rig):
+def test_under_a_target_a_walked_prompt_is_token_exact_vs_serial_and_its_rounds_are_priced(loaded, rig, capfd):
     from harness import Harness, ids
     from tailgate.engine.request import Token
     from tailgate.model.runtime import serial
@@ -933,6 +933,7 @@ def test_under_a_target_a_walked_prompt_is_token_exact_vs_serial_and_its_rounds_
     long_prompt, short = ids(600, 3), ids(20, 4)  # 600 rows cross the 512-token sliding window
     want = [serial.generate(r.runner, r.book, p, 6) for p in (short, long_prompt)]
     with Harness(loaded("gemma3-270m"), dtype="fp32", DECODE_SLOTS="4", ITL_TARGET_MS="10000") as h:
+        assert "tail budget 10000 ms (ITL_TARGET_MS): by the fit above, a round beside 8" in capfd.readouterr().err
         live = h.submit(short, max_tokens=400)
         assert h.wait(lambda: len(h.tokens(live)) >= 8)  # decode-only steps for the fit
         # The target, set from this host's own decode step (a shared 2-core host runs it in 30 to

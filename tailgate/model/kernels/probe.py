@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...engine.cost_form import CONTEXT, SHAPES, TERMS, features, fit, shape_segments
+from ...engine.cost_form import CONTEXT, SHAPES, TERMS, features, fit, shape_features, shape_segments
 from ...engine.pages import SeqPages
 from . import native
 
@@ -78,6 +78,9 @@ BUSY_SHARE = 0.6
 # the quantized one won. The tables in choice.QUANT_ROWS are the fallback (a cached or failed probe
 # keeps them); they disagreed with serving on the AMX Xeon (issue 35).
 CUT_ROWS = (8, 16, 32, 48, 64, 96, 128)
+# The live batch a tail budget is read against in the start log (`ProbeResult.budget_line`): the
+# probe's own decode shape (SHAPES), so the line's "alone" is a measured row of it.
+BUDGET_STREAMS = 8
 
 
 @dataclass
@@ -132,6 +135,43 @@ class ProbeResult:
             f"{1000 * c['prompt_row']:.2f} ms a prompt row + {1000 * (c['decode_row'] + c['sampled_row']):.2f} ms "
             f"a decode row, worst error {100 * self.worst_error:.0f} %"
             + ("" if self.trusted else " (over the target's trust bound: rounds start as the fixed walk)")
+        )
+
+    def rows_within(self, target_s: float, streams: int = BUDGET_STREAMS, most: int = 4096) -> int:
+        """The most prompt rows a walk round beside `streams` decode rows holds within `target_s`
+        by the fit (0: the streams' own step is already past it; at most `most`)."""
+        c = [self.coefficients[t] for t in TERMS]
+
+        def price(p: int) -> float:
+            return sum(k * x for k, x in zip(c, (1.0, *shape_features(streams, p))))
+
+        if price(0) > target_s:
+            return 0
+        lo, hi = 0, most
+        while lo < hi:  # the price grows with the rows
+            mid = (lo + hi + 1) // 2
+            if price(mid) <= target_s:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def budget_line(self, target_ms: int, streams: int = BUDGET_STREAMS) -> str:
+        """What a tail budget (ITL_TARGET_MS=N ms) holds on this CPU by the fit, for the start log:
+        a user choosing N sees at once whether it leaves room for prompts beside a live batch."""
+        rows = self.rows_within(target_ms / 1000, streams)
+        alone = 1000 * sum(self.coefficients[t] * x for t, x in zip(TERMS, (1.0, *shape_features(streams, 0))))
+        held = (
+            f"a round beside {streams} live streams holds {rows} prompt rows within it ({streams} streams "
+            f"alone: {alone:.1f} ms)"
+            if rows
+            else f"{streams} live streams alone take {alone:.1f} ms, leaving no room: rounds beside them carry one "
+            "prompt row"
+        )
+        return (
+            f"tail budget {target_ms} ms (ITL_TARGET_MS): by the fit above, {held}; when the requests in "
+            "need more prompt rows a step they wait in the queue instead (first tokens later; "
+            "--ttft-target-ms N widens rounds to bound that wait)"
         )
 
     def as_dict(self) -> dict:
