@@ -181,7 +181,7 @@ def build_engine(
         if sched.costs is not None:
             probe.seed(sched.costs, probed)
         if isinstance(cfg.itl_target_ms, int):  # a tail budget: what it holds on this CPU
-            log(probed.budget_line(cfg.itl_target_ms))
+            log(probed.budget_line(cfg.itl_target_ms, min(probe.BUDGET_STREAMS, cfg.decode_slots), cfg.max_context))
     return engine, m, cfg
 
 

@@ -170,8 +170,15 @@ def test_a_tail_budget_is_read_at_start_as_the_prompt_rows_a_round_beside_eight_
     got = probe.ProbeResult([], c, 0.0, 0.0, True)
     assert [got.rows_within(t) for t in (0.050, 0.0319, 0.028, 0.020)] == [11, 1, 0, 0]
     assert got.rows_within(10.0, most=64) == 64
-    assert "holds 11 prompt rows within it (8 streams alone: 28.0 ms)" in got.budget_line(50)
+    assert "holds 11 prompt rows within it (8 live streams alone: 28.0 ms)" in got.budget_line(50)
     assert "alone take 28.0 ms, leaving no room: rounds beside them carry one prompt row" in got.budget_line(20)
     # attention over the streams' keys is priced too: 8 x 129 query-key pairs at 1 ms a thousand
     got = probe.ProbeResult([], {**c, "attn_per_1k": 0.001}, 0.0, 0.0, True)
-    assert "(8 streams alone: 29.0 ms)" in got.budget_line(50)
+    assert "(8 live streams alone: 29.0 ms)" in got.budget_line(50)
+    assert "holds at least 64 prompt rows" in got.budget_line(10_000, most=64)
+    assert "beside 1 live stream holds 1 prompt row within it" in got.budget_line(24, streams=1)
+    # a decode row dearer than two prompt rows (Zen 3's costs): one row mid-prompt (counted as a
+    # decode row) prices above two, and the most rows within a budget is still found
+    zen3 = probe.ProbeResult([], {**c, "prompt_row": 0.001, "decode_row": 0.006}, 0.0, 0.0, True)
+    assert [zen3.rows_within(t) for t in (0.068, 0.0705, 0.0755)] == [0, 2, 7]  # 8 alone 68, one 74, p>1: 68 + p
+    assert "this fit is not used" in probe.ProbeResult([], c, 1.0, 0.0, True).budget_line(50)

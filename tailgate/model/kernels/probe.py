@@ -137,40 +137,51 @@ class ProbeResult:
             + ("" if self.trusted else " (over the target's trust bound: rounds start as the fixed walk)")
         )
 
+    def _round_price(self, streams: int, rows: int) -> float:
+        """A walk round's seconds by the fit: `rows` prompt rows beside `streams` decode rows."""
+        return sum(self.coefficients[t] * x for t, x in zip(TERMS, (1.0, *shape_features(streams, rows))))
+
     def rows_within(self, target_s: float, streams: int = BUDGET_STREAMS, most: int = 4096) -> int:
-        """The most prompt rows a walk round beside `streams` decode rows holds within `target_s`
-        by the fit (0: the streams' own step is already past it; at most `most`)."""
-        c = [self.coefficients[t] for t in TERMS]
-
-        def price(p: int) -> float:
-            return sum(k * x for k, x in zip(c, (1.0, *shape_features(streams, p))))
-
-        if price(0) > target_s:
-            return 0
-        lo, hi = 0, most
-        while lo < hi:  # the price grows with the rows
+        """The most prompt rows (<= `most`) a walk round beside `streams` decode rows holds within
+        `target_s` by the fit; 0 when not even one does. One row mid-prompt counts as a decode row
+        (as the engine counts it: `step_features`), so a row can price above two where a decode row
+        costs more than two prompt rows (AMD EPYC Zen 3's costs); from two rows on the price grows."""
+        one = 1 if self._round_price(streams, 1) <= target_s else 0
+        if most < 2 or self._round_price(streams, 2) > target_s:
+            return min(one, most)
+        lo, hi = 2, most
+        while lo < hi:
             mid = (lo + hi + 1) // 2
-            if price(mid) <= target_s:
+            if self._round_price(streams, mid) <= target_s:
                 lo = mid
             else:
                 hi = mid - 1
         return lo
 
-    def budget_line(self, target_ms: int, streams: int = BUDGET_STREAMS) -> str:
+    def budget_line(self, target_ms: int, streams: int = BUDGET_STREAMS, most: int = 4096) -> str:
         """What a tail budget (ITL_TARGET_MS=N ms) holds on this CPU by the fit, for the start log:
-        a user choosing N sees at once whether it leaves room for prompts beside a live batch."""
-        rows = self.rows_within(target_ms / 1000, streams)
-        alone = 1000 * sum(self.coefficients[t] * x for t, x in zip(TERMS, (1.0, *shape_features(streams, 0))))
-        held = (
-            f"a round beside {streams} live streams holds {rows} prompt rows within it ({streams} streams "
-            f"alone: {alone:.1f} ms)"
-            if rows
-            else f"{streams} live streams alone take {alone:.1f} ms, leaving no room: rounds beside them carry one "
-            "prompt row"
+        a user choosing N sees at once whether it leaves room for prompts beside a live batch.
+        `most`: the most rows worth saying (the context)."""
+        rows = self.rows_within(target_ms / 1000, streams, most)
+        alone = 1000 * self._round_price(streams, 0)
+        live = f"{streams} live stream" + ("s" if streams != 1 else "")
+        if rows:
+            count = f"at least {rows}" if rows >= most else str(rows)
+            held = (
+                f"a round beside {live} holds {count} prompt row{'s' if rows != 1 else ''} within it "
+                f"({live} alone: {alone:.1f} ms)"
+            )
+        else:
+            held = f"{live} alone take {alone:.1f} ms, leaving no room: rounds beside them carry one prompt row"
+        unused = (
+            " (this fit is not used: rounds start as the fixed walk and the budget prices them once live steps "
+            "have taught it)"
+            if not self.trusted or self.loaded
+            else ""
         )
         return (
-            f"tail budget {target_ms} ms (ITL_TARGET_MS): by the fit above, {held}; when the requests in "
-            "need more prompt rows a step they wait in the queue instead (first tokens later; "
+            f"tail budget {target_ms} ms (ITL_TARGET_MS): by the fit above{unused}, {held}; when the requests "
+            "in need more prompt rows a step they wait in the queue instead (first tokens later; "
             "--ttft-target-ms N widens rounds to bound that wait)"
         )
 
