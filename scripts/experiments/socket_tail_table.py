@@ -42,7 +42,8 @@ PAIRS = (
     ("even", "vllm"),
     ("tailgate", "llama"),  # issue 45: sizes_rounds.sh and the 1B open-loop runs
     ("tailgate", "vllm"),
-    ("tail", "default"),  # issue 45: a tail budget (--itl-target-ms T --ttft-target-ms off) at 1B / 3B
+    ("tail", "default"),  # issue 45: a tail budget (--itl-target-ms T) at 1B / 3B; sizes_rounds.sh
+    ("tail", "tailgate"),  # with TAIL_MS names the default arm `tailgate` (the first runs: `default`)
     ("tail", "vllm"),
     ("tail", "llama"),
     ("default", "llama"),

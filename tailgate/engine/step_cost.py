@@ -336,6 +336,18 @@ class StepCostModel:
         return self._fitted(features) * self.pace
 
 
+def most_within(cost, seconds: float, lo: int, hi: int) -> int:
+    """The most rows r in [lo, hi] with cost(r) <= seconds, bisecting (cost grows with rows); `lo`
+    when none above it is (the caller knows lo's answer or takes it as the floor)."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if cost(mid) <= seconds:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def even_rounds(take: int, total: int) -> int:
     """`auto`'s round, evened: the rows that spread `total` (every walker's rest) over as many rounds
     as rounds of `take` would need, so no round is wider than the rest need and the last is not a
@@ -551,13 +563,7 @@ class RoundBudget:
                 hi, step = nxt - 1, 2 * step
             else:
                 lo = 0
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if cost(mid) <= seconds:
-                lo = mid
-            else:
-                hi = mid - 1
-        self._hint = lo
+        self._hint = lo = most_within(cost, seconds, lo, hi)
         return lo
 
     def _largest_within(self, cost, target: float, widest: int, total: int, even: bool) -> int:
@@ -566,17 +572,8 @@ class RoundBudget:
         evened over the rounds `total` needs."""
         if widest <= 0:
             return 0
-        lo = 1  # at least one row moves, whatever it costs
-        if cost(widest) <= target:
-            lo = widest
-        else:
-            hi = widest - 1
-            while lo < hi:  # the largest budget priced within the target (cost grows with rows)
-                mid = (lo + hi + 1) // 2
-                if cost(mid) <= target:
-                    lo = mid
-                else:
-                    hi = mid - 1
+        # the largest budget priced within the target; at least one row moves, whatever it costs
+        lo = widest if cost(widest) <= target else most_within(cost, target, 1, widest - 1)
         if even:
             lo = even_rounds(max(lo, min(widest, self.narrowest())), total)
         self.predicted = cost(lo)

@@ -34,8 +34,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ...engine.cost_form import CONTEXT, SHAPES, TERMS, features, fit, shape_features, shape_segments
+from ...engine.cost_form import CONTEXT, SHAPES, TERMS, CostModel, features, fit, shape_features, shape_segments
 from ...engine.pages import SeqPages
+from ...engine.step_cost import most_within
 from . import native
 
 # The shapes timed, (decode rows, prompt rows) at CONTEXT keys, and the features each is fitted
@@ -139,24 +140,17 @@ class ProbeResult:
 
     def _round_price(self, streams: int, rows: int) -> float:
         """A walk round's seconds by the fit: `rows` prompt rows beside `streams` decode rows."""
-        return sum(self.coefficients[t] * x for t, x in zip(TERMS, (1.0, *shape_features(streams, rows))))
+        return CostModel(**self.coefficients).price(shape_features(streams, rows))
 
     def rows_within(self, target_s: float, streams: int = BUDGET_STREAMS, most: int = 4096) -> int:
         """The most prompt rows (<= `most`) a walk round beside `streams` decode rows holds within
         `target_s` by the fit; 0 when not even one does. One row mid-prompt counts as a decode row
         (as the engine counts it: `step_features`), so a row can price above two where a decode row
         costs more than two prompt rows (AMD EPYC Zen 3's costs); from two rows on the price grows."""
-        one = 1 if self._round_price(streams, 1) <= target_s else 0
-        if most < 2 or self._round_price(streams, 2) > target_s:
-            return min(one, most)
-        lo, hi = 2, most
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self._round_price(streams, mid) <= target_s:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        price = lambda rows: self._round_price(streams, rows)  # noqa: E731
+        if most < 2 or price(2) > target_s:
+            return min(1 if price(1) <= target_s else 0, most)
+        return most_within(price, target_s, 2, most)
 
     def budget_line(self, target_ms: int, streams: int = BUDGET_STREAMS, most: int = 4096) -> str:
         """What a tail budget (ITL_TARGET_MS=N ms) holds on this CPU by the fit, for the start log:
