@@ -9,6 +9,9 @@
 # TOKENIZER=dir is the HF directory the client counts tokens with (default: vLLM peer's model).
 # WORKLOAD="bench flags" replaces the W-std shape (lengths, prompt count, concurrency, arrivals);
 # socket_tail_open.sh uses it for the open-loop and long-prompt shapes.
+# Beside the figures: seconds from launch to the first /health 200 (ready), and the server's peak
+# RSS: VmHWM summed over its process group (vLLM runs an API server and an engine core; their peaks
+# need not coincide, so the sum is an upper bound there, exact for one process).
 set -uo pipefail
 name=$1; c=$2; shift 2
 cd "$(dirname "$0")/../.."
@@ -20,8 +23,9 @@ elif [ "${PEER:-}" = llama ]; then
 else
   setsid .venv/bin/tailgate serve --port "$port" "$@" > "$out/$name.serve.log" 2>&1 &
 fi
-pid=$!
-for _ in $(seq 1 900); do curl -sf "$base/health" >/dev/null && break; sleep 1; done
+pid=$!; t0=$(date +%s.%N)
+for _ in $(seq 1 1800); do curl -sf "$base/health" >/dev/null && break; sleep 0.5; done
+ready=$(echo "$(date +%s.%N) - $t0" | bc)
 model=$(curl -s "$base/v1/models" | .venv/bin/python -c "import json,sys;print(json.load(sys.stdin)['data'][0]['id'])")
 view() {
   [ -n "${PEER:-}" ] && return
@@ -40,5 +44,10 @@ view attach
   --ignore-eos --temperature 0 \
   --percentile-metrics ttft,itl,tpot --metric-percentiles 50,99 --seed "${SEED:-0}" > "$out/$name.bench.log" 2>&1
 view tick | sed "s/^/$name server-view /"
+hwm=0
+for p in $(pgrep -g "$pid"); do
+  k=$(awk '/^VmHWM/ {print $2}' "/proc/$p/status" 2>/dev/null); hwm=$((hwm + ${k:-0}))
+done
+printf '%s ready %.1f s, peak RSS %d MiB (VmHWM over the process group)\n' "$name" "$ready" $((hwm / 1024))
 kill -TERM -- "-$pid"; wait "$pid" 2>/dev/null
 grep -E "Output token throughput|Median TTFT|P99 TTFT|Median ITL|P99 ITL" "$out/$name.bench.log" | sed "s/^/$name /"

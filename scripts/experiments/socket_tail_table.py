@@ -63,6 +63,9 @@ def read(paths) -> dict:
             for label, fig in CLIENT.items():
                 if rest.startswith(label + ":"):
                     cells[key][fig].append(float(rest.split()[-1]))
+            if ready := re.match(r"ready ([\d.]+) s, peak RSS (\d+) MiB", rest):
+                cells[key]["ready s"].append(float(ready.group(1)))
+                cells[key]["peak RSS MiB"].append(float(ready.group(2)))
             if rest.startswith("server-view"):
                 for what, p99 in re.findall(r"(\w+): p50 [\d.]+ p99 ([\d.]+)", rest):
                     cells[key][f"server {what} p99"].append(float(p99))
@@ -72,6 +75,7 @@ def read(paths) -> dict:
 def main(paths) -> None:
     cells = read(paths)
     figs = list(CLIENT.values()) + ["server itl p99", "server socket_itl p99", "server delivery p99"]
+    figs += [f for f in ("ready s", "peak RSS MiB") if any(f in v for v in cells.values())]
     print("| arm | shape | " + " | ".join(figs) + " |")
     print("|---|---|" + "---|" * len(figs))
     for (arm, shape), v in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
