@@ -104,6 +104,12 @@ class ProbeResult:
     def trusted(self) -> bool:
         return self.worst_error <= TRUST_FIT
 
+    @property
+    def seeds(self) -> bool:
+        """Whether the engine's step-cost model starts from this fit (`seed`): trusted, and measured
+        on a quiet host."""
+        return self.trusted and not self.loaded
+
     def line(self) -> str:
         ms = {(r["decode_rows"], r["prompt_rows"]): r["ms"] for r in self.rows}
         shown = ", ".join(
@@ -138,16 +144,18 @@ class ProbeResult:
             + ("" if self.trusted else " (over the target's trust bound: rounds start as the fixed walk)")
         )
 
-    def _round_price(self, streams: int, rows: int) -> float:
-        """A walk round's seconds by the fit: `rows` prompt rows beside `streams` decode rows."""
-        return CostModel(**self.coefficients).price(shape_features(streams, rows))
+    def _round_price(self, streams: int):
+        """A walk round's seconds by the fit, as a function of its prompt rows beside `streams`
+        decode rows."""
+        cost = CostModel(**self.coefficients)
+        return lambda rows: cost.price(shape_features(streams, rows))
 
     def rows_within(self, target_s: float, streams: int = BUDGET_STREAMS, most: int = 4096) -> int:
         """The most prompt rows (<= `most`) a walk round beside `streams` decode rows holds within
         `target_s` by the fit; 0 when not even one does. One row mid-prompt counts as a decode row
         (as the engine counts it: `step_features`), so a row can price above two where a decode row
         costs more than two prompt rows (AMD EPYC Zen 3's costs); from two rows on the price grows."""
-        price = lambda rows: self._round_price(streams, rows)  # noqa: E731
+        price = self._round_price(streams)
         if most < 2 or price(2) > target_s:
             return min(1 if price(1) <= target_s else 0, most)
         return most_within(price, target_s, 2, most)
@@ -157,7 +165,7 @@ class ProbeResult:
         a user choosing N sees at once whether it leaves room for prompts beside a live batch.
         `most`: the most rows worth saying (the context)."""
         rows = self.rows_within(target_ms / 1000, streams, most)
-        alone = 1000 * self._round_price(streams, 0)
+        alone = 1000 * self._round_price(streams)(0)
         live = f"{streams} live stream" + ("s" if streams != 1 else "")
         if rows:
             count = f"at least {rows}" if rows >= most else str(rows)
@@ -170,7 +178,7 @@ class ProbeResult:
         unused = (
             " (this fit is not used: rounds start as the fixed walk and the budget prices them once live steps "
             "have taught it)"
-            if not self.trusted or self.loaded
+            if not self.seeds
             else ""
         )
         return (
@@ -393,7 +401,7 @@ def _keep(path, result: ProbeResult) -> None:
 def seed(model, result: ProbeResult) -> None:
     """Teach the engine's step-cost model the probe's steps (`step_cost.StepCostModel.observe`),
     as if they had been its first steps: it is `ready` at once and forgets them as live steps come."""
-    if not result.trusted or result.loaded:
+    if not result.seeds:
         return
     for r in result.rows:
         model.observe((r["prompt_rows"], r["decode_rows"], r["sampled"], r["pairs"] / 1000), r["ms"] / 1000)
