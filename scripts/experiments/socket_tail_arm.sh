@@ -11,11 +11,14 @@
 # socket_tail_open.sh uses it for the open-loop and long-prompt shapes.
 # Beside the figures: seconds from launch to the first /health 200 (ready), and the server's peak
 # RSS: VmHWM summed over its process group (vLLM runs an API server and an engine core; their peaks
-# need not coincide, so the sum is an upper bound there, exact for one process).
+# need not coincide, so the sum is an upper bound there, exact for one process); and the host's
+# memory read bandwidth just before the server started (scripts/experiments/host_bandwidth.py: a
+# decode step reads every weight, and on these VMs that figure moved 2x within minutes).
 set -uo pipefail
 name=$1; c=$2; shift 2
 cd "$(dirname "$0")/../.."
 out=${OUT:-$(mktemp -d)}; port=${PORT:-8000}; base=http://127.0.0.1:$port
+bw=$(.venv/bin/python scripts/experiments/host_bandwidth.py 3)
 if [ "${PEER:-}" = vllm ]; then
   setsid ../shared/peers/vllm-cpu serve "$port" "$@" > "$out/$name.serve.log" 2>&1 &
 elif [ "${PEER:-}" = llama ]; then
@@ -49,5 +52,6 @@ for p in $(pgrep -g "$pid"); do
   k=$(awk '/^VmHWM/ {print $2}' "/proc/$p/status" 2>/dev/null); hwm=$((hwm + ${k:-0}))
 done
 printf '%s ready %.1f s, peak RSS %d MiB (VmHWM over the process group)\n' "$name" "$ready" $((hwm / 1024))
+echo "$name $bw"
 kill -TERM -- "-$pid"; wait "$pid" 2>/dev/null
 grep -E "Output token throughput|Median TTFT|P99 TTFT|Median ITL|P99 ITL" "$out/$name.bench.log" | sed "s/^/$name /"

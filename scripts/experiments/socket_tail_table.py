@@ -66,6 +66,8 @@ def read(paths) -> dict:
             if ready := re.match(r"ready ([\d.]+) s, peak RSS (\d+) MiB", rest):
                 cells[key]["ready s"].append(float(ready.group(1)))
                 cells[key]["peak RSS MiB"].append(float(ready.group(2)))
+            if bw := re.match(r"host read bandwidth ([\d.]+) GiB/s", rest):
+                cells[key]["host GiB/s"].append(float(bw.group(1)))
             if rest.startswith("server-view"):
                 for what, p99 in re.findall(r"(\w+): p50 [\d.]+ p99 ([\d.]+)", rest):
                     cells[key][f"server {what} p99"].append(float(p99))
@@ -75,7 +77,7 @@ def read(paths) -> dict:
 def main(paths) -> None:
     cells = read(paths)
     figs = list(CLIENT.values()) + ["server itl p99", "server socket_itl p99", "server delivery p99"]
-    figs += [f for f in ("ready s", "peak RSS MiB") if any(f in v for v in cells.values())]
+    figs += [f for f in ("ready s", "peak RSS MiB", "host GiB/s") if any(f in v for v in cells.values())]
     print("| arm | shape | " + " | ".join(figs) + " |")
     print("|---|---|" + "---|" * len(figs))
     for (arm, shape), v in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
