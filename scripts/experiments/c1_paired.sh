@@ -15,6 +15,7 @@
 set -uo pipefail
 hf=$(realpath "$1"); gguf=$(realpath "$2")
 cd "$(dirname "$0")/../.."
+. scripts/experiments/vllm_client.sh
 out=${OUT:-$(mktemp -d)}
 setsid .venv/bin/tailgate serve --port 8000 --model "$gguf" --kv-cache-mb "${KV_MB:-2048}" \
   > "$out/tailgate.serve.log" 2>&1 &
@@ -22,17 +23,11 @@ tg=$!
 SLOTS=${SLOTS:-2} setsid ../shared/peers/llama-cpp serve 8300 -m "$gguf" > "$out/llama.serve.log" 2>&1 &
 ll=$!
 trap 'kill -TERM -- -$tg -$ll 2>/dev/null; wait' EXIT
-port() { [ "$1" = tailgate ] && echo 8000 || echo 8300; }
-for a in tailgate llama; do
-  for _ in $(seq 1 1800); do curl -sf "http://127.0.0.1:$(port $a)/health" >/dev/null && break; sleep 0.5; done
-done
+base() { [ "$1" = tailgate ] && echo http://127.0.0.1:8000 || echo http://127.0.0.1:8300; }
+for a in tailgate llama; do wait_health "$(base $a)"; done
 bench() {  # arm seed prompts log
-  local base=http://127.0.0.1:$(port "$1") model
-  model=$(curl -s "$base/v1/models" | .venv/bin/python -c "import json,sys;print(json.load(sys.stdin)['data'][0]['id'])")
-  ../shared/peers/vllm-cpu bench --backend openai --base-url "$base" --endpoint /v1/completions \
-    --model "$model" --tokenizer "$hf" --dataset-name random --random-input-len 256 \
-    --random-output-len 64 --num-prompts "$3" --max-concurrency 1 --ignore-eos --temperature 0 \
-    --percentile-metrics ttft,itl,tpot --metric-percentiles 50,99 --seed "$2" > "$4" 2>&1
+  vllm_client "$(base "$1")" "$hf" "$4" --random-input-len 256 --random-output-len 64 --num-prompts "$3" \
+    --max-concurrency 1 --seed "$2"
 }
 for a in tailgate llama; do bench $a 0 1 "$out/warm-$a.bench.log"; done  # first touches of each
 for i in $(seq 1 "${PAIRS:-5}"); do

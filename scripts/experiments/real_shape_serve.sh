@@ -6,13 +6,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/experiments/serve_ready.sh
+. scripts/experiments/vllm_client.sh
 model=$1; port=${2:-8765}
 log=$(mktemp --suffix=.serve.log)
 t0=$(date +%s.%N)
 start_server "$log" "$port" --model "$model" || exit 1
 pid=$SERVER_PID
 t1=$(date +%s.%N)
-name=$(curl -s "localhost:$port/v1/models" | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
+name=$(served_model "http://localhost:$port")
 body="{\"model\": \"$name\", \"prompt\": \"The capital of France is\", \"max_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true}"
 t2=$(date +%s.%N)
 reply=$(curl -s "localhost:$port/v1/completions" -H 'content-type: application/json' -d "$body")

@@ -17,6 +17,7 @@
 set -uo pipefail
 name=$1; c=$2; shift 2
 cd "$(dirname "$0")/../.."
+. scripts/experiments/vllm_client.sh
 out=${OUT:-$(mktemp -d)}; port=${PORT:-8000}; base=http://127.0.0.1:$port
 bw=$(.venv/bin/python scripts/experiments/host_bandwidth.py 3)
 if [ "${PEER:-}" = vllm ]; then
@@ -27,9 +28,8 @@ else
   setsid .venv/bin/tailgate serve --port "$port" "$@" > "$out/$name.serve.log" 2>&1 &
 fi
 pid=$!; t0=$(date +%s.%N)
-for _ in $(seq 1 1800); do curl -sf "$base/health" >/dev/null && break; sleep 0.5; done
+wait_health "$base"
 ready=$(echo "$(date +%s.%N) - $t0" | bc)
-model=$(curl -s "$base/v1/models" | .venv/bin/python -c "import json,sys;print(json.load(sys.stdin)['data'][0]['id'])")
 view() {
   [ -n "${PEER:-}" ] && return
   .venv/bin/python -c "
@@ -41,11 +41,9 @@ if sys.argv[1] != 'attach' and v:
 " "$1"
 }
 view attach
-../shared/peers/vllm-cpu bench --backend openai --base-url "$base" --endpoint /v1/completions \
-  --model "$model" --tokenizer "${TOKENIZER:-$(../shared/peers/vllm-cpu model-dir)}" --dataset-name random \
+vllm_client "$base" "${TOKENIZER:-$(../shared/peers/vllm-cpu model-dir)}" "$out/$name.bench.log" \
   ${WORKLOAD:---random-input-len 256 --random-output-len 64 --num-prompts $((4 * c)) --max-concurrency "$c"} \
-  --ignore-eos --temperature 0 \
-  --percentile-metrics ttft,itl,tpot --metric-percentiles 50,99 --seed "${SEED:-0}" > "$out/$name.bench.log" 2>&1
+  --seed "${SEED:-0}"
 view tick | sed "s/^/$name server-view /"
 hwm=0
 for p in $(pgrep -g "$pid"); do
