@@ -155,8 +155,8 @@ def test_a_cold_model_waits_for_prompt_rows_at_two_widths_before_it_prices_a_rou
 
 
 # ---- the budget ---------------------------------------------------------------------------
-def walker(length: int, done: int = 0):
-    return SimpleNamespace(tokens=[1] * length, computed=done, rest=length - done)
+def walker(length: int, done: int = 0, max_tokens: int | None = None):
+    return SimpleNamespace(tokens=[1] * length, computed=done, rest=length - done, max_tokens=max_tokens)
 
 
 def live(*contexts: int):
@@ -299,11 +299,12 @@ def test_a_walk_round_streams_ride_keeps_its_width_unless_that_costs_past_walk_f
 
 
 def test_a_late_walkers_round_widens_from_the_priced_width_only_within_widen_s():
-    walkers, rows = [walker(3000)], live(100, 200, 300, 400)
+    walkers, rows = [walker(3000, max_tokens=64)], live(100, 200, 300, 400)  # 5 requests need ~240 rows
     small = RoundBudget(WALK, None, model=fitted(SMALL), fallback=64, horizon_s=0.5)
-    assert small.rows(walkers, rows) < 64 < small.rows(walkers, rows, waited=LATE * 0.5 + 0.1)
+    assert small.rows(walkers, rows) < 64 < small.rows(walkers, rows, waited=LATE * 0.5 + 0.1, requests=5)
     big = RoundBudget(WALK, None, model=fitted(BIG), fallback=64, horizon_s=0.5)
-    assert big.rows(walkers, rows, waited=LATE * 0.5 + 0.1) == big.rows(walkers, rows) < 64  # past WIDEN_S already
+    late = big.rows(walkers, rows, waited=LATE * 0.5 + 0.1, requests=5)
+    assert late == big.rows(walkers, rows) < 64  # past WIDEN_S already
 
 
 def test_a_priced_round_never_takes_fewer_rows_than_keep_every_request_in_the_system_decoding():
@@ -458,32 +459,32 @@ def test_a_walk_round_nobody_rides_keeps_its_width_until_a_backlog_would_miss_th
 def test_a_walk_round_live_streams_ride_keeps_its_width_whatever_the_backlog_until_a_walker_is_late():
     """The same backlog beside three live streams: no widening (a wide round bunches a closed loop's
     waves, docs/engine.md), until the first walker has waited LATE horizons."""
-    walkers, rows = [walker(300), walker(256)], live(100, 700, 350)
+    walkers, rows = [walker(300, max_tokens=16), walker(256, max_tokens=16)], live(100, 700, 350)
     cost = CostModel(floor=0.030, prompt_row=0.0003, decode_row=0.002, sampled_row=0.0003, attn_per_1k=0.0005)
     b = RoundBudget(WALK, None, EngineMetrics(), model=fitted(cost), fallback=64, horizon_s=1.0)
-    assert b.rows(walkers, rows, queued_rows=100_000) == 64 and b.metrics.rounds_widened == 0
-    assert b.rows(walkers, rows, queued_rows=100_000, waited=LATE * 1.0) == 64  # not yet late
-    assert b.rows(walkers, rows, queued_rows=0, waited=LATE * 1.0 + 0.01) > 64
+    assert b.rows(walkers, rows, queued_rows=100_000, requests=5) == 64 and b.metrics.rounds_widened == 0
+    assert b.rows(walkers, rows, queued_rows=100_000, waited=LATE * 1.0, requests=5) == 64  # not yet late
+    assert b.rows(walkers, rows, queued_rows=0, waited=LATE * 1.0 + 0.01, requests=5) > 64
     assert b.metrics.rounds_widened == 1
 
 
 def test_a_widened_walk_round_stays_within_the_price_bound_so_a_cpu_with_dear_prompt_rows_keeps_its_width():
-    walkers, rows = [walker(4000), walker(4000)], live(*range(100, 1300, 100))
+    walkers, rows = [walker(4000, max_tokens=64), walker(4000, max_tokens=64)], live(*range(100, 1300, 100))
     kp = sum(a.pages.frontier + 1 for a in rows) / 1000
     cheap = RoundBudget(WALK, None, model=fitted(), fallback=64, horizon_s=0.1)
     late = LATE * 0.1 + 0.01  # live streams ride it: only a late walker widens it
-    take = cheap.rows(walkers, rows, 10_000, late)
+    take = cheap.rows(walkers, rows, 10_000, late, requests=14)
     assert 64 < take < WIDEN * 64
     assert cheap.predicted <= WIDEN_S < cheap.model.predict(cheap.round_features(walkers, 12, kp, take + 1))
     # prompt rows 10x dearer: the walk's round (priced down to WALK_FACTOR decode steps) is past the
     # bound already, and a late walker does not widen it
     dear = CostModel(floor=0.010, prompt_row=0.005, decode_row=0.002, sampled_row=0.0003, attn_per_1k=0.004)
     b = RoundBudget(WALK, None, model=fitted(dear), fallback=64, horizon_s=0.1)
-    assert b.rows(walkers, rows, 10_000, late) == b.rows(walkers, rows, 10_000) <= 64
+    assert b.rows(walkers, rows, 10_000, late, requests=14) == b.rows(walkers, rows, 10_000) <= 64
     # and never past WIDEN x the width, however cheap the rows are priced
     free = CostModel(floor=0.010, prompt_row=0.00001, decode_row=0.0001, sampled_row=0.0, attn_per_1k=0.0)
     assert (
-        RoundBudget(WALK, None, model=fitted(free), fallback=64, horizon_s=0.1).rows(walkers, rows, 10_000, late)
+        RoundBudget(WALK, None, model=fitted(free), fallback=64, horizon_s=0.1).rows(walkers, rows, 10_000, late, 14)
         == WIDEN * 64
     )
 
@@ -491,12 +492,34 @@ def test_a_widened_walk_round_stays_within_the_price_bound_so_a_cpu_with_dear_pr
 def test_a_walker_that_waited_late_times_the_horizon_gets_the_widest_priced_round():
     """LATE: a backlog the walk's width clears within the horizon keeps the width, unless its
     first walker has waited LATE horizons already: then the round is the widest WIDEN_S allows."""
-    walkers, rows = [walker(440)], live(*range(100, 1200, 100))
+    walkers, rows = [walker(440, max_tokens=8)], live(*range(100, 1200, 100))  # 12 in need ~750 rows
     b = RoundBudget(WALK, None, model=fitted(), fallback=64, horizon_s=30.0)
-    assert b.rows(walkers, rows, 0, waited=LATE * 30.0) == 64  # within the horizon: the walk's width
-    late = b.rows(walkers, rows, 0, waited=LATE * 30.0 + 0.1)
+    assert b.rows(walkers, rows, 0, waited=LATE * 30.0, requests=12) == 64  # within the horizon: the walk's width
+    late = b.rows(walkers, rows, 0, waited=LATE * 30.0 + 0.1, requests=12)
     kp = sum(a.pages.frontier + 1 for a in rows) / 1000
     assert 64 < late < 440 and b.predicted <= WIDEN_S < b.model.predict(b.round_features(walkers, 11, kp, late + 1))
+
+
+def test_a_late_walker_widens_the_rounds_streams_ride_only_as_far_as_keeps_every_request_decoding():
+    """LATE_DEMAND: W-std's closed loop (256 rows in, 64 tokens out) needs ~4 rows a request a step,
+    so 16 requests need ~66 and a late walker of its first wave widens a ridden round to that, not
+    to the ~150 ms WIDEN_S allows (which a slower host's first wave reached, AMD EPYC family 25: ITL
+    p99 1.6x the walk's); 12 requests need less than the walk's 64, so no widening at all. Before
+    any request finished the walkers' prompts over their max_tokens stand in for the running means;
+    a walker with no max_tokens says nothing (no widening), and once one finished the means decide."""
+    rows = live(*range(100, 1200, 100))
+    late = LATE * 0.5 + 0.1
+    b = RoundBudget(WALK, None, EngineMetrics(), model=fitted(), fallback=64, horizon_s=0.5)
+    wstd = [walker(256, max_tokens=64), walker(256, max_tokens=64)]
+    assert b.demand(16, wstd) == 66 and b.demand(12, wstd) == 49
+    assert b.rows(wstd, rows, 0, late, requests=16) == 66 and b.metrics.rounds_widened == 1
+    assert b.rows(wstd, rows, 0, late, requests=12) == 64 and b.metrics.rounds_widened == 1
+    assert b.rows([walker(256, max_tokens=64), walker(256)], rows, 0, late, requests=16) == 64
+    # what the widest round would have been: WIDEN_S's price alone
+    unbound = b.rows([walker(3000, max_tokens=2)], rows, 0, late, requests=16)
+    assert unbound > 66 and b.predicted <= WIDEN_S
+    b.finished(768, 63)  # long prompts finishing: 12 rows a token, so 16 in need 196
+    assert b.demand(16, wstd) == 196 and 66 < b.rows(wstd, rows, 0, late, requests=16) <= 196
 
 
 def test_with_no_live_rows_the_walk_still_takes_its_width_unless_the_backlog_widens_it():

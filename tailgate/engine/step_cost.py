@@ -26,7 +26,8 @@ decode rows, their contexts, the sampled rows):
 - and a round that live streams ride takes the walk's width only while that costs at most
   WALK_FACTOR x their own decode step, else the rows within that price (`auto`'s rule at 2.5),
   but never fewer than keep up with the requests in the system (`keeping_up`: each of them
-  decoding needs its prompt's rows per output token, so narrower rounds grow a queue);
+  decoding needs its prompt's rows per output token, so narrower rounds grow a queue), and
+  widened for a walker that has waited LATE horizons only up to those rows (LATE_DEMAND);
 - until the model has seen a few steps with prompt rows, at two widths or beside decode-only
   steps (`ready`), rounds with live rows take the fixed width (MIX_CHUNK_TOKENS, else the default 64): the engine's
   behaviour without a target, whose rounds are also what teaches the model a prompt row's price.
@@ -167,6 +168,19 @@ LATE = 6
 # Xeon's rounds 2.0x / 1.9x; the simulator's measured presets put this rule at c16 TTFT p50
 # 1.04x (zen5) / 1.06x (amx) the walk's, with long prompts' TTFT p99 at 0.88x / 0.87x the walk's
 # (the widening's 0.84x / 0.87x; docs/benchmarks/socket-tail.md, the Zen 5 section).
+# LATE_DEMAND: a late walker widens a ridden round only as far as keeps every request in the system
+# decoding (`RoundBudget.demand`: `keeping_up`, or before any request finished the walkers' prompt
+# rows over the tokens their max_tokens lets them decode), not to the widest WIDEN_S allows. LATE is
+# seconds, so a slower host's ordinary first wave reaches it: on AMD EPYC family 25 (Zen 4, 2 cores,
+# a 64-row round beside 14 streams ~65-75 ms) W-std c16's first wave waited 3.3-3.8 s under the
+# walk, and 4 rounds of 199-231 rows at 139-160 ms (a step trace) put the default's client ITL p99 at
+# 142-154 ms against the walk's 75-109 (1.61x, two rounds). That wave needs 66 rows a step (16 x
+# 256 / 63), the walk's width, so widening only reorders it: TTFT p99 0.99x. Long prompts (768 in,
+# c12) need 147, so their late rounds still widen. Two alternated rounds there, vLLM's client:
+# c16 ITL p99 1.36x -> 1.20x the walk's (the rest is 64-row rounds, the walk's own shape, whose ITL
+# p50 matched: 1.00x), tok/s 0.97x, c4 / c8 unchanged (no walker is late); the simulator's presets
+# (no jitter): amx-measured c16 ITL p99 1.42x -> 1.00x the walk's, long prompts' TTFT p99 0.90x kept
+# on amx, 0.91x -> 0.93x (zen5-measured), 0.91x -> 0.95x (zen5-f26) for ITL p99 -13 % / -53 %.
 # The fit's error on a W-std c8 run: p90 0.11 on the AMX Xeon (its step trace in
 # ../shared/design/measured/), 0.13-0.17 on AMD EPYC Zen 3 (issue 26).
 TRUST_ERROR = 0.35
@@ -418,6 +432,8 @@ class RoundBudget:
                                 self.metrics.rounds_kept_up += 1
                         take = priced
                     widen = late
+                    if late:  # ...and only as far as keeps every request in decoding (LATE_DEMAND)
+                        ceiling = min(ceiling, self.demand(requests, walkers))
             else:
                 auto = self.target is None  # a multiple of this batch's own decode step
                 target = AUTO_FACTOR * decode_step() if auto else self.target
@@ -476,6 +492,18 @@ class RoundBudget:
             return 0
         need = requests * per
         return math.ceil(need - 1e-9) if need < 1e9 else 10**9
+
+    def demand(self, requests: int, walkers) -> int:
+        """The prompt rows a round needs for `requests` in the system to all be decoding: `keeping_up`
+        once a request finished, before that the walkers' own prompt rows over the tokens their
+        max_tokens lets them decode (0 where a walker has none: no evidence of a shortfall)."""
+        if self._means is not None:
+            return self.keeping_up(requests)
+        limits = [getattr(w, "max_tokens", None) for w in walkers]
+        if requests <= 0 or not walkers or any(m is None for m in limits):
+            return 0
+        per = sum(len(w.tokens) for w in walkers) / max(1, sum(max(1, m - 1) for m in limits))
+        return math.ceil(requests * per - 1e-9)
 
     def round_features(self, walkers, live_n: int, live_kpairs: float, budget: int):
         """The features of a round that spreads `budget` rows as `walk.walk_round` does (nobody waiting for pages)."""
