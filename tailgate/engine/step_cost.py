@@ -178,7 +178,8 @@ LATE = 6
 # 256 / 63), the walk's width, so widening only reorders it: TTFT p99 0.99x. Long prompts (768 in,
 # c12) need 147, so their late rounds still widen. Two alternated rounds there, vLLM's client:
 # c16 ITL p99 1.36x -> 1.20x the walk's (the rest is 64-row rounds, the walk's own shape, whose ITL
-# p50 matched: 1.00x), tok/s 0.97x, c4 / c8 unchanged (no walker is late); the simulator's presets
+# p50 matched: 1.00x), 1.05x over five alternated pairs at tok/s 1.00x; c4 / c8 unchanged (no
+# walker is late); the simulator's presets
 # (no jitter): amx-measured c16 ITL p99 1.42x -> 1.00x the walk's, long prompts' TTFT p99 0.90x kept
 # on amx, 0.91x -> 0.93x (zen5-measured), 0.91x -> 0.95x (zen5-f26) for ITL p99 -13 % / -53 %.
 # The fit's error on a W-std c8 run: p90 0.11 on the AMX Xeon (its step trace in
