@@ -373,6 +373,15 @@ def even_rounds(take: int, total: int) -> int:
     return -(-total // -(-total // take))
 
 
+def rows_needed(requests: int, per: float | None) -> int:
+    """`requests` x `per` prompt rows a step, rounded up: 0 without a ratio or requests, 10**9 for
+    an unbounded need (`RoundBudget.keeping_up` and `RoundBudget.demand`)."""
+    if per is None or requests <= 0:
+        return 0
+    need = requests * per
+    return math.ceil(need - 1e-9) if need < 1e9 else 10**9
+
+
 class RoundBudget:
     """The prompt rows of each walk round under a target of `target_s` seconds a step (module
     doc); `target_s` None is `auto`: AUTO_FACTOR x the predicted decode-only step of the round's
@@ -488,23 +497,19 @@ class RoundBudget:
         """The prompt rows a round needs for `requests` in the system to all be decoding (0 before
         any request finished): requests x the ratio of the running means of prompt rows and
         decode tokens, rounded up (no decode tokens yet: every row the round can take)."""
-        per = self.rows_per_token
-        if per is None or requests <= 0:
-            return 0
-        need = requests * per
-        return math.ceil(need - 1e-9) if need < 1e9 else 10**9
+        return rows_needed(requests, self.rows_per_token)
 
     def demand(self, requests: int, walkers) -> int:
         """The prompt rows a round needs for `requests` in the system to all be decoding: `keeping_up`
         once a request finished, before that the walkers' own prompt rows over the tokens their
         max_tokens lets them decode (0 where a walker has none: no evidence of a shortfall)."""
-        if self._means is not None:
-            return self.keeping_up(requests)
-        limits = [getattr(w, "max_tokens", None) for w in walkers]
-        if requests <= 0 or not walkers or any(m is None for m in limits):
-            return 0
-        per = sum(len(w.tokens) for w in walkers) / max(1, sum(max(1, m - 1) for m in limits))
-        return math.ceil(requests * per - 1e-9)
+        per = self.rows_per_token
+        if per is None:
+            limits = [w.max_tokens for w in walkers]
+            if None in limits:
+                return 0
+            per = sum(len(w.tokens) for w in walkers) / max(1, sum(max(1, m - 1) for m in limits))
+        return rows_needed(requests, per)
 
     def round_features(self, walkers, live_n: int, live_kpairs: float, budget: int):
         """The features of a round that spreads `budget` rows as `walk.walk_round` does (nobody waiting for pages)."""
