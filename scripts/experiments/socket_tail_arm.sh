@@ -14,6 +14,7 @@
 # need not coincide, so the sum is an upper bound there, exact for one process); and the host's
 # memory read bandwidth just before the server started (scripts/experiments/host_bandwidth.py: a
 # decode step reads every weight, and on these VMs that figure moved 2x within minutes).
+# TRACE=1 keeps the server's step trace (its /dashboard/feed from start, as SSE) in NAME.feed.
 set -uo pipefail
 name=$1; c=$2; shift 2
 cd "$(dirname "$0")/../.."
@@ -41,6 +42,10 @@ if sys.argv[1] != 'attach' and v:
 " "$1"
 }
 view attach
+if [ -n "${TRACE:-}" ] && [ -z "${PEER:-}" ]; then
+  setsid curl -sN "$base/dashboard/feed?since=-1" > "$out/$name.feed" 2>/dev/null &
+  feed=$!
+fi
 vllm_client "$base" "${TOKENIZER:-$(../shared/peers/vllm-cpu model-dir)}" "$out/$name.bench.log" \
   ${WORKLOAD:---random-input-len 256 --random-output-len 64 --num-prompts $((4 * c)) --max-concurrency "$c"} \
   --seed "${SEED:-0}"
@@ -51,5 +56,6 @@ for p in $(pgrep -g "$pid"); do
 done
 printf '%s ready %.1f s, peak RSS %d MiB (VmHWM over the process group)\n' "$name" "$ready" $((hwm / 1024))
 echo "$name $bw"
+[ -n "${feed:-}" ] && kill -TERM -- "-$feed" 2>/dev/null
 kill -TERM -- "-$pid"; wait "$pid" 2>/dev/null
 grep -E "Output token throughput|Median TTFT|P99 TTFT|Median ITL|P99 ITL" "$out/$name.bench.log" | sed "s/^/$name /"
