@@ -116,6 +116,13 @@ def test_a_fleet_tick_sums_the_replicas_and_its_itl_percentiles_are_those_of_eve
     assert t["itl"]["n"] == 1 + sum(1 for at, _ in a_gaps if at >= 220.0 - 60.0) == 1 + 50
 
 
+def test_a_fleet_connection_that_asks_a_longer_window_keeps_its_gaps_that_long():
+    gaps = [(10.0, 0.5), (100.0, 0.1)]
+    assert FleetWindow().merge({"a": report(100.0, gaps=gaps)}, ["a"])["itl"]["n"] == 1
+    t = FleetWindow(120.0).merge({"a": report(100.0, gaps=gaps)}, ["a"])
+    assert t["itl"] == {"n": 2, "p50_s": 0.5, "p99_s": 0.5, "window_s": 120.0}
+
+
 def test_a_fleet_feed_says_hello_once_then_ticks_and_ends_with_an_error_when_no_replica_answers():
     asked, alive = [], {"a", "b"}
 

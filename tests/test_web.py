@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections import deque
 
 import httpx
 import pytest
@@ -230,6 +231,32 @@ def test_the_itl_window_holds_the_gaps_of_the_last_minute_and_only_tokens_gaps()
     assert w.stats(70.4) == {"n": 3, "p50_s": 0.3, "p99_s": 0.5, "window_s": 60.0}  # 10.5 is within 60 s
     assert w.stats(71.0) == {"n": 2, "p50_s": 0.3, "p99_s": 0.3, "window_s": 60.0}  # and now it is not
     assert w.stats(200.0)["n"] == 0 and w.stats(200.0)["p99_s"] is None
+
+
+def test_a_longer_window_covers_a_whole_run_and_gaps_stay_no_longer_than_the_feed_keeps_them():
+    """What `tailgate bench` asks after a run past the minute (`?window=S`): the same gaps over
+    its S seconds, the socket's too; nothing older than KEEP_S is kept for anyone."""
+    from tailgate.engine.request import Token
+    from tailgate.server.feed import KEEP_S, ItlWindow, recent
+
+    w = ItlWindow()
+    w.pending.append([Token("a", at=10.0, gap=0.5)])
+    w.pending.append([Token("a", at=80.0, gap=0.1)])
+    assert w.stats(80.0)["n"] == 1  # the minute's
+    assert w.stats(80.0, 75.0) == {"n": 2, "p50_s": 0.5, "p99_s": 0.5, "window_s": 75.0}
+    assert w.stats(80.0, 60.0)["n"] == 1  # a long window asked once trims nothing a short one sees
+    assert w.stats(10.0 + KEEP_S + 1.0, KEEP_S)["n"] == 1 and len(w.gaps) == 1  # past KEEP_S: dropped
+    socket = deque([(10.0, 0.3), (80.0, 0.2)])
+    assert recent(socket, 80.0)["n"] == 1 and recent(socket, 80.0, 75.0)["n"] == 2 and len(socket) == 2
+
+
+def test_a_feed_window_that_is_not_seconds_from_1_to_what_the_feed_keeps_is_a_400_naming_it():
+    c = TestClient(create_app(ServerState(served_name="m")))
+    for raw in ("0.5", "901", "nan", "inf", "-5", "1e3", "soon", ""):
+        r = c.get(f"/dashboard/feed?window={raw}")
+        assert r.status_code == 400 and r.json()["error"]["param"] == "window", raw
+    r = c.get("/dashboard/feed?window=600")  # a good window: on to the next check (no model yet)
+    assert r.status_code == 503
 
 
 def test_the_pages_and_their_files_are_served_and_nothing_else_is():

@@ -6,6 +6,7 @@
 # reverse arm order. llama.cpp serves 8 slots of 4096 tokens on 2 threads (its peer script's
 # defaults but SLOTS). TAIL_MS=T adds a tailgate arm `tail` with a tail budget (--itl-target-ms T;
 # the TTFT horizon is off under it) beside the default (`tailgate`). Quiet host only.
+# FIRST_ROUND=N starts at round N (its name and arm order): a later round run on its own.
 #   OUT=dir ROUNDS=1 CS="1 4 8" [TAIL_MS=T] scripts/experiments/sizes_rounds.sh HF_DIR GGUF
 set -uo pipefail
 hf=$(realpath "$1"); gguf=$(realpath "$2")
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/../.."
 export OUT=${OUT:-$(mktemp -d)} TOKENIZER=$hf
 arm=scripts/experiments/socket_tail_arm.sh
 arms="${TAIL_MS:+tail }tailgate llama"; [ -n "${NO_VLLM:-}" ] || arms="$arms vllm"
-for round in $(seq 1 "${ROUNDS:-1}"); do
+for round in $(seq "${FIRST_ROUND:-1}" "${ROUNDS:-1}"); do
   order=$arms; [ $((round % 2)) = 0 ] && order=$(printf '%s\n' $arms | tac)
   for c in ${CS:-1 4 8}; do
     for a in $order; do

@@ -31,17 +31,19 @@ fi
 pid=$!; t0=$(date +%s.%N)
 wait_health "$base"
 ready=$(echo "$(date +%s.%N) - $t0" | bc)
-view() {
+view() {  # attach, or tick SECONDS: the server's figures over the last SECONDS (the client's run)
   [ -n "${PEER:-}" ] && return
   .venv/bin/python -c "
 import asyncio, sys
 from tailgate.bench.serve import engine_view
-v = asyncio.run(engine_view('$base', hello_only=sys.argv[1] == 'attach'))
-if sys.argv[1] != 'attach' and v:
-    print(' '.join(f\"{k}: p50 {1000*v[k]['p50_s']:.1f} p99 {1000*v[k]['p99_s']:.1f} n={v[k]['n']}\" for k in ('itl', 'socket_itl', 'delivery')))
-" "$1"
+tick = sys.argv[1] != 'attach'
+v = asyncio.run(engine_view('$base', hello_only=not tick, window_s=float(sys.argv[2]) if tick else None))
+if tick and v:
+    print(' '.join(f\"{k}: p50 {1000*v[k]['p50_s']:.1f} p99 {1000*v[k]['p99_s']:.1f} n={v[k]['n']}\" for k in ('itl', 'socket_itl', 'delivery')), f\"(last {v['itl']['window_s']:.0f} s)\")
+" "$@"
 }
 view attach
+attached=$(date +%s.%N)
 if [ -n "${TRACE:-}" ] && [ -z "${PEER:-}" ]; then
   setsid curl -sN "$base/dashboard/feed?since=-1" > "$out/$name.feed" 2>/dev/null &
   feed=$!
@@ -49,7 +51,7 @@ fi
 vllm_client "$base" "${TOKENIZER:-$(../shared/peers/vllm-cpu model-dir)}" "$out/$name.bench.log" \
   ${WORKLOAD:---random-input-len 256 --random-output-len 64 --num-prompts $((4 * c)) --max-concurrency "$c"} \
   --seed "${SEED:-0}"
-view tick | sed "s/^/$name server-view /"
+view tick "$(echo "$(date +%s.%N) - $attached + 1" | bc)" | sed "s/^/$name server-view /"
 hwm=0
 for p in $(pgrep -g "$pid"); do
   k=$(awk '/^VmHWM/ {print $2}' "/proc/$p/status" 2>/dev/null); hwm=$((hwm + ${k:-0}))

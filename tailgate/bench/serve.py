@@ -10,6 +10,8 @@ import time
 
 import httpx
 
+from ..server.feed import KEEP_S
+
 # The workload generators and the metric arithmetic live in workload.py (the simulator reads them
 # without this module's HTTP client); imported here under their old names for every caller.
 from .workload import (
@@ -138,15 +140,19 @@ async def run_load(
     return list(results), dur
 
 
-async def engine_view(base_url: str, api_key=None, hello_only: bool = False) -> dict | None:
+async def engine_view(
+    base_url: str, api_key=None, hello_only: bool = False, window_s: float | None = None
+) -> dict | None:
     """A tailgate server's own view from its dashboard feed (/dashboard/feed): the first tick's
-    engine ITL, socket ITL and delivery delay over the last minute (None from a server without
-    one). Read once before a run with `hello_only`, it starts the server's gap window (which a
-    server nobody watches does not keep)."""
+    engine ITL, socket ITL and delivery delay over the last `window_s` seconds (the run's, so the
+    server's figures cover the run the client timed; the feed's minute unless given; None from a
+    server without one). Read once before a run with `hello_only`, it starts the server's gap
+    window (which a server nobody watches does not keep)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    query = f"?window={min(max(window_s, 1.0), KEEP_S):.1f}" if window_s is not None else ""
     try:
         async with httpx.AsyncClient(timeout=10.0) as client:
-            async with client.stream("GET", base_url.rstrip("/") + "/dashboard/feed", headers=headers) as r:
+            async with client.stream("GET", base_url.rstrip("/") + "/dashboard/feed" + query, headers=headers) as r:
                 if r.status_code != 200:
                     return None
                 kind = None
@@ -165,7 +171,8 @@ def print_engine_view(view: dict | None) -> None:
     if not view or "itl" not in view:
         return
     ms = lambda v: "-" if v is None else f"{1000 * v:.2f}"  # noqa: E731
-    print("{s:{c}^{n}}".format(s=" Server's own view (last 60 s) ", n=50, c="-"))
+    title = f" Server's own view (last {view['itl'].get('window_s', 60):.0f} s) "
+    print("{s:{c}^{n}}".format(s=title, n=50, c="-"))
     for label, key in (("engine ITL", "itl"), ("socket ITL", "socket_itl"), ("delivery delay", "delivery")):
         if key in view:
             v = view[key]
@@ -196,6 +203,7 @@ def main(args) -> int:
     pct = tuple(float(p) for p in args.metric_percentiles.split(","))
     goodput = dict((k, float(v)) for k, v in (g.split(":") for g in args.goodput)) if args.goodput else None
     asyncio.run(engine_view(args.base_url, args.api_key, hello_only=True))
+    began = time.monotonic()
     results, dur = asyncio.run(
         run_load(
             args.base_url,
@@ -215,7 +223,8 @@ def main(args) -> int:
     )
     m = compute_metrics(results, dur, pct, goodput)
     print_table(m, pct)
-    view = asyncio.run(engine_view(args.base_url, args.api_key))
+    # The server's gaps over the whole run (and a second's slack), not only its last minute.
+    view = asyncio.run(engine_view(args.base_url, args.api_key, window_s=time.monotonic() - began + 1.0))
     print_engine_view(view)
     for w in checks(results, args.ignore_eos):
         print("WARNING:", w, file=sys.stderr)

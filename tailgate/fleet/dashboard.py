@@ -1,7 +1,7 @@
 """A fleet's dashboard feed (`GET /dashboard/feed` on `tailgate serve --replicas N`), answered by
 the front itself: every PERIOD_S it asks each running replica for one tick of its own feed
 (`EngineReplica.feed`, a call pinned to that replica) and sends the page one merged `tick` with
-the fleet's totals, the fleet's inter-token gap percentiles, every replica's steps (each tagged
+the fleet's totals, the fleet's inter-token gap percentiles (over the connection's window), every replica's steps (each tagged
 with its `replica`), and a line per replica.
 
 Why the front and not a replica (issue 37): forwarded like any request, the feed was one long
@@ -11,7 +11,7 @@ neither placed nor counted by the router (`fleet/router.py`), and a dashboard no
 
 The fleet's ITL percentiles are exact, not an average of the replicas': each tick a replica sends
 the gaps that ended since the front's cursor for it, and the front keeps a minute of them per
-replica (replicas on other hosts keep their own clocks, so each is trimmed by its own `now`).
+replica, or the `?window=S` a connection asks for (replicas on other hosts keep their own clocks, so each is trimmed by its own `now`).
 A connection's `since` is checked as one server checks it, but a fleet feed starts every replica
 from its oldest kept step (step numbers are per replica).
 """
@@ -43,9 +43,11 @@ SUMMED = (
 
 class FleetWindow:
     """One dashboard connection's view of the fleet: per replica, the last step it was sent, the
-    end of the last gap it was sent, and its gaps of the last WINDOW_S."""
+    end of the last gap it was sent, and its gaps of the last `window_s` (the connection's
+    `?window=S`, WINDOW_S unless asked)."""
 
-    def __init__(self):
+    def __init__(self, window_s: float = WINDOW_S):
+        self.window_s = window_s
         self.since: dict[str, int] = {}
         self.after: dict[str, float] = {}
         self.gaps: dict[str, deque] = {}
@@ -65,7 +67,7 @@ class FleetWindow:
         for rid, r in sorted(reports.items()):
             gaps = self.gaps.setdefault(rid, deque(maxlen=MAX_GAPS))
             gaps.extend((a, g) for a, g in r["gaps"])
-            while gaps and gaps[0][0] < r["now"] - WINDOW_S:
+            while gaps and gaps[0][0] < r["now"] - self.window_s:
                 gaps.popleft()
             if gaps:
                 self.after[rid] = gaps[-1][0]
@@ -85,14 +87,14 @@ class FleetWindow:
                     "held": r["held"],
                     "kv_usage": r["kv_usage"],
                     "steps_total": r["steps_total"],
-                    "itl": gap_stats(values),
+                    "itl": gap_stats(values, self.window_s),
                     "error": r.get("error"),
                 }
             )
         # Every replica's pool is the same size (one spec), so the mean of their usages is the
         # fleet's share of KV pages in use.
         out["kv_usage"] = sum(r["kv_usage"] for r in rows) / len(rows) if rows else 0.0
-        out["itl"] = gap_stats(every)
+        out["itl"] = gap_stats(every, self.window_s)
         out["now"] = max((r["now"] for r in rows), default=0.0)
         out["replicas"] = rows
         return out

@@ -210,17 +210,19 @@ class Front:
         await self._reply(send, 200, text, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")])
 
     async def _dashboard(self, scope, receive, send) -> None:
-        """The fleet's dashboard feed: the single server's checks (key, then `since`), then one
+        """The fleet's dashboard feed: the single server's checks (key, then `since` and `window`), then one
         merged tick a period from pinned calls to every running replica, until the client leaves."""
         from urllib.parse import parse_qs
 
         from ..server.guards import check_key
-        from ..server.web import parse_since
+        from ..server.web import parse_since, parse_window
         from . import dashboard
 
         try:
             check_key(dict(scope["headers"]).get(b"authorization", b"").decode("latin-1"), self.api_key)
-            parse_since(parse_qs(scope.get("query_string", b"").decode("latin-1")).get("since", ["-1"])[-1])
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            parse_since(query.get("since", ["-1"])[-1])
+            window_s = parse_window(query.get("window", [None])[-1])
         except ApiError as e:
             return await self._reply(send, e.status, json.dumps(e.body()).encode(), e.headers)
 
@@ -248,7 +250,7 @@ class Front:
                 }
             )
             try:
-                async for text in dashboard.events(ask, members, dashboard.FleetWindow()):
+                async for text in dashboard.events(ask, members, dashboard.FleetWindow(window_s)):
                     await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
             except Exception as e:  # Serve's status unreadable, say: the page hears why, then reconnects
                 log.warning("fleet dashboard feed failed: %r", e)

@@ -1,5 +1,6 @@
 """The dashboard's server-sent-events feed: the engine's published snapshot (counts, KV, prefix
-hits, its last model steps) plus inter-token gaps over the last minute, pushed a few times a second.
+hits, its last model steps) plus inter-token gaps over the last minute (or the `?window=S` seconds a
+connection asks for, up to KEEP_S), pushed a few times a second.
 
 Nothing here runs on the engine thread but one `deque.append` per step: `ItlWindow.observe` is an
 `Engine.observers` callback that hands the step's event list over as it is (a deque's append and
@@ -15,13 +16,19 @@ import asyncio
 import json
 from collections import deque
 from dataclasses import asdict
+from itertools import takewhile
 
 from ..engine.request import Token
 
 # 4 pushes a second: the timeline moves smoothly at ~40 ms steps; each push is one snapshot read
 # and a few hundred bytes per new step.
 PERIOD_S = 0.25
-WINDOW_S = 60.0  # "ITL p50/p99 over the last minute"
+WINDOW_S = 60.0  # "ITL p50/p99 over the last minute": a connection's window unless it asks
+# How far back a connection may ask (`?window=S`), and so how long gaps are kept: a client's figures
+# are compared with the server's over the same run (`tailgate bench`, socket_tail_arm.sh), and a
+# 3B model's W-std arm on 2 cores runs past the minute (AMD EPYC family 25, c4: ~75 s, whose server
+# view had covered its last 60 s only). MAX_GAPS bounds what is kept either way.
+KEEP_S = 900.0
 # Step event lists held between two feed ticks (and before the first tick after attach): at the
 # ~10 ms a decode step of a small model takes here, 4096 steps cover 40 s, many ticks' worth.
 PENDING_STEPS = 4096
@@ -30,7 +37,7 @@ MAX_GAPS = 100_000
 
 
 class ItlWindow:
-    """Inter-token gaps (engine clock, seconds) of the last WINDOW_S, from each Token's own `gap`
+    """Inter-token gaps (engine clock, seconds) of the last KEEP_S, from each Token's own `gap`
     (the engine's measure of the gap that token ended; a stream's first token has none)."""
 
     def __init__(self):
@@ -51,13 +58,13 @@ class ItlWindow:
 
     def _trim(self, now: float) -> None:
         self._drain()
-        while self.gaps and self.gaps[0][0] < now - WINDOW_S:
+        while self.gaps and self.gaps[0][0] < now - KEEP_S:
             self.gaps.popleft()
 
-    def stats(self, now: float) -> dict:
-        """p50 / p99 / count of the gaps that ended within WINDOW_S of `now` (engine clock)."""
+    def stats(self, now: float, window_s: float = WINDOW_S) -> dict:
+        """p50 / p99 / count of the gaps that ended within `window_s` of `now` (engine clock)."""
         self._trim(now)
-        return gap_stats([g for _, g in self.gaps])
+        return gap_stats(within(self.gaps, now, window_s), window_s)
 
     def after(self, now: float, at: float | None) -> list[list[float]]:
         """The window's gaps that ended after `at` (all of them for None), as [at, gap] pairs: what
@@ -66,12 +73,18 @@ class ItlWindow:
         return [[a, g] for a, g in self.gaps if at is None or a > at]
 
 
-def gap_stats(gaps) -> dict:
-    """p50 / p99 (nearest rank) and count of some inter-token gaps (seconds)."""
+def within(samples, now: float, window_s: float) -> list[float]:
+    """The values of the (at, value) samples, oldest first, whose `at` is within `window_s` of
+    `now`: read from the newest back, so a short window costs its own samples, not every one kept."""
+    return [v for _, v in takewhile(lambda e: e[0] >= now - window_s, reversed(samples))][::-1]
+
+
+def gap_stats(gaps, window_s: float = WINDOW_S) -> dict:
+    """p50 / p99 (nearest rank) and count of some inter-token gaps (seconds) of a window."""
     values = sorted(gaps)
     n = len(values)
     pick = lambda q: values[min(n - 1, int(q * n))] if n else None  # noqa: E731
-    return {"n": n, "p50_s": pick(0.50), "p99_s": pick(0.99), "window_s": WINDOW_S}
+    return {"n": n, "p50_s": pick(0.50), "p99_s": pick(0.99), "window_s": window_s}
 
 
 def hello(state) -> dict:
@@ -80,22 +93,24 @@ def hello(state) -> dict:
     return {"model": state.served_name, "knobs": cfg, "kernels": state.kernels or {}}
 
 
-def tick(state, window: ItlWindow, since: int) -> dict:
-    """One push: the snapshot's counts, the steps with `seq` above `since`, the window's gaps."""
+def tick(state, window: ItlWindow, since: int, window_s: float = WINDOW_S) -> dict:
+    """One push: the snapshot's counts, the steps with `seq` above `since`, the gaps of the last
+    `window_s`."""
     t = counts(state, since)
-    t["itl"] = window.stats(t["now"])
+    t["itl"] = window.stats(t["now"], window_s)
     # Beside the engine's gaps, the same streams timed where their bytes leave: the gaps between
     # one stream's socket writes (what its client can see) and each token's sampled -> written.
-    t["socket_itl"] = recent(state.socket_window, t["now"])
-    t["delivery"] = recent(state.delivery_window, t["now"])
+    t["socket_itl"] = recent(state.socket_window, t["now"], window_s)
+    t["delivery"] = recent(state.delivery_window, t["now"], window_s)
     return t
 
 
-def recent(samples, now: float) -> dict:
-    """gap_stats of the (at, seconds) samples within WINDOW_S of `now` (older ones are dropped)."""
-    while samples and samples[0][0] < now - WINDOW_S:
+def recent(samples, now: float, window_s: float = WINDOW_S) -> dict:
+    """gap_stats of the (at, seconds) samples within `window_s` of `now` (those past KEEP_S are
+    dropped)."""
+    while samples and samples[0][0] < now - KEEP_S:
         samples.popleft()
-    return gap_stats([v for _, v in samples])
+    return gap_stats(within(samples, now, window_s), window_s)
 
 
 def counts(state, since: int) -> dict:
@@ -129,9 +144,10 @@ def report(state, window: ItlWindow, since: int, after: float | None) -> dict:
     return t
 
 
-async def events(state, window: ItlWindow, since: int):
+async def events(state, window: ItlWindow, since: int, window_s: float = WINDOW_S):
     """The SSE stream: `event: hello`, then `event: tick` every PERIOD_S until the client leaves
-    (Starlette cancels this generator when the connection drops)."""
+    (Starlette cancels this generator when the connection drops); each tick's percentiles are of
+    the last `window_s`."""
     sse = lambda kind, obj: f"event: {kind}\ndata: {json.dumps(obj)}\n\n"  # noqa: E731
     window.attach(state.engine)
     yield sse("hello", hello(state))
@@ -139,7 +155,7 @@ async def events(state, window: ItlWindow, since: int):
         if state.engine.error is not None:
             yield sse("error", {"message": f"engine failed: {state.engine.error!r}"})
             return
-        t = tick(state, window, since)
+        t = tick(state, window, since, window_s)
         if t["steps"]:
             since = t["steps"][-1]["seq"]
         yield sse("tick", t)

@@ -111,20 +111,37 @@ def parse_since(raw: str) -> int:
     return int(raw)
 
 
+def parse_window(raw: str | None) -> float:
+    """The feed's `window`: the seconds its gap percentiles cover (default feed.WINDOW_S), a number
+    from 1 to feed.KEEP_S; an ApiError (400) naming it otherwise."""
+    if raw is None:
+        return feed.WINDOW_S
+    try:
+        s = float(raw)
+    except ValueError:
+        s = float("nan")
+    if not 1.0 <= s <= feed.KEEP_S:  # NaN and inf fail here too
+        raise ApiError(400, f"'window' must be seconds from 1 to {feed.KEEP_S:.0f}, got {raw!r}", "window")
+    return s
+
+
 @router.get("/dashboard/feed")
 async def dashboard_feed(req: Request):
-    """`?since=N`: the last step `seq` the client already has (a reconnecting page sends it)."""
+    """`?since=N`: the last step `seq` the client already has (a reconnecting page sends it);
+    `?window=S`: the seconds each tick's gap percentiles cover (60 unless asked; a client comparing
+    its own figures over a longer run asks for the run's)."""
     # The order every API route checks in: the key, the request (a bad one is a 400 even while
     # loading), then that the model is serving.
     check_auth(req)
     state = server_state(req)
     since = parse_since(req.query_params.get("since", "-1"))
+    window_s = parse_window(req.query_params.get("window"))
     check_ready(state)
     window = getattr(req.app.state, "itl_window", None)
     if window is None:  # one per app: every dashboard shares the gaps it has gathered
         window = req.app.state.itl_window = feed.ItlWindow()
     return StreamingResponse(
-        feed.events(state, window, since),
+        feed.events(state, window, since, window_s),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
