@@ -20,11 +20,16 @@ out=${OUT:-$(mktemp -d)}
 setsid .venv/bin/tailgate serve --port 8000 --model "$gguf" --kv-cache-mb "${KV_MB:-2048}" \
   > "$out/tailgate.serve.log" 2>&1 &
 tg=$!
+trap 'kill -TERM -- -$tg 2>/dev/null; wait' EXIT
+base() { [ "$1" = tailgate ] && echo http://127.0.0.1:8000 || echo http://127.0.0.1:8300; }
+# llama.cpp starts once tailgate is ready: tailgate times its step costs at start (the probe, cached
+# per machine and model), and one shape timed while llama.cpp loaded beside it had been cached
+# 1.25x slow (AMD EPYC family 25, Llama 3.2 3B: the fit every later start read was untrusted).
+wait_health "$(base tailgate)"
 SLOTS=${SLOTS:-2} setsid ../shared/peers/llama-cpp serve 8300 -m "$gguf" > "$out/llama.serve.log" 2>&1 &
 ll=$!
 trap 'kill -TERM -- -$tg -$ll 2>/dev/null; wait' EXIT
-base() { [ "$1" = tailgate ] && echo http://127.0.0.1:8000 || echo http://127.0.0.1:8300; }
-for a in tailgate llama; do wait_health "$(base $a)"; done
+wait_health "$(base llama)"
 bench() {  # arm seed prompts log
   vllm_client "$(base "$1")" "$hf" "$4" --random-input-len 256 --random-output-len 64 --num-prompts "$3" \
     --max-concurrency 1 --seed "$2"
