@@ -150,6 +150,27 @@ def test_a_cached_probe_twice_too_slow_is_measured_again_but_a_slower_check_with
     r.assert_no_leak()
 
 
+def test_a_cached_probe_whose_check_agrees_but_whose_fit_is_untrusted_is_measured_again_and_replaced(rig, tmp_path):
+    """One shape timed beside a neighbour's start (8+32 read 668 ms beside 911 for 8+64 on AMD EPYC
+    family 25, 3B: a 39 % fit) hid from the 8+0 check, and every later start read it and walked its
+    first wave at the fixed width. (Timed by the 10 ms-a-reading clock, as above: the fresh fit is
+    exact.)"""
+    clock = fake_clock()
+    r = rig("smollm2-135m", "auto", "auto")
+    probe.run(r.runner, r.book, r.model.source, cache_dir=tmp_path, clock=clock)
+    (path,) = (tmp_path / "probe").glob("*.json")
+    planted = json.loads(path.read_text())
+    planted["rows"] = [{**row, "ms": row["ms"] * (5 if row["kind"] == "8+32" else 1)} for row in planted["rows"]]
+    path.write_text(json.dumps(planted))
+    assert probe._worst(planted["rows"]) > probe.TRUST_FIT
+    got = probe.run(r.runner, r.book, r.model.source, cache_dir=tmp_path, clock=clock)
+    r.assert_no_leak()
+    assert got.check["agreed"] and got.check["untrusted_fit"] > probe.TRUST_FIT and not got.cached
+    assert "but its fit missed a shape by" in got.line() and got.trusted
+    again = probe.run(r.runner, r.book, r.model.source, cache_dir=tmp_path, clock=clock)
+    assert again.cached and "untrusted_fit" not in again.check  # the file now holds the trusted probe
+
+
 def test_a_probe_measured_on_a_busy_host_says_so_is_not_cached_and_does_not_seed():
     rows = [{"prompt_rows": 0, "decode_rows": 1, "sampled": 1, "pairs": 129, "ms": 10.0}]
     from tailgate.sim.cost import TERMS
