@@ -123,6 +123,24 @@ def test_a_fleet_connection_that_asks_a_longer_window_keeps_its_gaps_that_long()
     assert t["itl"] == {"n": 2, "p50_s": 0.5, "p99_s": 0.5, "window_s": 120.0}
 
 
+def test_a_replicas_cursor_moves_past_what_it_sent_even_when_all_of_it_is_older_than_the_window():
+    """Replicas keep 900 s of gaps; a connection trims to its own minute. Gaps all older than that
+    still move the cursor, or every tick would ask for (and be sent) everything the replica keeps."""
+    w = FleetWindow()
+    t = w.merge({"a": report(400.0, gaps=[(200.0, 0.1), (300.0, 0.2)])}, ["a"])
+    assert t["itl"]["n"] == 0 and w.ask("a") == (-1, 300.0)
+
+
+def test_a_replica_sends_its_gaps_after_the_cursor_oldest_first():
+    from tailgate.engine.request import Token
+    from tailgate.server.feed import ItlWindow
+
+    w = ItlWindow()
+    w.pending.append([Token("a", at=1.0, gap=0.1), Token("b", at=2.0, gap=0.2), Token("a", at=3.0, gap=0.3)])
+    assert w.after(3.0, None) == [[1.0, 0.1], [2.0, 0.2], [3.0, 0.3]]
+    assert w.after(3.0, 1.0) == [[2.0, 0.2], [3.0, 0.3]] and w.after(3.0, 3.0) == []
+
+
 def test_a_fleet_feed_says_hello_once_then_ticks_and_ends_with_an_error_when_no_replica_answers():
     asked, alive = [], {"a", "b"}
 

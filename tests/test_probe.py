@@ -169,6 +169,11 @@ def test_a_cached_probe_whose_check_agrees_but_whose_fit_is_untrusted_is_measure
     assert "but its fit missed a shape by" in got.line() and got.trusted
     again = probe.run(r.runner, r.book, r.model.source, cache_dir=tmp_path, clock=clock)
     assert again.cached and "untrusted_fit" not in again.check  # the file now holds the trusted probe
+    # A re-measure that came out untrusted too is cached as such, and read from then on rather than
+    # measured again at every start.
+    path.write_text(json.dumps({**planted, "retried": True}))
+    kept = probe.run(r.runner, r.book, r.model.source, cache_dir=tmp_path, clock=clock)
+    assert kept.cached and not kept.trusted and "untrusted_fit" not in kept.check
 
 
 def test_a_probe_measured_on_a_busy_host_says_so_is_not_cached_and_does_not_seed():

@@ -14,6 +14,10 @@ cd "$(dirname "$0")/../.."
 export OUT=${OUT:-$(mktemp -d)} TOKENIZER=$hf
 arm=scripts/experiments/socket_tail_arm.sh
 arms="${TAIL_MS:+tail }tailgate llama"; [ -n "${NO_VLLM:-}" ] || arms="$arms vllm"
+if [ "${FIRST_ROUND:-1}" -gt "${ROUNDS:-1}" ]; then
+  echo "FIRST_ROUND=${FIRST_ROUND} is past ROUNDS=${ROUNDS:-1} (the last round's number): nothing to run" >&2
+  exit 2
+fi
 for round in $(seq "${FIRST_ROUND:-1}" "${ROUNDS:-1}"); do
   order=$arms; [ $((round % 2)) = 0 ] && order=$(printf '%s\n' $arms | tac)
   for c in ${CS:-1 4 8}; do

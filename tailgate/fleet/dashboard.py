@@ -67,10 +67,10 @@ class FleetWindow:
         for rid, r in sorted(reports.items()):
             gaps = self.gaps.setdefault(rid, deque(maxlen=MAX_GAPS))
             gaps.extend((a, g) for a, g in r["gaps"])
+            if r["gaps"]:  # the cursor: what the replica sent, kept or not (it keeps KEEP_S)
+                self.after[rid] = r["gaps"][-1][0]
             while gaps and gaps[0][0] < r["now"] - self.window_s:
                 gaps.popleft()
-            if gaps:
-                self.after[rid] = gaps[-1][0]
             if r["steps"]:
                 self.since[rid] = r["steps"][-1]["seq"]
             for k in SUMMED:
@@ -127,7 +127,7 @@ async def events(ask, members, window: FleetWindow, period: float = PERIOD_S):
             first = next(r for r in reports.values() if "hello" in r)
             yield sse("hello", hello(first, list(reports)))
             said_hello = True
-        # Off the event loop: the percentiles sort up to a minute of every replica's gaps, and the
+        # Off the event loop: the percentiles sort the window's gaps of every replica, and the
         # front's loop carries every client's stream.
         yield sse("tick", await asyncio.to_thread(window.merge, reports, ids))
         n += 1

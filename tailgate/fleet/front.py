@@ -220,7 +220,7 @@ class Front:
 
         try:
             check_key(dict(scope["headers"]).get(b"authorization", b"").decode("latin-1"), self.api_key)
-            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
             parse_since(query.get("since", ["-1"])[-1])
             window_s = parse_window(query.get("window", [None])[-1])
         except ApiError as e:

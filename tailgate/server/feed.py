@@ -32,7 +32,10 @@ KEEP_S = 900.0
 # Step event lists held between two feed ticks (and before the first tick after attach): at the
 # ~10 ms a decode step of a small model takes here, 4096 steps cover 40 s, many ticks' worth.
 PENDING_STEPS = 4096
-# Gaps kept in the window: 8 streams at 100 tok/s for a minute is 48 000; past that the oldest go.
+# Gaps kept: 8 streams at 100 tok/s for a minute is 48 000; past that the oldest go, so at such a
+# load a window over ~2 minutes holds fewer than it asks (its `n` says how many). A tick sorts its
+# window's gaps of each kind on the event loop that writes the streams: a window over the minute is
+# for a run's one read (`tailgate bench`), not for a page left open on it.
 MAX_GAPS = 100_000
 
 
@@ -67,10 +70,12 @@ class ItlWindow:
         return gap_stats(within(self.gaps, now, window_s), window_s)
 
     def after(self, now: float, at: float | None) -> list[list[float]]:
-        """The window's gaps that ended after `at` (all of them for None), as [at, gap] pairs: what
-        a fleet's front takes each tick to keep its own window (fleet/dashboard.py)."""
+        """The kept gaps that ended after `at` (all of them for None), as [at, gap] pairs, oldest
+        first: what a fleet's front takes each tick to keep its own window (fleet/dashboard.py).
+        Read from the newest back, so a tick costs the gaps since the last one."""
         self._trim(now)
-        return [[a, g] for a, g in self.gaps if at is None or a > at]
+        got = [[a, g] for a, g in takewhile(lambda e: at is None or e[0] > at, reversed(self.gaps))]
+        return got[::-1]
 
 
 def within(samples, now: float, window_s: float) -> list[float]:

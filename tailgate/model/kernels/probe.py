@@ -66,7 +66,8 @@ TRUST_FIT = 0.3
 # timed beside a neighbour's start hides from the check (AMD EPYC family 25, Llama 3.2 3B's shape:
 # 8+32 read 668 ms beside 911 for 8+64 while llama.cpp's server loaded beside it, a 39 % fit; every
 # later start read it, so each first wave walked at the fixed 64 rows, ~780 ms rounds under the
-# live streams, ITL p99 1.8x vLLM's); the quiet re-measure costs one probe (~3 s there).
+# live streams, ITL p99 1.8x vLLM's); the quiet re-measure costs one probe (~3 s there), once: a
+# re-measured fit that is still untrusted is cached as such and read from then on.
 CHECK_SHAPE = (8, 0)
 CHECK_REPS = 3
 AGREE = 3.0
@@ -370,7 +371,7 @@ def run(runner, book, source, cache_dir=None, log=None, clock=time.perf_counter)
         check = check_cached(runner, book, rows, clock)
         if check is not None and not check["agreed"]:
             rows, cached = None, False  # measured again below; the stale file is replaced
-        elif check is not None and (worst := _worst(rows)) > TRUST_FIT:  # agrees, but is not trusted
+        elif check is not None and not saved.get("retried") and (worst := _worst(rows)) > TRUST_FIT:
             check["untrusted_fit"] = worst
             rows, cached = None, False
     except (OSError, ValueError, KeyError):
@@ -407,7 +408,10 @@ def _keep(path, result: ProbeResult) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"rows": result.rows, "layer_cut": result.layer_cut}))
+        # `retried`: measured again for an untrusted fit and still untrusted; read as it is next
+        # time, not measured again at every start where a quiet fit is no better
+        retried = bool(result.check and result.check.get("untrusted_fit") is not None) and not result.trusted
+        tmp.write_text(json.dumps({"rows": result.rows, "layer_cut": result.layer_cut, "retried": retried}))
         tmp.replace(path)
     except OSError:
         pass  # a read-only cache: measured again next start
