@@ -162,7 +162,7 @@ def test_a_cached_probe_whose_check_agrees_but_whose_fit_is_untrusted_is_measure
     planted = json.loads(path.read_text())
     planted["rows"] = [{**row, "ms": row["ms"] * (5 if row["kind"] == "8+32" else 1)} for row in planted["rows"]]
     path.write_text(json.dumps(planted))
-    assert probe._worst(planted["rows"]) > probe.TRUST_FIT
+    assert probe._fit(planted["rows"])[1] > probe.TRUST_FIT
     got = probe.run(r.runner, r.book, r.model.source, cache_dir=tmp_path, clock=clock)
     r.assert_no_leak()
     assert got.check["agreed"] and got.check["untrusted_fit"] > probe.TRUST_FIT and not got.cached

@@ -22,7 +22,7 @@ import asyncio
 import json
 from collections import deque
 
-from ..server.feed import MAX_GAPS, PERIOD_S, WINDOW_S, gap_stats
+from ..server.feed import MAX_GAPS, PERIOD_S, WINDOW_S, drop_before, gap_stats
 
 # Serve's controller is asked which replicas run every REFRESH_TICKS ticks (~2 s), not every tick:
 # the question is a call to the controller actor, and a replaced replica can wait that long.
@@ -69,8 +69,7 @@ class FleetWindow:
             gaps.extend((a, g) for a, g in r["gaps"])
             if r["gaps"]:  # the cursor: what the replica sent, kept or not (it keeps KEEP_S)
                 self.after[rid] = r["gaps"][-1][0]
-            while gaps and gaps[0][0] < r["now"] - self.window_s:
-                gaps.popleft()
+            drop_before(gaps, r["now"] - self.window_s)
             if r["steps"]:
                 self.since[rid] = r["steps"][-1]["seq"]
             for k in SUMMED:

@@ -61,8 +61,7 @@ class ItlWindow:
 
     def _trim(self, now: float) -> None:
         self._drain()
-        while self.gaps and self.gaps[0][0] < now - KEEP_S:
-            self.gaps.popleft()
+        drop_before(self.gaps, now - KEEP_S)
 
     def stats(self, now: float, window_s: float = WINDOW_S) -> dict:
         """p50 / p99 / count of the gaps that ended within `window_s` of `now` (engine clock)."""
@@ -74,14 +73,24 @@ class ItlWindow:
         first: what a fleet's front takes each tick to keep its own window (fleet/dashboard.py).
         Read from the newest back, so a tick costs the gaps since the last one."""
         self._trim(now)
-        got = [[a, g] for a, g in takewhile(lambda e: at is None or e[0] > at, reversed(self.gaps))]
-        return got[::-1]
+        return [[a, g] for a, g in newest(self.gaps, lambda a: at is None or a > at)]
+
+
+def drop_before(samples: deque, start: float) -> None:
+    """Drop the (at, value) samples, oldest first, whose `at` is before `start`."""
+    while samples and samples[0][0] < start:
+        samples.popleft()
+
+
+def newest(samples, keep) -> list:
+    """The (at, value) samples, oldest first, from the newest back while `keep(at)` holds: a short
+    window or a cursor costs its own samples, not every one kept."""
+    return list(takewhile(lambda e: keep(e[0]), reversed(samples)))[::-1]
 
 
 def within(samples, now: float, window_s: float) -> list[float]:
-    """The values of the (at, value) samples, oldest first, whose `at` is within `window_s` of
-    `now`: read from the newest back, so a short window costs its own samples, not every one kept."""
-    return [v for _, v in takewhile(lambda e: e[0] >= now - window_s, reversed(samples))][::-1]
+    """The values of the samples whose `at` is within `window_s` of `now`, oldest first."""
+    return [v for _, v in newest(samples, lambda a: a >= now - window_s)]
 
 
 def gap_stats(gaps, window_s: float = WINDOW_S) -> dict:
@@ -113,8 +122,7 @@ def tick(state, window: ItlWindow, since: int, window_s: float = WINDOW_S) -> di
 def recent(samples, now: float, window_s: float = WINDOW_S) -> dict:
     """gap_stats of the (at, seconds) samples within `window_s` of `now` (those past KEEP_S are
     dropped)."""
-    while samples and samples[0][0] < now - KEEP_S:
-        samples.popleft()
+    drop_before(samples, now - KEEP_S)
     return gap_stats(within(samples, now, window_s), window_s)
 
 

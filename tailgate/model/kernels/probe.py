@@ -362,7 +362,7 @@ def run(runner, book, source, cache_dir=None, log=None, clock=time.perf_counter)
     from ..formats.weights import cache_root
 
     path = (cache_dir or cache_root()) / "probe" / f"{cache_key(runner.plan, source)}.json"
-    rows, took, cached, cut, share, check = None, 0.0, False, None, None, None
+    rows, took, cached, cut, share, check, fitted = None, 0.0, False, None, None, None, None
     try:
         saved = json.loads(path.read_text())
         rows, cut, cached = saved["rows"], saved.get("layer_cut"), True
@@ -371,9 +371,9 @@ def run(runner, book, source, cache_dir=None, log=None, clock=time.perf_counter)
         check = check_cached(runner, book, rows, clock)
         if check is not None and not check["agreed"]:
             rows, cached = None, False  # measured again below; the stale file is replaced
-        elif check is not None and not saved.get("retried") and (worst := _worst(rows)) > TRUST_FIT:
-            check["untrusted_fit"] = worst
-            rows, cached = None, False
+        elif check is not None and not saved.get("retried") and (fitted := _fit(rows))[1] > TRUST_FIT:
+            check["untrusted_fit"] = fitted[1]
+            rows, cached, fitted = None, False, None
     except (OSError, ValueError, KeyError):
         pass
     if rows is None:
@@ -386,8 +386,8 @@ def run(runner, book, source, cache_dir=None, log=None, clock=time.perf_counter)
         took = time.perf_counter() - t0
         if rows is None:
             return None
-    model, errors = fit(rows, None, "start-up probe")
-    result = ProbeResult(rows, {t: getattr(model, t) for t in TERMS}, _worst(rows), took, cached, cut, share, check)
+    coefficients, worst = fitted or _fit(rows)  # the cached rows' fit is the one checked above
+    result = ProbeResult(rows, coefficients, worst, took, cached, cut, share, check)
     if not cached:
         _keep(path, result)
     if log is not None:
@@ -395,9 +395,11 @@ def run(runner, book, source, cache_dir=None, log=None, clock=time.perf_counter)
     return result
 
 
-def _worst(rows: list[dict]) -> float:
-    """The worst relative error of the cost form's fit over the probe's rows."""
-    return max(abs(e["error_pct"]) for e in fit(rows, None, "start-up probe")[1]) / 100
+def _fit(rows: list[dict]) -> tuple[dict, float]:
+    """The cost form's fit over the probe's rows: its coefficients per term and its worst relative
+    error."""
+    model, errors = fit(rows, None, "start-up probe")
+    return {t: getattr(model, t) for t in TERMS}, max(abs(e["error_pct"]) for e in errors) / 100
 
 
 def _keep(path, result: ProbeResult) -> None:
