@@ -266,7 +266,7 @@ def test_q6_k_blocks_in_the_heads_16_output_panels_keep_their_own_values_in_the_
     b = random_blocks("Q6_K", 32, 768, 8)
     for variant in native.Q4K_WIDE:
         assert q8_panels([b], variant, 16)[2] == native.Q8_VARIANTS[variant]  # a layer's: int8
-        p = q8_panels([b], variant, 16, few_rows=True)  # the head's
+        p = q8_panels([b], variant, 16, six=True)  # the head's
         assert isinstance(p, Panels) and p[2] == native.Q6K_WIDE and p.as_stored
         rows = torch.arange(0, 32, 4)
         out = torch.empty(len(rows), 768)
@@ -284,7 +284,7 @@ def test_the_wide_6_bit_panel_matmul_is_the_exact_product_of_the_blocks_and_the_
         pytest.skip("this CPU has no AVX-512 VNNI")
     b = random_blocks("Q6_K", 48, 768, seed=m)
     x = torch.randn(m, 768, generator=torch.Generator().manual_seed(m))
-    p = q8_panels([b], this_cpu().q8_variant, 16, few_rows=True)
+    p = q8_panels([b], this_cpu().q8_variant, 16, six=True)
     y = p.linear(x)
     ref = rounded_activations(x.numpy()) @ b.dequantize().double().numpy().T
     assert p[2] == native.Q6K_WIDE and np.abs(y.double().numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
@@ -297,7 +297,7 @@ def test_a_fused_q4_k_q6_k_and_q8_0_matrix_is_bit_and_int8_wide_panels_side_by_s
     if not can_run(variant):
         pytest.skip(f"this CPU cannot run the {variant} panels")
     parts = [random_blocks("Q4_K", 32, 512, 1), random_blocks("Q6_K", 16, 512, 2), q8_0_blocks(16, 512, 3)]
-    segs = q8_panels(parts, variant, 16, few_rows=True)
+    segs = q8_panels(parts, variant, 16, six=True)
     codes = [s[2] for s in segs]
     assert isinstance(segs, SegmentPanels) and codes == [
         native.Q4K_WIDE[variant],
@@ -500,4 +500,28 @@ def test_gemma3s_q5_0_and_q4_k_matrices_run_from_bit_panels_of_their_own_values_
     x = torch.randn(3, r.model.spec.hidden)
     ref = rounded_activations(x.numpy()) @ raw["layers.0.up"].dequantize().double().numpy().T
     y = w["layers.0.gate_up"](x)[:, 2048:].double().numpy()
+    assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_on_avx512_vnni_a_layers_q6_k_matrices_stay_in_their_6_bits_and_run_the_exact_product(rig):
+    """Gemma 3 270M's Q4_K_M file stores a third of its downs as Q6_K: on AVX-512 VNNI without AMX
+    (choice.six_bits) they are read in the file's bits at every call, not as int8 panels quantized
+    from them; on AMX they stay int8, whose prompt rows the tiles take."""
+    from tailgate.model.kernels.choice import six_bits
+
+    assert six_bits("avx512_vnni", "layers") and six_bits("amx", "head") and six_bits("avx2", "head")
+    assert not six_bits("amx", "layers") and not six_bits("avx2", "layers")
+    r = rig("gemma3-270m", "auto", "auto")
+    if r.runner.plan.quant != "gguf" or r.runner.plan.q8_variant != "avx512_vnni":
+        pytest.skip(f"the AVX-512 VNNI panel forms; this plan: {r.runner.plan.line()}")
+    w, raw = r.runner.w, r.model.weights
+    downs = {i: w[f"layers.{i}.down"].wide for i in range(r.model.spec.n_layers)}
+    assert {p[2] for p in downs.values()} == {native.Q4K_WIDE["avx512_vnni"], native.Q6K_WIDE}
+    i = next(i for i, p in downs.items() if p[2] == native.Q6K_WIDE)
+    assert raw[f"layers.{i}.down"].qtype == "Q6_K" and downs[i].as_stored
+    b = raw[f"layers.{i}.down"]
+    assert sum(t.numel() * t.element_size() for t in downs[i].tensors()) == b.shape[0] * b.shape[1] * 210 // 256
+    x = torch.randn(5, b.shape[1], generator=torch.Generator().manual_seed(3))
+    ref = rounded_activations(x.numpy()) @ b.dequantize().double().numpy().T
+    y = w[f"layers.{i}.down"](x).double().numpy()
     assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max()

@@ -225,17 +225,15 @@ def wide_q4k(p: Panels, variant: str) -> Panels:
 
 
 def q8_panels(
-    parts: list[Blocks], variant: str, panel: int, chunk: int = 4096, few_rows: bool = False
+    parts: list[Blocks], variant: str, panel: int, chunk: int = 4096, six: bool = False
 ) -> Panels | SegmentPanels:
     """The q8 kernel's panels (native.q8_quantize) of the parts stacked along the outputs, made a
     few thousand rows at a time so no fp32 copy of a whole matrix is ever held (the 262k-row head
     would be 671 MB of it). The AVX2 panels keep what the file stores where their forms hold it
     exactly (`_avx2_panels`: Q5_0 in 5 bits, Q8_0 with its fp16 scales), one form per part
-    (`SegmentPanels` for a fused matrix); so do the 16-output ones for Q4_K (4 bits) and, in a
-    matrix called with `few_rows` (the head: one row per sampled sequence), Q6_K (6 bits: its kernel
-    streams fewer bytes than the int8 panels but costs ~1.8x their time once a call is compute-bound,
-    so a layer's Q6_K, which prefills run, stays int8); the other variants' panels are quantized from
-    the dequantized values, each panel covering `panel` consecutive rows and lying whole in the rows'
+    (`SegmentPanels` for a fused matrix); so do the 16-output ones for Q4_K (4 bits) and, with
+    `six`, Q6_K (6 bits; choice.py `six_bits` says which matrices); the other variants' panels are
+    quantized from the dequantized values, each panel covering `panel` consecutive rows and lying whole in the rows'
     share of the arrays, so chunks of a multiple of `panel` rows fill them in place."""
     k = parts[0].shape[1]
     n = sum(p.shape[0] for p in parts)
@@ -245,11 +243,11 @@ def q8_panels(
         return Panels((q, d, code))
     if code == 0 and len(parts) <= 7:
         return _segments([_avx2_panels(p, chunk) for p in parts])
-    if variant in native.Q4K_WIDE and len(parts) <= 7 and any(_in_bits(p, few_rows) for p in parts):
+    if variant in native.Q4K_WIDE and len(parts) <= 7 and any(_in_bits(p, six) for p in parts):
         # the Q4_K (and Q6_K) parts in their own bits, each other part in the variant's int8 panels
         return _segments(
             [
-                _wide_bits(p, variant, chunk) if _in_bits(p, few_rows) else q8_panels([p], variant, panel, chunk)
+                _wide_bits(p, variant, chunk) if _in_bits(p, six) else q8_panels([p], variant, panel, chunk)
                 for p in parts
             ]
         )
