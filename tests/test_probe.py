@@ -54,6 +54,24 @@ def test_a_probe_cached_for_one_kernel_build_is_not_read_by_another(monkeypatch,
     assert probe.cache_key(plan, source) != a
 
 
+def test_a_probe_cached_for_one_set_of_weight_forms_is_not_read_by_another(loaded, tmp_path):
+    """The same plan and sources can hold a matrix in another form (a layer's Q6_K in int8 panels
+    or in its 6 bits): the key counts the forms, so the steps are timed again."""
+    from tailgate.model.kernels.blocks import Panels
+    from tailgate.model.kernels.choice import Linear, choose
+
+    plan, source = choose("fp32", "q8", "cpu"), tmp_path / "model.gguf"
+    source.write_bytes(b"GGUF")
+    m = loaded("smollm2-135m")
+    w = {"layers.0.o": Linear(m.weights["layers.0.o"], choose("fp32", "gguf", "cpu"), "layers"), "norm": None}
+    forms = probe.weight_forms(w)
+    q, d, code = w["layers.0.o"].wide if isinstance(w["layers.0.o"].wide, Panels) else w["layers.0.o"].wide[0]
+    assert forms == f"{code}x1"
+    w["layers.0.o"].wide = Panels((q, d, 99))
+    assert probe.weight_forms(w) == "99x1"
+    assert probe.cache_key(plan, source, forms) != probe.cache_key(plan, source, probe.weight_forms(w))
+
+
 def test_a_probe_shapes_features_are_the_ones_the_engine_counts_for_that_step():
     """The fit the engine seeds from must read the probe's steps as the engine reads its own:
     `step_features` of the segments the probe runs."""

@@ -285,7 +285,22 @@ def apply_layer_cut(w: dict, cut: int) -> None:
             v.max_q_rows = cut
 
 
-def cache_key(plan, source) -> str:
+def weight_forms(w: dict) -> str:
+    """The panel forms the weights are held in, counted by code ("2x36 7x90 9x17"): which form a
+    matrix takes can change with no change to the plan's line or the kernels' sources (a layer's
+    Q6_K went from int8 panels to 6 bits on AVX-512 VNNI, ~10 % off a 1B decode step), and the
+    probe then times different steps."""
+    codes: dict[int, int] = {}
+    for v in w.values():
+        panels = getattr(v, "wide", None)
+        if panels is None:
+            continue
+        for code in [panels[-1]] if isinstance(panels[-1], int) else [seg[-1] for seg in panels]:
+            codes[code] = codes.get(code, 0) + 1
+    return " ".join(f"{c}x{n}" for c, n in sorted(codes.items()))
+
+
+def cache_key(plan, source, forms: str = "") -> str:
     from ... import __version__
     from .cpu import this_cpu
 
@@ -308,6 +323,7 @@ def cache_key(plan, source) -> str:
             str(torch.get_num_threads()),
             native.build_name(),  # a kernel change under the same version: timed again (a 4-bit
             # panel build read the int8 build's probe, decode 1 153 ms for a ~111 ms step, 3B)
+            forms,
         ]
     )
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
@@ -361,7 +377,7 @@ def run(runner, book, source, cache_dir=None, log=None, clock=time.perf_counter)
     cache's agreement check deterministic)."""
     from ..formats.weights import cache_root
 
-    path = (cache_dir or cache_root()) / "probe" / f"{cache_key(runner.plan, source)}.json"
+    path = (cache_dir or cache_root()) / "probe" / f"{cache_key(runner.plan, source, weight_forms(runner.w))}.json"
     rows, took, cached, cut, share, check, fitted = None, 0.0, False, None, None, None, None
     try:
         saved = json.loads(path.read_text())
