@@ -460,13 +460,17 @@ def test_the_fused_elementwise_ops_match_torch_and_do_not_depend_on_the_batch(ro
     gu = torch.randn(rows, 2 * f, generator=g) * 4
 
     def run(op, lo, hi):
-        hh = h[lo:hi].clone()
+        hh, plain = h[lo:hi].clone(), h[lo:hi].clone()
         x = op.add_rms_norm_(hh, a[lo:hi], w1, w2, 1e-6)
+        y = op.add_rms_norm_(plain, a[lo:hi], None, w2, 1e-6)  # a Llama block's residual add, then its norm
         return [
             hh,
             x,
+            plain,
+            y,
             op.rms_norm(a[lo:hi], w1, 1e-6),
             op.geglu(gu[lo:hi]),
+            op.swiglu(gu[lo:hi]),
             op.norm_rope(src[lo:hi], 0, heads, d, wn, 1e-6, cos[lo:hi], sin[lo:hi]),
             op.norm_rope(src[lo:hi], heads * d, 1, d, None, 1e-6, cos[lo:hi], sin[lo:hi]),
         ]
@@ -481,10 +485,12 @@ def test_the_fused_elementwise_ops_match_torch_and_do_not_depend_on_the_batch(ro
 
 @needs_native  # plain AVX2 (the conversions are integer ops): runs on every CPU, used where dense weights are bf16
 @pytest.mark.parametrize("rows,f", [(1, 2048), (77, 2048), (300, 2048), (3, 13)])  # 13: the scalar tail
-def test_the_bf16_geglu_gives_the_bits_of_the_fp32_one_then_a_cast(rows, f):
+@pytest.mark.parametrize("act", ["geglu", "swiglu"])
+def test_the_bf16_glu_gives_the_bits_of_the_fp32_one_then_a_cast(rows, f, act):
+    fn = getattr(native, act)
     gu = (torch.randn(rows, 2 * f, generator=torch.Generator().manual_seed(rows)) * 4).bfloat16()
     gu[0, 0], gu[0, f] = float("inf"), 0.5  # an overflowing gate stays what the cast made of it
-    got, want = native.geglu(gu), native.geglu(gu.float()).bfloat16()
+    got, want = fn(gu), fn(gu.float()).bfloat16()
     assert got.dtype == torch.bfloat16 and torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 

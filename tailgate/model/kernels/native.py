@@ -84,6 +84,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.add_rms_norm.argtypes, lib.add_rms_norm.restype = [P, P, B, I64, I64, P, P, F, P, B], None
     lib.norm_rope.argtypes, lib.norm_rope.restype = [P, B, I64, I64, I64, I64, P, F, P, P, P], None
     lib.geglu.argtypes, lib.geglu.restype = [P, B, I64, I64, P], None
+    lib.swiglu.argtypes, lib.swiglu.restype = [P, B, I64, I64, P], None
     lib.gather_f16_bf16.argtypes, lib.gather_f16_bf16.restype = [P, I64, P, I64, P], None
     lib.kv_write_f16.argtypes, lib.kv_write_f16.restype = [P, I64, P, I64, P, I64, B], None
     # csrc/blocks.c: GGUF matrices as stored (model/kernels/blocks.py)
@@ -396,13 +397,13 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, out_dtype: torch.dtyp
 def add_rms_norm_(
     h: torch.Tensor,
     a: torch.Tensor,
-    w1: torch.Tensor,
+    w1: torch.Tensor | None,
     w2: torch.Tensor | None,
     eps: float,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor | None:
-    """h += RMSNorm(a) * w1 in place; then RMSNorm(h) * w2 in `out_dtype` (default h's), or None
-    when w2 is None. h: [T, n] fp32; a: [T, n] fp32 or bf16."""
+    """h += RMSNorm(a) * w1 in place (h += a where w1 is None); then RMSNorm(h) * w2 in
+    `out_dtype` (default h's), or None when w2 is None. h: [T, n] fp32; a: [T, n] fp32 or bf16."""
     a = a.contiguous()
     t, n = h.shape
     out = torch.empty(t, n, dtype=out_dtype or h.dtype, device=h.device) if w2 is not None else None
@@ -412,7 +413,7 @@ def add_rms_norm_(
         _is_bf16(a, "input"),
         t,
         n,
-        w1.data_ptr(),
+        None if w1 is None else w1.data_ptr(),
         None if w2 is None else w2.data_ptr(),
         eps,
         None if out is None else out.data_ptr(),
@@ -494,4 +495,13 @@ def geglu(gu: torch.Tensor) -> torch.Tensor:
     t, f2 = gu.shape
     out = torch.empty(t, f2 // 2, dtype=gu.dtype, device=gu.device)
     _LIB.geglu(gu.data_ptr(), _is_bf16(gu, "input"), t, f2 // 2, out.data_ptr())
+    return out
+
+
+def swiglu(gu: torch.Tensor) -> torch.Tensor:
+    """silu(gu[:, :f]) * gu[:, f:] for the fused gate/up output gu [T, 2f], in gu's dtype (as geglu)."""
+    gu = gu.contiguous()
+    t, f2 = gu.shape
+    out = torch.empty(t, f2 // 2, dtype=gu.dtype, device=gu.device)
+    _LIB.swiglu(gu.data_ptr(), _is_bf16(gu, "input"), t, f2 // 2, out.data_ptr())
     return out

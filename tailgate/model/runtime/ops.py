@@ -4,11 +4,11 @@ and stay the same text for both.
 
 Each set provides:
 - `rms_norm(x, w, eps, out_dtype=None)`
-- `add_rms_norm_(h, a, w1, w2, eps, out_dtype=None)`: h += RMSNorm(a) * w1 in place, then
-  RMSNorm(h) * w2 (or None); `a` may be narrower than h (a bf16 matmul's output)
+- `add_rms_norm_(h, a, w1, w2, eps, out_dtype=None)`: h += RMSNorm(a) * w1 in place (h += a where
+  w1 is None), then RMSNorm(h) * w2 (or None); `a` may be narrower than h (a bf16 matmul's output)
 - `norm_rope(src, col, heads, d, w, eps, cos, sin)`: columns [col, col + heads*d) of src as
   [T, heads, d], per-head RMSNorm * w (skipped when w is None), then rotate-half RoPE, in cos's dtype
-- `geglu(gu)`: gelu_tanh(gate) * up over the fused gate/up output
+- `geglu(gu)`: gelu_tanh(gate) * up over the fused gate/up output; `swiglu(gu)`: silu(gate) * up
 `out_dtype` (default: the input's, h's for add_rms_norm_) is what the next matmul reads (`takes`).
 """
 
@@ -29,7 +29,7 @@ def _rms_norm(x, w, eps, out_dtype=None):
 
 
 def _add_rms_norm_(h, a, w1, w2, eps, out_dtype=None):
-    h.add_(rms_norm(a.to(h.dtype), w1, eps))
+    h.add_(a.to(h.dtype) if w1 is None else rms_norm(a.to(h.dtype), w1, eps))
     return None if w2 is None else _rms_norm(h, w2, eps, out_dtype)
 
 
@@ -43,9 +43,20 @@ def _geglu(gu):
     return F.gelu(gate, approximate="tanh") * up
 
 
-TORCH = SimpleNamespace(rms_norm=_rms_norm, add_rms_norm_=_add_rms_norm_, norm_rope=_norm_rope, geglu=_geglu)
+def _swiglu(gu):
+    gate, up = gu.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+TORCH = SimpleNamespace(
+    rms_norm=_rms_norm, add_rms_norm_=_add_rms_norm_, norm_rope=_norm_rope, geglu=_geglu, swiglu=_swiglu
+)
 NATIVE = SimpleNamespace(
-    rms_norm=native.rms_norm, add_rms_norm_=native.add_rms_norm_, norm_rope=native.norm_rope, geglu=native.geglu
+    rms_norm=native.rms_norm,
+    add_rms_norm_=native.add_rms_norm_,
+    norm_rope=native.norm_rope,
+    geglu=native.geglu,
+    swiglu=native.swiglu,
 )
 
 
