@@ -265,7 +265,7 @@ def test_bf16_tiles_cover_every_chunk_of_a_long_row_and_every_panel_split_betwee
 def test_q6_k_blocks_in_the_heads_16_output_panels_keep_their_own_values_in_the_files_size():
     b = random_blocks("Q6_K", 32, 768, 8)
     for variant in native.Q4K_WIDE:
-        assert q8_panels([b], variant, 16)[2] == native.Q8_VARIANTS[variant]  # a layer's: int8
+        assert q8_panels([b], variant, 16)[2] == native.Q8_VARIANTS[variant]  # without `six`: int8 (AMX's layers)
         p = q8_panels([b], variant, 16, six=True)  # the head's
         assert isinstance(p, Panels) and p[2] == native.Q6K_WIDE and p.as_stored
         rows = torch.arange(0, 32, 4)
@@ -485,7 +485,7 @@ def test_gemma3s_q5_0_and_q4_k_matrices_run_from_bit_panels_of_their_own_values_
     assert torch.equal(
         panel_rows(gate_up[1], torch.arange(0, 2048, 97)), raw["layers.0.up"].dequantize(torch.arange(0, 2048, 97))
     )
-    # o and half the downs: Q4_K in 4-bit panels; the other downs Q6_K, quantized to int8
+    # o and half the downs: Q4_K in 4-bit panels; the other downs Q6_K, quantized to int8 (AVX2)
     assert {w[f"layers.{i}.o"].wide[2] for i in range(r.model.spec.n_layers)} == {native.Q4K_PANELS}
     assert {w[f"layers.{i}.down"].wide[2] for i in range(r.model.spec.n_layers)} == {native.Q4K_PANELS, 0}
     assert torch.equal(
@@ -504,7 +504,7 @@ def test_gemma3s_q5_0_and_q4_k_matrices_run_from_bit_panels_of_their_own_values_
 
 
 def test_on_avx512_vnni_a_layers_q6_k_matrices_stay_in_their_6_bits_and_run_the_exact_product(rig):
-    """Gemma 3 270M's Q4_K_M file stores a third of its downs as Q6_K: on AVX-512 VNNI without AMX
+    """Gemma 3 270M's Q4_K_M file stores half its downs as Q6_K: on AVX-512 VNNI without AMX
     (choice.six_bits) they are read in the file's bits at every call, not as int8 panels quantized
     from them; on AMX they stay int8, whose prompt rows the tiles take."""
     from tailgate.model.kernels.choice import six_bits

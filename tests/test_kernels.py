@@ -451,23 +451,28 @@ def test_the_fused_elementwise_ops_match_torch_and_do_not_depend_on_the_batch(ro
     from tailgate.model.runtime.ops import NATIVE, TORCH
 
     g = torch.Generator().manual_seed(rows)
-    n, f = 640, 2048
+    n, f = 640, 2053  # f: the GLUs' 8-lane body and their scalar tail
     h, a = torch.randn(rows, n, generator=g) * 3, torch.randn(rows, n, generator=g) * 40
     w1, w2 = torch.randn(n, generator=g), torch.randn(n, generator=g)
     src = torch.randn(rows, (heads + 2) * d, generator=g) * 4  # a fused qkv-like row: q heads, then k, v
     wn = torch.randn(d, generator=g)
     cos, sin = rope_tables(torch.arange(7, 7 + rows), d, 10000.0, torch.float32)
     gu = torch.randn(rows, 2 * f, generator=g) * 4
+    gu[0, :3] = torch.tensor([-100.0, 100.0, -3e38])  # gates past the exp polynomial's range
 
     def run(op, lo, hi):
         hh, plain = h[lo:hi].clone(), h[lo:hi].clone()
         x = op.add_rms_norm_(hh, a[lo:hi], w1, w2, 1e-6)
         y = op.add_rms_norm_(plain, a[lo:hi], None, w2, 1e-6)  # a Llama block's residual add, then its norm
+        narrow = h[lo:hi].clone()
+        z = op.add_rms_norm_(narrow, a[lo:hi].bfloat16(), None, w2, 1e-6)  # a bf16 product added
         return [
             hh,
             x,
             plain,
             y,
+            narrow,
+            z,
             op.rms_norm(a[lo:hi], w1, 1e-6),
             op.geglu(gu[lo:hi]),
             op.swiglu(gu[lo:hi]),

@@ -54,22 +54,31 @@ def test_a_probe_cached_for_one_kernel_build_is_not_read_by_another(monkeypatch,
     assert probe.cache_key(plan, source) != a
 
 
-def test_a_probe_cached_for_one_set_of_weight_forms_is_not_read_by_another(loaded, tmp_path):
+def test_a_probe_cached_for_one_set_of_weight_forms_is_not_read_by_another(rig, tmp_path, monkeypatch):
     """The same plan and sources can hold a matrix in another form (a layer's Q6_K in int8 panels
-    or in its 6 bits): the key counts the forms, so the steps are timed again."""
-    from tailgate.model.kernels.blocks import Panels
-    from tailgate.model.kernels.choice import Linear, choose
+    or in its 6 bits): the key counts the forms, so a start whose forms differ times the steps again."""
+    from types import SimpleNamespace
 
-    plan, source = choose("fp32", "q8", "cpu"), tmp_path / "model.gguf"
-    source.write_bytes(b"GGUF")
-    m = loaded("smollm2-135m")
-    w = {"layers.0.o": Linear(m.weights["layers.0.o"], choose("fp32", "gguf", "cpu"), "layers"), "norm": None}
-    forms = probe.weight_forms(w)
-    q, d, code = w["layers.0.o"].wide if isinstance(w["layers.0.o"].wide, Panels) else w["layers.0.o"].wide[0]
-    assert forms == f"{code}x1"
-    w["layers.0.o"].wide = Panels((q, d, 99))
-    assert probe.weight_forms(w) == "99x1"
-    assert probe.cache_key(plan, source, forms) != probe.cache_key(plan, source, probe.weight_forms(w))
+    import torch
+
+    from tailgate.model.kernels.blocks import Panels, SegmentPanels
+
+    q, d = torch.zeros(16, 32, dtype=torch.int8), torch.zeros(16, 1)
+    w = {
+        "a": SimpleNamespace(wide=Panels((q, d, 9))),
+        "b": SimpleNamespace(wide=SegmentPanels([Panels((q, d, 7)), Panels((q, d, 9))])),
+        "c": SimpleNamespace(wide=None),
+        "norm": torch.ones(4),
+        "embed": None,
+    }
+    assert probe.weight_forms(w) == "7x1 9x2"
+    clock = fake_clock()
+    r = rig("smollm2-135m", "auto", "auto")
+    probe.run(r.runner, r.book, r.model.source, cache_dir=tmp_path, clock=clock)
+    assert probe.run(r.runner, r.book, r.model.source, cache_dir=tmp_path, clock=clock).cached
+    monkeypatch.setattr(probe, "weight_forms", lambda w: "99x1")  # one matrix held in another form
+    assert not probe.run(r.runner, r.book, r.model.source, cache_dir=tmp_path, clock=clock).cached
+    r.assert_no_leak()
 
 
 def test_a_probe_shapes_features_are_the_ones_the_engine_counts_for_that_step():

@@ -9,7 +9,7 @@ import torch
 
 from ..runtime.context import StepContext
 from ..runtime.kv_cache import KVCache
-from ..runtime.layers import glu_mlp, linear, paged_attention, raw, rope_tables, takes
+from ..runtime.layers import linear, paged_attention, raw, rope_tables, takes
 from ..runtime.ops import ops
 from ..spec import ModelSpec
 
@@ -53,9 +53,14 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
         )
         o = raw(a.reshape(T, hq * d), w[p + "o"])
         x = op.add_rms_norm_(h, o, None, w[p + "ffn_norm"], spec.eps, takes(w[p + "gate_up"], T))
-        x = glu_mlp(x, w[p + "gate_up"], w[p + "down"], op.swiglu, ctx.native)
+        gu = raw(x, w[p + "gate_up"]) if ctx.native else linear(x, w[p + "gate_up"], h.dtype)
+        act = op.swiglu(gu)
+        # down reads the SwiGLU in h's dtype, as before the fusion, unless its kernel takes the
+        # SwiGLU's own (bf16 dense weights): a q8 kernel given bf16 rows would round its fp32 product
+        # to bf16 before the residual add (issue 35's error); the add widens either exactly.
+        down = raw(act if takes(w[p + "down"], T) == act.dtype else act.to(h.dtype), w[p + "down"])
         last = i + 1 == spec.n_layers
         nxt = None if last else w[f"layers.{i + 1}.attn_norm"]
-        x = op.add_rms_norm_(h, x, None, nxt, spec.eps, None if last else takes(w[f"layers.{i + 1}.qkv"], T))
+        x = op.add_rms_norm_(h, down, None, nxt, spec.eps, None if last else takes(w[f"layers.{i + 1}.qkv"], T))
     h = op.rms_norm(h[ctx.sample_rows], w["final_norm"], spec.eps)
     return linear(h, w["head"])

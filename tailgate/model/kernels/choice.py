@@ -364,7 +364,8 @@ def six_bits(variant: str, group: str) -> bool:
     (`tailgate bench step`, three alternated pairs, means): decode 1 row 28.5 -> 25.6 ms, 4 rows
     39.6 -> 36.4, 16 rows 101.5 -> 100.6, 64 rows 337 -> 353, prefill 256 rows 1023 -> 1090. A
     stream's decode step is ~10 % faster and a prompt ~6 % slower. On AMX a layer's Q6_K stays int8:
-    its prompt rows go to the tiles, which the 6-bit panels have no form for."""
+    its prompt rows go to the tiles, which the 6-bit panels have no form for (an AMX Xeon whose OS
+    refuses the tiles runs the avx512_vnni variant, so 6 bits: not measured there)."""
     return group == "head" or variant == "avx512_vnni"
 
 

@@ -323,8 +323,8 @@ def cache_key(plan, source, forms: str = "") -> str:
             str(torch.get_num_threads()),
             native.build_name(),  # a kernel change under the same version: timed again (a 4-bit
             # panel build read the int8 build's probe, decode 1 153 ms for a ~111 ms step, 3B)
-            forms,
         ]
+        + ([forms] if forms else [])
     )
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
 

@@ -274,10 +274,12 @@ void geglu(const void* gu, int bf16, int64_t rows, int64_t f, void* out) {
 }
 
 /* silu(g) * u, 8 lanes: g / (1 + e^-g) with e^-|g| from exp_neg (g >= 0: g / (1 + t); g < 0, where
- * e^-g = 1 / t: g t / (1 + t)), so no exponent overflows. */
+ * e^-g = 1 / t: g t / (1 + t)), so no exponent overflows. exp_neg stops at -87, so past |g| = 87
+ * t is 0: silu is then g, or -0 for a very negative g (and NaN for -inf), as torch's. */
 static inline __attribute__((always_inline)) __m256 swiglu8(__m256 g, __m256 u) {
   const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
-  const __m256 t = exp_neg(_mm256_or_ps(g, sign)); /* e^-|g| */
+  const __m256 na = _mm256_or_ps(g, sign); /* -|g| */
+  const __m256 t = _mm256_andnot_ps(_mm256_cmp_ps(na, _mm256_set1_ps(-87.0f), _CMP_LT_OQ), exp_neg(na));
   const __m256 num = _mm256_blendv_ps(g, _mm256_mul_ps(g, t), g); /* the sign bit picks g t */
   return _mm256_mul_ps(_mm256_div_ps(num, _mm256_add_ps(one, t)), u);
 }
