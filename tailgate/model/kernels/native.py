@@ -488,20 +488,21 @@ def kv_write_f16(pool: torch.Tensor, slots: torch.Tensor, src: torch.Tensor) -> 
     )
 
 
-def geglu(gu: torch.Tensor) -> torch.Tensor:
-    """gelu_tanh(gu[:, :f]) * gu[:, f:] for the fused gate/up output gu [T, 2f], in gu's dtype:
-    fp32, or bf16 (computed in fp32, rounded as a cast would)."""
+def _glu(gu: torch.Tensor, fn) -> torch.Tensor:
+    """fn (csrc/fused.c geglu or swiglu) over the fused gate/up output gu [T, 2f], into [T, f] in
+    gu's dtype: fp32, or bf16 (computed in fp32, rounded as a cast would)."""
     gu = gu.contiguous()
     t, f2 = gu.shape
     out = torch.empty(t, f2 // 2, dtype=gu.dtype, device=gu.device)
-    _LIB.geglu(gu.data_ptr(), _is_bf16(gu, "input"), t, f2 // 2, out.data_ptr())
+    fn(gu.data_ptr(), _is_bf16(gu, "input"), t, f2 // 2, out.data_ptr())
     return out
+
+
+def geglu(gu: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gu[:, :f]) * gu[:, f:] (`_glu`)."""
+    return _glu(gu, _LIB.geglu)
 
 
 def swiglu(gu: torch.Tensor) -> torch.Tensor:
-    """silu(gu[:, :f]) * gu[:, f:] for the fused gate/up output gu [T, 2f], in gu's dtype (as geglu)."""
-    gu = gu.contiguous()
-    t, f2 = gu.shape
-    out = torch.empty(t, f2 // 2, dtype=gu.dtype, device=gu.device)
-    _LIB.swiglu(gu.data_ptr(), _is_bf16(gu, "input"), t, f2 // 2, out.data_ptr())
-    return out
+    """silu(gu[:, :f]) * gu[:, f:] (`_glu`)."""
+    return _glu(gu, _LIB.swiglu)

@@ -38,14 +38,17 @@ def _norm_rope(src, col, heads, d, w, eps, cos, sin):
     return apply_rope(x if w is None else rms_norm(x, w, eps), cos, sin)
 
 
-def _geglu(gu):
-    gate, up = gu.chunk(2, dim=-1)
-    return F.gelu(gate, approximate="tanh") * up
+def _glu(act):
+    """act(gate) * up over the fused gate/up output."""
+
+    def run(gu):
+        gate, up = gu.chunk(2, dim=-1)
+        return act(gate) * up
+
+    return run
 
 
-def _swiglu(gu):
-    gate, up = gu.chunk(2, dim=-1)
-    return F.silu(gate) * up
+_geglu, _swiglu = _glu(lambda g: F.gelu(g, approximate="tanh")), _glu(F.silu)
 
 
 TORCH = SimpleNamespace(

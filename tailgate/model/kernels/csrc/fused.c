@@ -252,27 +252,6 @@ static inline __attribute__((always_inline)) __m256 geglu8(__m256 x, __m256 u) {
   return _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, tanh8(inner))), u);
 }
 
-/* out[rows, f] = gelu_tanh(gu[:, :f]) * gu[:, f:] (Gemma's MLP; gu is the fused gate/up output).
- * gu and out are fp32, or bf16 where `bf16` says so: on the plans whose dense matmuls are bf16 the
- * gate/up product comes out in bf16 and the down projection takes bf16, so the step's widest
- * tensors skip a cast each way -- with the same bits (bf16 rows widen exactly; the result rounds
- * as the cast did). */
-void geglu(const void* gu, int bf16, int64_t rows, int64_t f, void* out) {
-  const int64_t es = bf16 ? 2 : 4;
-#pragma omp parallel for schedule(static) if (rows * f >= PAR_MIN)
-  for (int64_t t = 0; t < rows; ++t) {
-    float gb[bf16 ? f : 1], ub[bf16 ? f : 1], res[bf16 ? f : 1];
-    const char* row = (const char*)gu + t * 2 * f * es;
-    const float *g = row_f32(row, bf16, f, gb), *u = row_f32(row + f * es, bf16, f, ub);
-    void* o = (char*)out + t * f * es;
-    float* of = out_f32(o, bf16, res);
-    int64_t i = 0;
-    for (; i + 8 <= f; i += 8) _mm256_storeu_ps(of + i, geglu8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
-    for (; i < f; ++i) of[i] = gelu_tanh1(g[i]) * u[i];
-    put_row(res, bf16, f, o);
-  }
-}
-
 /* silu(g) * u, 8 lanes: g / (1 + e^-g) with e^-|g| from exp_neg (g >= 0: g / (1 + t); g < 0, where
  * e^-g = 1 / t: g t / (1 + t)), so no exponent overflows. exp_neg stops at -87, so past |g| = 87
  * t is 0: silu is then g, or -0 for a very negative g (and NaN for -inf), as torch's. */
@@ -284,10 +263,15 @@ static inline __attribute__((always_inline)) __m256 swiglu8(__m256 g, __m256 u) 
   return _mm256_mul_ps(_mm256_div_ps(num, _mm256_add_ps(one, t)), u);
 }
 
-/* out[rows, f] = silu(gu[:, :f]) * gu[:, f:] (a Llama-shaped MLP's SwiGLU over the fused gate/up
- * output), fp32 or bf16 as geglu: one pass where torch's took a split, a silu and a product (~40 us
- * a layer at one row of Llama 3.2 3B's 8192, AMD EPYC Zen 4). */
-void swiglu(const void* gu, int bf16, int64_t rows, int64_t f, void* out) {
+/* out[rows, f] = act(gu[:, :f]) * gu[:, f:] over the fused gate/up output gu: GeGLU (Gemma's MLP)
+ * or, with `silu`, SwiGLU (a Llama-shaped MLP's; one pass where torch's took a split, a silu and a
+ * product: ~40 us a layer at one row of Llama 3.2 3B's 8192, AMD EPYC Zen 4). gu and out are fp32,
+ * or bf16 where `bf16` says so: on the plans whose dense matmuls are bf16 the gate/up product comes
+ * out in bf16 and the down projection takes bf16, so the step's widest tensors skip a cast each way
+ * -- with the same bits (bf16 rows widen exactly; the result rounds as the cast did). Inlined into
+ * each entry point with `silu` constant. */
+static inline __attribute__((always_inline)) void glu_rows(const void* gu, int bf16, int64_t rows, int64_t f,
+                                                           void* out, const int silu) {
   const int64_t es = bf16 ? 2 : 4;
 #pragma omp parallel for schedule(static) if (rows * f >= PAR_MIN)
   for (int64_t t = 0; t < rows; ++t) {
@@ -297,8 +281,15 @@ void swiglu(const void* gu, int bf16, int64_t rows, int64_t f, void* out) {
     void* o = (char*)out + t * f * es;
     float* of = out_f32(o, bf16, res);
     int64_t i = 0;
-    for (; i + 8 <= f; i += 8) _mm256_storeu_ps(of + i, swiglu8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
-    for (; i < f; ++i) of[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    for (; i + 8 <= f; i += 8) {
+      const __m256 gv = _mm256_loadu_ps(g + i), uv = _mm256_loadu_ps(u + i);
+      _mm256_storeu_ps(of + i, silu ? swiglu8(gv, uv) : geglu8(gv, uv));
+    }
+    for (; i < f; ++i) of[i] = (silu ? g[i] / (1.0f + expf(-g[i])) : gelu_tanh1(g[i])) * u[i];
     put_row(res, bf16, f, o);
   }
 }
+
+void geglu(const void* gu, int bf16, int64_t rows, int64_t f, void* out) { glu_rows(gu, bf16, rows, f, out, 0); }
+
+void swiglu(const void* gu, int bf16, int64_t rows, int64_t f, void* out) { glu_rows(gu, bf16, rows, f, out, 1); }
