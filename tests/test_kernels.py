@@ -422,14 +422,16 @@ def test_native_prompt_attention_matches_masked_sdpa_for_fresh_walked_and_window
 @needs_native
 @pytest.mark.parametrize("lanes", [8, 16])
 def test_rows_split_into_spans_merge_to_sdpa_across_scratch_groups_and_alone(lanes):
-    # 40 rows of 300-1000 keys: 5-8 spans each, over the 128 partial results one scratch group holds,
-    # so the rows go in several groups; Llama 3.2 1B's head shape (8 kv heads of 64, 4 query heads each)
+    # 80 rows of 449-1000 keys, 8 spans each: 640 partial results, where one scratch group holds
+    # 4 MiB / ((32 x 64 + 64) x 4 bytes) = 496 (csrc/attn.c ATTN_GROUP_BYTES), so the rows go in two
+    # groups; Llama 3.2 1B's head shape (8 kv heads of 64, 4 query heads each)
     if lanes == 16 and native.attention_lanes() < 16:
         pytest.skip(f"this CPU ({this_cpu().model}) has no AVX-512")
     g = torch.Generator().manual_seed(11)
     hq, hkv, d, slots_n = 32, 8, 64, 2048
     k_pool, v_pool = (torch.randn(slots_n, hkv, d, generator=g).half() for _ in range(2))
-    lens = torch.randint(300, 1001, (40,), generator=g)
+    lens = torch.randint(449, 1001, (80,), generator=g)
+    assert 80 * 8 * (hq * d + 2 * hq) * 4 > 4 << 20  # more partials than one group holds
     slots = torch.stack([torch.randperm(slots_n, generator=g)[:1000] for _ in lens])
     q = torch.randn(len(lens), hq, d, generator=g)
     out = native.decode_attention(q, k_pool, v_pool, slots, lens, d**-0.5, lanes=lanes)
@@ -437,7 +439,7 @@ def test_rows_split_into_spans_merge_to_sdpa_across_scratch_groups_and_alone(lan
         k, v = (p[slots[i, :n]].float().transpose(0, 1) for p in (k_pool, v_pool))  # [hkv, n, d]
         want = F.scaled_dot_product_attention(q[i].unsqueeze(1), k, v, scale=d**-0.5, enable_gqa=True)
         assert torch.allclose(out[i], want.squeeze(1), atol=2e-5, rtol=1e-4), (i, n)
-    for i in (0, 23, 39):  # a row's bits do not depend on the rows beside it or on the group it fell in
+    for i in (0, 47, 79):  # a row's bits do not depend on the rows beside it or on the group it fell in
         one = native.decode_attention(
             q[i : i + 1], k_pool, v_pool, slots[i : i + 1], lens[i : i + 1], d**-0.5, lanes=lanes
         )

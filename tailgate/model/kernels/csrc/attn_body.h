@@ -208,12 +208,15 @@ static inline __attribute__((always_inline)) int FN(attend)(const float* q, cons
                                                             float* out) {
   const int64_t part = hq * d + 2 * hq, cap_bytes = ATTN_GROUP_BYTES / (part * (int64_t)sizeof(float));
   const int64_t cap = cap_bytes > ATTN_MAX_SPANS ? cap_bytes : ATTN_MAX_SPANS;
-  int64_t nt = 0, ng = 0;
-  for (int64_t r = 0; r < b; ++r) nt += attn_spans(lens[r]);
+  int64_t nt = 0, ng = 0, split = 0;
+  for (int64_t r = 0; r < b; ++r) {
+    const int64_t s = attn_spans(lens[r]);
+    nt += s, split += s > 1 ? s : 0;
+  }
   /* per task: row, span, and its partial's place in the group's scratch (-1: the row's only span);
    * group g is tasks [gs[g], gs[g + 1]) */
-  int64_t* tk = malloc((size_t)(4 * nt + b + 2) * sizeof(int64_t));
-  float* parts = malloc((size_t)(cap * part) * sizeof(float));
+  int64_t* tk = malloc((size_t)(3 * nt + b + 1) * sizeof(int64_t));
+  float* parts = malloc((size_t)((split < cap ? split : cap) * part + 1) * sizeof(float)); /* no more than used */
   if (!tk || !parts) {
     free(tk);
     free(parts);
