@@ -78,7 +78,7 @@ def _declare(lib: ctypes.CDLL) -> None:
             getattr(lib, name).argtypes = [P, P, P, P, P, I64, I64, I64, I64, I64, F, P]
             getattr(lib, name).restype = ctypes.c_int
         fn = getattr(lib, f"prompt_attention_{lanes}")
-        fn.argtypes, fn.restype = [P, P, P, ctypes.c_int, P, P, P, I64, I64, I64, I64, I64, F, P], ctypes.c_int
+        fn.argtypes, fn.restype = [P, P, P, ctypes.c_int, P, P, P, I64, I64, I64, I64, F, P], ctypes.c_int
     B = ctypes.c_int
     lib.rms_norm.argtypes, lib.rms_norm.restype = [P, B, I64, I64, P, F, P, B], None
     lib.add_rms_norm.argtypes, lib.add_rms_norm.restype = [P, P, B, I64, I64, P, P, F, P, B], None
@@ -335,7 +335,6 @@ def prompt_attention(
     lens: torch.Tensor,
     scale: float,
     lanes: int | None = None,
-    width: int | None = None,
 ) -> torch.Tensor:
     """Prompt rows through the decode kernel: q [T, Hq, D]; slots [K] int64, the keys' pool slots in
     position order; row i attends over slots[starts[i] : starts[i] + lens[i]] (its causal and window
@@ -353,7 +352,6 @@ def prompt_attention(
         starts.data_ptr(),
         lens.data_ptr(),
         b,
-        width if width is not None else int(lens.max()) if b else 0,
         hq,
         k_pool.shape[1],
         d,

@@ -24,7 +24,7 @@ class PromptKeys(NamedTuple):
     rows, `write_slots[r0:r1]`). For SDPA an additive mask [Tq, K] (0 / -inf, in the dtype the
     prompt attends in: SDPA would build that from a bool mask on every call, 18 a step, ~25 us each
     for a 64 x 192 chunk on the Xeon), None when plainly causal; for the native kernel each row's
-    range of the slots instead (`starts`, `lens` [Tq] int64, `width` their longest)."""
+    range of the slots instead (`starts`, `lens` [Tq] int64)."""
 
     r0: int
     r1: int
@@ -32,7 +32,6 @@ class PromptKeys(NamedTuple):
     mask: torch.Tensor | None = None
     starts: torch.Tensor | None = None
     lens: torch.Tensor | None = None
-    width: int = 0
 
 
 @dataclass
@@ -125,7 +124,7 @@ def build_context(
             if native_prompts:  # row i sees keys [max(k0, q - window + 1), q]: a range of the slots
                 lo = np.maximum(qpos - (window or s.end) + 1, k0) - k0
                 lens = qpos - k0 + 1 - lo
-                view.prefill.append(PromptKeys(r0, r1, slots, None, t(lo), t(lens), int(lens.max())))
+                view.prefill.append(PromptKeys(r0, r1, slots, None, t(lo), t(lens)))
             elif fresh:
                 view.prefill.append(PromptKeys(r0, r1, None))
             else:

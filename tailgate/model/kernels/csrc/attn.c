@@ -29,6 +29,15 @@
 #include "simd.h"
 
 #define VTILE 16 /* keys per tile: one KV page */
+/* CALL(JB) for a block of `left` query heads of one kv head, at most 4, with JB a constant (the
+ * passes keep 4 x JB accumulators in registers). */
+#define BY_HEADS(left, CALL)                    \
+  switch ((left) >= 4 ? 4 : (int)(left)) {      \
+    case 4: CALL(4); break;                     \
+    case 3: CALL(3); break;                     \
+    case 2: CALL(2); break;                     \
+    default: CALL(1); break;                    \
+  }
 #define ATTN_MAX_SPANS 8
 #define ATTN_MIN_SPAN 64
 /* The split rows' partial results held at once; rows beyond wait for the next group (a barrier).

@@ -128,12 +128,9 @@ static inline __attribute__((always_inline)) void FN(span)(const float* qr, cons
         for (int64_t j0 = 0; j0 < g; j0 += 4) {
           const float* qj = qr + (h * g + j0) * d;
           float* pj = p + (h * g + j0) * VTILE + t;
-          switch (g - j0 >= 4 ? 4 : (int)(g - j0)) {
-            case 4: FN(score_group)(qj, kpool, half, ko + t, h * d, d, scale, pj, valid, 4); break;
-            case 3: FN(score_group)(qj, kpool, half, ko + t, h * d, d, scale, pj, valid, 3); break;
-            case 2: FN(score_group)(qj, kpool, half, ko + t, h * d, d, scale, pj, valid, 2); break;
-            default: FN(score_group)(qj, kpool, half, ko + t, h * d, d, scale, pj, valid, 1); break;
-          }
+#define SCORE(JB) FN(score_group)(qj, kpool, half, ko + t, h * d, d, scale, pj, valid, JB)
+          BY_HEADS(g - j0, SCORE);
+#undef SCORE
         }
       }
     }
@@ -158,14 +155,17 @@ static inline __attribute__((always_inline)) void FN(span)(const float* qr, cons
         const int64_t hh = h * g + j0;
         const float *pj = p + hh * VTILE, *fj = fac + hh;
         float* oj = o + hh * d;
-        switch (g - j0 >= 4 ? 4 : (int)(g - j0)) {
-          case 4: FN(value_group)(pj, fj, vpool, half, ko, tn, h * d, d, oj, 4); break;
-          case 3: FN(value_group)(pj, fj, vpool, half, ko, tn, h * d, d, oj, 3); break;
-          case 2: FN(value_group)(pj, fj, vpool, half, ko, tn, h * d, d, oj, 2); break;
-          default: FN(value_group)(pj, fj, vpool, half, ko, tn, h * d, d, oj, 1); break;
-        }
+#define VALUE(JB) FN(value_group)(pj, fj, vpool, half, ko, tn, h * d, d, oj, JB)
+        BY_HEADS(g - j0, VALUE);
+#undef VALUE
       }
   }
+}
+
+/* oh[0 .. d) /= sum (0 when sum is 0: a row of no keys). */
+static inline __attribute__((always_inline)) void FN(normalise)(float* oh, float sum, int64_t d) {
+  const VEC inv = vset1(sum > 0.0f ? 1.0f / sum : 0.0f);
+  for (int64_t i = 0; i < d; i += LANES) vstore(oh + i, vmul(inv, vload(oh + i)));
 }
 
 /* The merge of a split row's spans (in span order): out = sum_k e^(m_k - M) o_k / sum_k e^(m_k - M) l_k
@@ -186,8 +186,7 @@ static inline __attribute__((always_inline)) void FN(merge)(const float* pt, int
       for (int64_t i = 0; i < d; i += LANES)
         vstore(oh + i, vfma(vset1(f), vload(pk + hh * d + i), k ? vload(oh + i) : vzero()));
     }
-    const VEC inv = vset1(sum > 0.0f ? 1.0f / sum : 0.0f);
-    for (int64_t i = 0; i < d; i += LANES) vstore(oh + i, vmul(inv, vload(oh + i)));
+    FN(normalise)(oh, sum, d);
   }
 }
 
@@ -253,10 +252,7 @@ static inline __attribute__((always_inline)) int FN(attend)(const float* q, cons
         if (tpart[t] < 0) { /* the row's only span: accumulate in place, then normalise */
           float *o = out + row * hq * d, *ml = p + hq * VTILE + hq;
           FN(span)(qr, kpool, vpool, half, sl, kn, n - k0, hq, hkv, d, scale, o, ml, ml + hq, p);
-          for (int64_t hh = 0; hh < hq; ++hh) {
-            const VEC inv = vset1(ml[hq + hh] > 0.0f ? 1.0f / ml[hq + hh] : 0.0f);
-            for (int64_t i = 0; i < d; i += LANES) vstore(o + hh * d + i, vmul(inv, vload(o + hh * d + i)));
-          }
+          for (int64_t hh = 0; hh < hq; ++hh) FN(normalise)(o + hh * d, ml[hq + hh], d);
         } else {
           float* pt = parts + tpart[t] * part;
           FN(span)(qr, kpool, vpool, half, sl, kn, n - k0, hq, hkv, d, scale, pt, pt + hq * d, pt + hq * d + hq, p);
@@ -287,12 +283,11 @@ int FN(decode_attention_f16)(const float* q, const uint16_t* kpool, const uint16
   return FN(attend)(q, kpool, vpool, 1, slots, NULL, lens, b, w, hq, hkv, d, scale, out);
 }
 
-/* Prompt rows (see attend): slots [K] shared, row i over slots[starts[i] .. starts[i] + lens[i]),
- * w >= every lens[i] (unused: kept for the callers' signature); `half`: fp16 pools. */
+/* Prompt rows (see attend): slots [K] shared, row i over slots[starts[i] .. starts[i] + lens[i]);
+ * `half`: fp16 pools. */
 int FN(prompt_attention)(const float* q, const void* kpool, const void* vpool, int half, const int64_t* slots,
-                         const int64_t* starts, const int64_t* lens, int64_t b, int64_t w, int64_t hq, int64_t hkv,
-                         int64_t d, float scale, float* out) {
-  (void)w;
+                         const int64_t* starts, const int64_t* lens, int64_t b, int64_t hq, int64_t hkv, int64_t d,
+                         float scale, float* out) {
   return half ? FN(attend)(q, kpool, vpool, 1, slots, starts, lens, b, 0, hq, hkv, d, scale, out)
               : FN(attend)(q, kpool, vpool, 0, slots, starts, lens, b, 0, hq, hkv, d, scale, out);
 }
