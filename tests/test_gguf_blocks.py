@@ -312,6 +312,25 @@ def test_a_fused_q4_k_q6_k_and_q8_0_matrix_is_bit_and_int8_wide_panels_side_by_s
         assert torch.equal(y[:, 48:], native.q8_linear(x, *native.q8_quantize(parts[2].dequantize(), variant)))
 
 
+@pytest.mark.parametrize("variant", list(native.Q4K_WIDE))
+def test_the_wide_panels_give_the_same_bits_with_their_weights_prefetched_near_or_far(variant):
+    """csrc/q8.c prefetch_ahead: 32 KB ahead into L2 (AMD) or four blocks ahead into L1 (elsewhere)
+    moves when bytes arrive, never what is summed; the matrix spans many 32 KB strides."""
+    if not can_run(variant):
+        pytest.skip(f"this CPU cannot run the {variant} panels")
+    parts = [random_blocks("Q4_K", 256, 1024, 1), random_blocks("Q6_K", 64, 1024, 2), q8_0_blocks(64, 1024, 3)]
+    segs = q8_panels(parts, variant, 16, six=True)
+    x = torch.randn(5, 1024, generator=torch.Generator().manual_seed(5))
+    try:
+        seen = []
+        for far in (0, 1):
+            _LIB.q8_prefetch_far(far)
+            seen.append([segs.linear(x[:m]) for m in (1, 4, 5)])
+    finally:
+        _LIB.q8_prefetch_far(1 if this_cpu().prefetch_far else 0)
+    assert all(torch.equal(a, b) for a, b in zip(*seen))
+
+
 def test_a_fused_matrix_in_panels_of_different_forms_is_their_products_side_by_side_in_one_call():
     parts = [
         random_blocks("Q5_0", 32, 256, 1),

@@ -26,6 +26,7 @@ def test_cpuinfo_is_read_into_the_model_name_and_an_isa_class():
     assert (XEON.isa, XEON.native_bf16, XEON.onednn_bf16) == ("amx", True, True)
     assert OLD.isa == "baseline"
     assert (native.attention_lanes(EPYC), native.attention_lanes(XEON)) == (8, 16)  # decode attention's width
+    assert (EPYC.prefetch_far, XEON.prefetch_far, OLD.prefetch_far) == (True, False, False)  # csrc/q8.c
 
 
 # Our C kernels need a C compiler on x86-64; where there is none the plan falls back (tested

@@ -73,6 +73,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.q8_linear.argtypes, lib.q8_linear.restype = [P, I64, I64, P, P, I64, P, ctypes.c_int, I64, I64], ctypes.c_int
     lib.q8_offset.argtypes, lib.q8_offset.restype = [P, I64], None
     lib.q8_amx_init.argtypes, lib.q8_amx_init.restype = [], ctypes.c_int
+    lib.q8_prefetch_far.argtypes, lib.q8_prefetch_far.restype = [ctypes.c_int], None
     for lanes in (8, 16):
         for name in (f"decode_attention_{lanes}", f"decode_attention_f16_{lanes}"):
             getattr(lib, name).argtypes = [P, P, P, P, P, I64, I64, I64, I64, I64, F, P]
@@ -114,6 +115,9 @@ def load() -> tuple[ctypes.CDLL | None, str | None]:
                 try:
                     lib = ctypes.CDLL(str(_build(os.environ.get("CC", "cc"))))
                     _declare(lib)
+                    from .cpu import this_cpu
+
+                    lib.q8_prefetch_far(1 if this_cpu().prefetch_far else 0)
                     _LIB = lib
                 except (OSError, RuntimeError, subprocess.SubprocessError) as e:
                     _WHY = f"native kernels could not be built: {e}"
