@@ -10,6 +10,7 @@ import torch
 from ..runtime.context import StepContext
 from ..runtime.kv_cache import KVCache
 from ..runtime.layers import linear, paged_attention, raw, rope_tables, takes
+from ..runtime.native_layers import decode_layers
 from ..runtime.ops import ops
 from ..spec import ModelSpec
 
@@ -32,7 +33,9 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
     # SwiGLU is one pass (`swiglu`): a one-row step of Llama 3.2 3B spent ~50 us a layer in the
     # split, silu, product and adds they replace (AMD EPYC Zen 4).
     x = op.rms_norm(h, w["layers.0.attn_norm"], spec.eps, takes(w["layers.0.qkv"], T))
-    for i in range(spec.n_layers):
+    # A step of decode rows alone runs its layers in one native call where its kernels allow
+    # (runtime/native_layers.py: the same kernels in the same order, the same bits).
+    for i in range(0 if decode_layers(w, spec, ctx, kv, h, x, cos, sin) else spec.n_layers):
         p = f"layers.{i}."
         fam, k_pool, v_pool = kv.layer(i)
         # The norms write what the next matmul reads (`takes`) and the fused norm_rope reads qkv as

@@ -21,6 +21,7 @@ def token_bytes(spec: ModelSpec, dtype) -> dict[str, int]:
 class KVCache:
     def __init__(self, spec: ModelSpec, pages: dict[str, int], dtype, device):
         self.where: dict[int, tuple[str, int]] = {}
+        self.native_tables: dict = {}  # runtime/native_layers.py's layer tables (pointers into these pools)
         self.k: dict[str, torch.Tensor] = {}
         self.v: dict[str, torch.Tensor] = {}
         for fam, sliding in (("global", False), ("local", True)):

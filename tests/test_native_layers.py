@@ -1,0 +1,109 @@
+"""A decode step's layers in one native call (runtime/native_layers.py, csrc/decode.c): the same
+logits, bit for bit, as the Python layer loop, on every Llama-shaped family and plan it takes; the
+steps and models it cannot take run the loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import families_tiny
+from tailgate.engine.pages import KVBook, SeqPages, pool_pages
+from tailgate.engine.plan import Segment
+from tailgate.model.formats.weights import load_model
+from tailgate.model.kernels import native
+from tailgate.model.kernels.choice import choose
+from tailgate.model.runtime import native_layers
+from tailgate.model.runtime.runner import ModelRunner
+
+_LIB, _WHY = native.load()
+pytestmark = pytest.mark.skipif(_LIB is None, reason=f"{_WHY}: no native kernels here")
+
+
+@pytest.fixture(scope="module")
+def model(loaded, tmp_path_factory):
+    """name -> a loaded model: the shipped SmolLM2-135M (GGUF) or a tiny random family checkpoint."""
+    root = tmp_path_factory.mktemp("native_layers")
+    tok = None
+    built = {}
+
+    def get(name):
+        nonlocal tok
+        if name == "smollm2-135m":
+            return loaded(name)
+        if name not in built:
+            if tok is None:
+                loaded("smollm2-135m").tokenizer._tok.save(str(root / "smollm2.json"))
+                tok = families_tiny.tiny_tokenizer(root / "smollm2.json", root / "tokenizer.json")
+            built[name] = load_model(str(families_tiny.build(root / name, name, tok)), log=lambda _: None)
+        return built[name]
+
+    return get
+
+
+def _runner_and_rows(m, lengths):
+    """A runner on the CPU's own plan, and one sequence per length with its prompt prefilled."""
+    pages = pool_pages(256, len(lengths) + 1, m.spec.sliding_window, transient_prompts=1)
+    runner = ModelRunner(m.spec, m.weights, pages, plan=choose("auto", "auto", "cpu"))
+    book = KVBook(pages["global"], pages.get("local"), m.spec.sliding_window)
+    seqs = []
+    for i, n in enumerate(lengths):
+        seq = SeqPages()
+        book.reserve(seq, n + 4)
+        runner.step([Segment([(7 * i + j) % 200 + 3 for j in range(n)], 0, seq)])
+        seq.frontier = n
+        seqs.append(seq)
+    return runner, seqs
+
+
+def _decode(runner, seqs, on: bool) -> torch.Tensor:
+    native_layers.ENABLED = on
+    try:
+        return runner.step([Segment([11 + i], s.frontier, s) for i, s in enumerate(seqs)])
+    finally:
+        native_layers.ENABLED = True
+
+
+def _tables(runner) -> list:
+    return [t for per in runner.kv.native_tables.values() for k, t in per.items() if k != "cuts"]
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "llama3", "qwen3"])
+@pytest.mark.parametrize("lengths", [(9,), (40, 5, 17)])
+def test_a_decode_step_gives_the_same_logits_with_its_layers_in_one_native_call(model, name, lengths):
+    runner, seqs = _runner_and_rows(model(name), lengths)
+    if runner.plan.attention != "native":
+        pytest.skip(f"this plan runs torch's ops: {runner.plan.line()}")
+    python = _decode(runner, seqs, False)
+    native_call = _decode(runner, seqs, True)
+    assert [t is not None for t in _tables(runner)] == [True]  # the native call ran
+    assert torch.equal(native_call, python)
+    assert torch.equal(_decode(runner, seqs, False), python)  # rewriting the same K/V slot moved nothing
+
+
+@pytest.mark.parametrize("name", ["qwen2", "mistral"])
+def test_a_model_whose_layers_the_native_call_cannot_run_keeps_the_python_loop(model, name):
+    """Qwen2's q/k/v carry biases (a kernel of their own); Mistral's layers all slide (the local
+    family's keys): neither ever builds a layer table, and both decode as before."""
+    runner, seqs = _runner_and_rows(model(name), (12, 3))
+    assert torch.equal(_decode(runner, seqs, True), _decode(runner, seqs, False))
+    assert not any(t is not None for t in _tables(runner))
+
+
+def test_a_step_with_prompt_rows_keeps_the_python_loop(model):
+    runner, seqs = _runner_and_rows(model("llama3"), (6,))
+    if runner.plan.attention != "native":
+        pytest.skip(f"this plan runs torch's ops: {runner.plan.line()}")
+    seq = seqs[0]
+    calls = []
+    real = native._LIB.llama_decode_layers
+    try:
+        native._LIB.llama_decode_layers = lambda *a: calls.append(a) or real(*a)
+        runner.step([Segment([11], 6, seq)])  # decode rows alone: the native call
+        assert len(calls) == 1
+        runner.step([Segment([12, 13], 7, seq)])  # two prompt rows (a chunk): the loop
+        assert len(calls) == 1
+        runner.step([Segment([14], 9, seq)])
+        assert len(calls) == 2
+    finally:
+        native._LIB.llama_decode_layers = real
