@@ -1,16 +1,17 @@
-"""A Llama-shaped decode step's layers in one native call (csrc/decode.c `llama_decode_layers`).
+"""A decode step's layers in one native call (csrc/decode.c `decode_layers`): the Llama-shaped
+families (Llama, Qwen3, SmolLM2) and Gemma 3.
 
-`llama_forward.forward` asks `decode_layers` first; where it answers None the Python layer loop
-runs as before. The C loop calls the kernels that loop calls, in its order, with its arguments, so
-a row's bits are the same either way (tests/test_native_layers.py compares the logits bit for bit);
-what goes is ~12 trips a layer through Python, torch and ctypes (docs/kernels.md, "A decode step's
+The model files ask `decode_layers` first; where it answers False their Python layer loop runs as
+before. The C loop calls the kernels that loop calls, in its order, with its arguments, so a row's
+bits are the same either way (tests/test_native_layers.py compares the logits bit for bit); what
+goes is ~12 trips a layer through Python, torch and ctypes (docs/kernels.md, "A decode step's
 layers in one native call": 3.9 of a 25.3 ms one-row step of Llama 3.2 1B's shape, AMD EPYC Zen 4).
 
 It takes a step only where the loop would have run exactly those kernels: every row a decode row,
-the native ops and attention over fp16 pages of one KV family, fp32 activations, and every layer
-matrix on q8 panels at this many rows with no bias and no BF16 tiles. The layer table (pointers to
-the panels, norms and pools, which live as long as the runner) is built once per runner and row
-regime (`max_q_rows` decides a matrix's kernel by row count) and kept on the runner's `KVCache`.
+the native ops and attention over fp16 pages, fp32 activations, and every layer matrix on q8 panels
+at this many rows with no bias and no BF16 tiles. The layer table (pointers to the panels, norms and
+pools, which live as long as the runner) is built once per runner and row regime (`max_q_rows`
+decides a matrix's kernel by row count) and kept on the runner's `KVCache`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ from .context import StepContext
 from .kv_cache import KVCache
 
 MATRICES = ("qkv", "o", "gate_up", "down")
+NORMS = ("attn_norm", "ffn_norm", "q_norm", "k_norm")  # then the pools, then POST_NORMS
+POST_NORMS = ("post_attn_norm", "post_ffn_norm")  # Gemma's; Llama adds the residual plainly
+FAMILIES = ("global", "local")  # csrc/decode.c's family index
 MAX_SEGMENTS = 7  # csrc/decode.c MAX_SEG
+GLU = {"swiglu": 0, "geglu": 1}
 ENABLED = True  # scripts/experiments/native_layers_steps.py turns it off for the A/B; nothing else does
 
 
@@ -46,9 +51,8 @@ def _segments(lin, rows: int) -> list[tuple[int, int, int, int]] | None:
 
 
 def _table(w: dict, spec, kv: KVCache, rows: int) -> torch.Tensor | None:
-    words = native._LIB.decode_layer_words()
     mat_words = 1 + 4 * MAX_SEGMENTS
-    table = torch.zeros(spec.n_layers, words, dtype=torch.int64)
+    table = torch.zeros(spec.n_layers, native._LIB.decode_layer_words(), dtype=torch.int64)
     for i in range(spec.n_layers):
         p = f"layers.{i}."
         for j, name in enumerate(MATRICES):
@@ -58,34 +62,37 @@ def _table(w: dict, spec, kv: KVCache, rows: int) -> torch.Tensor | None:
             row = [len(segs)] + [v for s in segs for v in s]
             table[i, j * mat_words : j * mat_words + len(row)] = torch.tensor(row, dtype=torch.int64)
         fam, k_pool, v_pool = kv.layer(i)
-        norms = [w[p + "attn_norm"], w[p + "ffn_norm"], w.get(p + "q_norm"), w.get(p + "k_norm")]
-        if any(t is not None and (t.dtype != torch.float32 or not t.is_contiguous()) for t in norms):
+        norms = [w.get(p + n) for n in NORMS]
+        post = [w.get(p + n) for n in POST_NORMS]
+        if any(t is not None and (t.dtype != torch.float32 or not t.is_contiguous()) for t in norms + post):
             return None
-        if fam != "global" or k_pool.dtype != torch.float16 or not k_pool.is_contiguous():
+        if norms[0] is None or norms[1] is None or fam not in FAMILIES or k_pool.dtype != torch.float16:
             return None
         ptrs = [0 if t is None else t.data_ptr() for t in norms] + [k_pool.data_ptr(), v_pool.data_ptr()]
+        ptrs += [0 if t is None else t.data_ptr() for t in post] + [FAMILIES.index(fam)]
         table[i, 4 * mat_words :] = torch.tensor(ptrs, dtype=torch.int64)
     return table
 
 
-def decode_layers(w: dict, spec, ctx: StepContext, kv: KVCache, h: torch.Tensor, x: torch.Tensor, cos, sin) -> bool:
+def decode_layers(
+    w: dict, spec, ctx: StepContext, kv: KVCache, h: torch.Tensor, x: torch.Tensor, ropes: dict, glu: str
+) -> bool:
     """Run every layer of this step in one native call when it can (h updated in place, as the
-    Python loop leaves it); False where the Python loop must run instead."""
+    Python loop leaves it); False where the Python loop must run instead. `ropes`: each KV family's
+    (cos, sin) for this step's rows; `glu`: "swiglu" | "geglu"."""
     t = h.shape[0]
     if not (ENABLED and ctx.native and native._LIB is not None and t and ctx.decode_rows == (0, t)):
         return False
-    if len(ctx.families) != 1 or "global" not in ctx.families or native.tile_rows() != (0, 0):
+    if native.tile_rows() != (0, 0) or h.dtype != torch.float32 or x.dtype != torch.float32:
         return False
-    view = ctx.families["global"]
-    if view.prefill or view.decode_slots is None or h.dtype != torch.float32 or x.dtype != torch.float32:
+    views = ctx.families
+    if any(f not in FAMILIES or v.prefill or v.decode_slots is None for f, v in views.items()):
         return False
     d = spec.head_dim
     lanes = native.attention_lanes()
     lanes = lanes if d % lanes == 0 else 8
-    if d % lanes:
-        return False
     first = w["layers.0.qkv"]
-    if not isinstance(first, Linear):
+    if d % lanes or not isinstance(first, Linear):
         return False
     per_runner = kv.native_tables.setdefault(id(first), {})  # lives and goes with the runner's pools
     if "cuts" not in per_runner:  # each matrix picks its kernel by rows <= its max_q_rows
@@ -97,11 +104,16 @@ def decode_layers(w: dict, spec, ctx: StepContext, kv: KVCache, h: torch.Tensor,
     table = per_runner[key]
     if table is None:
         return False
-    cos, sin = cos.float().contiguous(), sin.float().contiguous()
-    slots, lens = view.decode_slots.contiguous(), view.decode_lens.contiguous()
-    wslots = view.write_slots.contiguous()
-    ffn = w["layers.0.gate_up"].out_features // 2
-    if native._LIB.llama_decode_layers(
+    keep, fams = [], torch.zeros(len(FAMILIES), 6, dtype=torch.int64)
+    for j, fam in enumerate(FAMILIES):
+        if fam not in views:
+            continue
+        v = views[fam]
+        cos, sin = (r.float().contiguous() for r in ropes[fam])
+        parts = [cos, sin, v.write_slots.contiguous(), v.decode_slots.contiguous(), v.decode_lens.contiguous()]
+        keep += parts
+        fams[j] = torch.tensor([p.data_ptr() for p in parts] + [v.decode_slots.shape[1]], dtype=torch.int64)
+    if native._LIB.decode_layers(
         table.data_ptr(),
         spec.n_layers,
         h.data_ptr(),
@@ -111,14 +123,10 @@ def decode_layers(w: dict, spec, ctx: StepContext, kv: KVCache, h: torch.Tensor,
         spec.n_heads,
         spec.n_kv_heads,
         d,
-        ffn,
+        w["layers.0.gate_up"].out_features // 2,
         spec.eps,
-        cos.data_ptr(),
-        sin.data_ptr(),
-        wslots.data_ptr(),
-        slots.data_ptr(),
-        lens.data_ptr(),
-        slots.shape[1],
+        GLU[glu],
+        fams.data_ptr(),
         spec.scale,
         lanes,
     ):

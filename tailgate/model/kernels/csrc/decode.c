@@ -1,6 +1,7 @@
-/* A Llama-shaped decode step's layers in one call (runtime/native_layers.py): the same kernels the
- * Python layer loop calls (q8_linear_seg, norm_rope, kv_write_f16, the decode attention,
- * add_rms_norm, swiglu), in the same order with the same arguments, so the same bits; only the
+/* A decode step's layers in one call, for the Llama-shaped families and Gemma 3
+ * (runtime/native_layers.py): the same kernels the Python layer loops call (q8_linear_seg,
+ * norm_rope, kv_write_f16, the decode attention, add_rms_norm, swiglu / geglu), in the same order
+ * with the same arguments, so the same bits; only the
  * ~190 trips through Python and ctypes a step are gone. Why: a one-row step of Llama 3.2 1B's shape
  * (Q4_K_M, AMD EPYC Zen 4, 2 threads) spent 3.9 of its 25.3 ms outside the native calls, with the
  * second OpenMP thread waiting in libgomp through all of it (docs/kernels.md, "A decode step's layers
@@ -9,7 +10,8 @@
  * The layer table (int64, LAYER_WORDS a layer, built once per runner): for each of the four
  * matrices (q/k/v, o, gate/up, down) its segment count and up to 7 segments of (q, d, outputs,
  * code) as q8_linear_seg takes them; then the attention and MLP norms, the per-head q and k norms
- * (0: none), and the layer's fp16 K and V pools. */
+ * (0: none), the layer's fp16 K and V pools, Gemma's post-attention and post-MLP norms (0: none,
+ * Llama's plain residual adds) and the layer's KV family (0 global, 1 sliding). */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -22,6 +24,7 @@ void kv_write_f16(uint16_t* pool, int64_t width, const int64_t* slots, int64_t n
 void add_rms_norm(float* h, const void* a, int a_bf16, int64_t rows, int64_t n, const float* w1, const float* w2,
                   float eps, void* out, int out_bf16);
 void swiglu(const void* gu, int bf16, int64_t rows, int64_t f, void* out);
+void geglu(const void* gu, int bf16, int64_t rows, int64_t f, void* out);
 int decode_attention_f16_8(const float* q, const uint16_t* kpool, const uint16_t* vpool, const int64_t* slots,
                            const int64_t* lens, int64_t b, int64_t w, int64_t hq, int64_t hkv, int64_t d, float scale,
                            float* out);
@@ -31,8 +34,9 @@ int decode_attention_f16_16(const float* q, const uint16_t* kpool, const uint16_
 
 #define MAX_SEG 7
 #define MAT_WORDS (1 + 4 * MAX_SEG)
-#define NORMS (4 * MAT_WORDS) /* attn norm, ffn norm, q norm, k norm, k pool, v pool */
-#define LAYER_WORDS (NORMS + 6)
+#define NORMS (4 * MAT_WORDS) /* attn, ffn, q, k norms, k pool, v pool, post-attn, post-ffn norms, family */
+#define LAYER_WORDS (NORMS + 9)
+#define FAM_WORDS 6 /* a KV family's cos, sin, new rows' slots, keys' slots, key counts, width */
 
 int decode_layer_words(void) { return LAYER_WORDS; }
 
@@ -52,13 +56,13 @@ static int matmul(const int64_t* mat, const float* x, int64_t m, int64_t k, floa
 }
 
 /* Every layer of a step whose t rows all decode. h [t, dm] fp32: the residual stream, updated in
- * place; x [t, dm] fp32: the first layer's normed input. wslots [t]: each row's new K/V slot;
- * slots [t, width] / lens [t]: the keys each row attends over (one KV family); cos/sin [t, hd].
- * Returns 0, or -1 when scratch memory cannot be had. */
-int llama_decode_layers(const int64_t* table, int64_t layers, float* h, float* x, int64_t t, int64_t dm, int64_t hq,
-                        int64_t hkv, int64_t hd, int64_t ffn, float eps, const float* cos_t, const float* sin_t,
-                        const int64_t* wslots, const int64_t* slots, const int64_t* lens, int64_t width, float scale,
-                        int lanes) {
+ * place; x [t, dm] fp32: the first layer's normed input. fams: per KV family (global, sliding)
+ * FAM_WORDS words: cos / sin [t, hd] fp32, each row's new K/V slot [t], the keys each row attends
+ * over ([t, width] slots, [t] counts), width. glu: 0 SwiGLU, 1 GeGLU (tanh). Returns 0, or -1 when
+ * scratch memory cannot be had. */
+int decode_layers(const int64_t* table, int64_t layers, float* h, float* x, int64_t t, int64_t dm, int64_t hq,
+                  int64_t hkv, int64_t hd, int64_t ffn, float eps, int glu, const int64_t* fams, float scale,
+                  int lanes) {
   const int64_t nqkv = (hq + 2 * hkv) * hd;
   float* qkv = malloc((size_t)(t * (nqkv + hq * hd + hkv * hd + hq * hd + dm + 2 * ffn + ffn + dm)) * sizeof(float));
   if (!qkv) return -1;
@@ -70,28 +74,31 @@ int llama_decode_layers(const int64_t* table, int64_t layers, float* h, float* x
   float* act = gu + t * 2 * ffn;
   float* dn = act + t * ffn;
   int failed = 0;
+#define PTR(T, v) ((T)(intptr_t)(v))
   for (int64_t i = 0; i < layers && !failed; ++i) {
     const int64_t* L = table + i * LAYER_WORDS;
-    const float* qn = (const float*)(intptr_t)L[NORMS + 2];
-    const float* kn = (const float*)(intptr_t)L[NORMS + 3];
-    uint16_t* kp = (uint16_t*)(intptr_t)L[NORMS + 4];
-    uint16_t* vp = (uint16_t*)(intptr_t)L[NORMS + 5];
+    const int64_t* F = fams + L[NORMS + 8] * FAM_WORDS;
+    const float *cos_t = PTR(const float*, F[0]), *sin_t = PTR(const float*, F[1]);
+    const int64_t* wslots = PTR(const int64_t*, F[2]);
+    uint16_t* kp = PTR(uint16_t*, L[NORMS + 4]);
+    uint16_t* vp = PTR(uint16_t*, L[NORMS + 5]);
     failed |= matmul(L, x, t, dm, qkv);
-    norm_rope(qkv, 0, nqkv, t, hq, hd, qn, eps, cos_t, sin_t, q);
-    norm_rope(qkv + hq * hd, 0, nqkv, t, hkv, hd, kn, eps, cos_t, sin_t, k);
+    norm_rope(qkv, 0, nqkv, t, hq, hd, PTR(const float*, L[NORMS + 2]), eps, cos_t, sin_t, q);
+    norm_rope(qkv + hq * hd, 0, nqkv, t, hkv, hd, PTR(const float*, L[NORMS + 3]), eps, cos_t, sin_t, k);
     kv_write_f16(kp, hkv * hd, wslots, t, k, hkv * hd, 0);
     kv_write_f16(vp, hkv * hd, wslots, t, qkv + (hq + hkv) * hd, nqkv, 0);
-    failed |= (lanes == 16 ? decode_attention_f16_16 : decode_attention_f16_8)(q, kp, vp, slots, lens, t, width, hq,
-                                                                                hkv, hd, scale, att);
+    failed |= (lanes == 16 ? decode_attention_f16_16 : decode_attention_f16_8)(
+        q, kp, vp, PTR(const int64_t*, F[3]), PTR(const int64_t*, F[4]), t, F[5], hq, hkv, hd, scale, att);
     failed |= matmul(L + MAT_WORDS, att, t, hq * hd, o);
-    add_rms_norm(h, o, 0, t, dm, NULL, (const float*)(intptr_t)L[NORMS + 1], eps, x, 0);
+    add_rms_norm(h, o, 0, t, dm, PTR(const float*, L[NORMS + 6]), PTR(const float*, L[NORMS + 1]), eps, x, 0);
     failed |= matmul(L + 2 * MAT_WORDS, x, t, dm, gu);
-    swiglu(gu, 0, t, ffn, act);
+    (glu ? geglu : swiglu)(gu, 0, t, ffn, act);
     failed |= matmul(L + 3 * MAT_WORDS, act, t, ffn, dn);
     /* the next layer's input norm rides the residual add; after the last, the add alone */
-    const float* next = i + 1 < layers ? (const float*)(intptr_t)table[(i + 1) * LAYER_WORDS + NORMS] : NULL;
-    add_rms_norm(h, dn, 0, t, dm, NULL, next, eps, next ? x : NULL, 0);
+    const float* next = i + 1 < layers ? PTR(const float*, table[(i + 1) * LAYER_WORDS + NORMS]) : NULL;
+    add_rms_norm(h, dn, 0, t, dm, PTR(const float*, L[NORMS + 7]), next, eps, next ? x : NULL, 0);
   }
+#undef PTR
   free(qkv);
   return failed ? -1 : 0;
 }
