@@ -66,13 +66,25 @@ def _decode(runner, seqs, on: bool) -> torch.Tensor:
 
 
 def _tables(runner) -> list:
-    return [t for per in runner.kv.native_tables.values() for k, t in per.items() if k != "cuts"]
+    return [t for k, t in runner.kv.native_tables.items() if isinstance(k, tuple)]
 
 
 @pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m", "llama3", "qwen3", "mistral"])
 @pytest.mark.parametrize("lengths", [(9,), (40, 5, 17)])
 def test_a_decode_step_gives_the_same_logits_with_its_layers_in_one_native_call(model, name, lengths):
     runner, seqs = _runner_and_rows(model(name), lengths)
+    _assert_same_logits(runner, seqs)
+
+
+@pytest.mark.parametrize("name", ["gemma3-270m", "qwen3"])
+def test_the_one_call_at_the_attentions_8_lane_width_gives_the_loops_logits(model, name, monkeypatch):
+    """AVX2 CPUs (and head dims that 16 does not divide) attend at 8 lanes: both ways take it."""
+    monkeypatch.setattr(native, "attention_lanes", lambda cpu=None: 8)
+    runner, seqs = _runner_and_rows(model(name), (33, 6))
+    _assert_same_logits(runner, seqs)
+
+
+def _assert_same_logits(runner, seqs):
     if runner.plan.attention != "native":
         pytest.skip(f"this plan runs torch's ops: {runner.plan.line()}")
     python = _decode(runner, seqs, False)
@@ -104,5 +116,38 @@ def test_a_step_with_prompt_rows_keeps_the_python_loop(model):
         assert len(calls) == 1
         runner.step([Segment([14], 9, seq)])
         assert len(calls) == 2
+    finally:
+        native._LIB.decode_layers = real
+
+
+def test_a_row_cut_moved_after_the_first_steps_moves_which_steps_take_the_native_call(model):
+    """The start-up probe moves the layers' q8 cut (probe.apply_layer_cut) after the warm-up's
+    steps: a step over the cut runs the dense kernel in the loop, never the panels a table built
+    before the move pointed at."""
+    from tailgate.model.kernels.probe import apply_layer_cut
+
+    m = model("llama3")
+    pages = pool_pages(256, 4, m.spec.sliding_window, transient_prompts=1)
+    runner = ModelRunner(m.spec, m.weights, pages, plan=choose("fp32", "q8", "cpu"))
+    if runner.plan.attention != "native" or runner.plan.quant != "q8":
+        pytest.skip(f"no q8 plan with native ops here: {runner.plan.line()}")
+    book = KVBook(pages["global"], pages.get("local"), m.spec.sliding_window)
+    seqs = []
+    for i, n in enumerate((5, 9, 14)):
+        seq = SeqPages()
+        book.reserve(seq, n + 4)
+        runner.step([Segment([(3 * i + j) % 200 + 3 for j in range(n)], 0, seq)])
+        seq.frontier = n
+        seqs.append(seq)
+    calls = []
+    real = native._LIB.decode_layers
+    try:
+        native._LIB.decode_layers = lambda *a: calls.append(a) or real(*a)
+        for cut, native_call in ((8, True), (2, False), (8, True)):
+            apply_layer_cut(runner.w, cut)
+            before = len(calls)
+            ours = _decode(runner, seqs, True)
+            assert (len(calls) > before) == native_call
+            assert torch.equal(ours, _decode(runner, seqs, False))
     finally:
         native._LIB.decode_layers = real

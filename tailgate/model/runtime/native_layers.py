@@ -50,36 +50,53 @@ def _segments(lin, rows: int) -> list[tuple[int, int, int, int]] | None:
     return [(q.data_ptr(), d.data_ptr(), d.shape[0], int(code)) for q, d, code in parts]
 
 
-def _table(w: dict, spec, kv: KVCache, rows: int) -> torch.Tensor | None:
+def _table(w: dict, spec, kv: KVCache, rows: int, post_norms: bool) -> tuple[torch.Tensor, set] | None:
+    """The layers' table at `rows` rows and the KV families it reads, or None where a layer's
+    kernels are not the ones csrc/decode.c calls (or its shapes not the ones it sizes scratch by)."""
     mat_words = 1 + 4 * MAX_SEGMENTS
+    d, ffn = spec.head_dim, w["layers.0.gate_up"].out_features // 2
+    outputs = ((spec.n_heads + 2 * spec.n_kv_heads) * d, spec.hidden, 2 * ffn, spec.hidden)
     table = torch.zeros(spec.n_layers, native._LIB.decode_layer_words(), dtype=torch.int64)
+    used = set()
     for i in range(spec.n_layers):
         p = f"layers.{i}."
         for j, name in enumerate(MATRICES):
             segs = _segments(w[p + name], rows)
-            if segs is None:
+            if segs is None or sum(s[2] for s in segs) != outputs[j]:
                 return None
             row = [len(segs)] + [v for s in segs for v in s]
             table[i, j * mat_words : j * mat_words + len(row)] = torch.tensor(row, dtype=torch.int64)
         fam, k_pool, v_pool = kv.layer(i)
         norms = [w.get(p + n) for n in NORMS]
-        post = [w.get(p + n) for n in POST_NORMS]
+        post = [w.get(p + n) if post_norms else None for n in POST_NORMS]
         if any(t is not None and (t.dtype != torch.float32 or not t.is_contiguous()) for t in norms + post):
             return None
         if norms[0] is None or norms[1] is None or fam not in FAMILIES or k_pool.dtype != torch.float16:
             return None
+        if post_norms and None in post or k_pool.shape[1:] != (spec.n_kv_heads, d):
+            return None
         ptrs = [0 if t is None else t.data_ptr() for t in norms] + [k_pool.data_ptr(), v_pool.data_ptr()]
         ptrs += [0 if t is None else t.data_ptr() for t in post] + [FAMILIES.index(fam)]
         table[i, 4 * mat_words :] = torch.tensor(ptrs, dtype=torch.int64)
-    return table
+        used.add(fam)
+    return table, used
 
 
 def decode_layers(
-    w: dict, spec, ctx: StepContext, kv: KVCache, h: torch.Tensor, x: torch.Tensor, ropes: dict, glu: str
+    w: dict,
+    spec,
+    ctx: StepContext,
+    kv: KVCache,
+    h: torch.Tensor,
+    x: torch.Tensor,
+    ropes: dict,
+    glu: str,
+    post_norms: bool = False,
 ) -> bool:
     """Run every layer of this step in one native call when it can (h updated in place, as the
     Python loop leaves it); False where the Python loop must run instead. `ropes`: each KV family's
-    (cos, sin) for this step's rows; `glu`: "swiglu" | "geglu"."""
+    (cos, sin) for this step's rows; `glu`: "swiglu" | "geglu"; `post_norms`: the family normalises
+    each sublayer's output before its residual add (Gemma's post-attention and post-MLP norms)."""
     t = h.shape[0]
     if not (ENABLED and ctx.native and native._LIB is not None and t and ctx.decode_rows == (0, t)):
         return False
@@ -92,21 +109,27 @@ def decode_layers(
     lanes = native.attention_lanes()
     lanes = lanes if d % lanes == 0 else 8
     first = w["layers.0.qkv"]
-    if d % lanes or not isinstance(first, Linear):
+    if d % lanes or d > 1024 or not isinstance(first, Linear):  # norm_rope's row buffer: 1024 floats
         return False
-    per_runner = kv.native_tables.setdefault(id(first), {})  # lives and goes with the runner's pools
-    if "cuts" not in per_runner:  # each matrix picks its kernel by rows <= its max_q_rows
-        mats = [w[f"layers.{i}.{m}"] for i in range(spec.n_layers) for m in MATRICES]
-        per_runner["cuts"] = sorted({getattr(m, "max_q_rows", 0) for m in mats})
-    key = tuple(t <= c for c in per_runner["cuts"])
+    # Per runner (on its KVCache, which lives and goes with it): its layer matrices, then a table per
+    # row regime, keyed by which side of its own cut each matrix is at this many rows. The cuts are
+    # read every step, not cached: the start-up probe moves them (probe.apply_layer_cut) after the
+    # warm-up's steps have built a table.
+    per_runner = kv.native_tables
+    if per_runner.get("first") is not first:
+        per_runner.clear()
+        per_runner["first"] = first
+        per_runner["mats"] = [w[f"layers.{i}.{m}"] for i in range(spec.n_layers) for m in MATRICES]
+    key = tuple(t <= getattr(m, "max_q_rows", 0) for m in per_runner["mats"])
     if key not in per_runner:
-        per_runner[key] = _table(w, spec, kv, t)
-    table = per_runner[key]
-    if table is None:
+        per_runner[key] = _table(w, spec, kv, t, post_norms)
+    built = per_runner[key]
+    if built is None or not built[1] <= views.keys():
         return False
+    table = built[0]
     keep, fams = [], torch.zeros(len(FAMILIES), 6, dtype=torch.int64)
     for j, fam in enumerate(FAMILIES):
-        if fam not in views:
+        if fam not in views:  # a family no layer reads (checked above)
             continue
         v = views[fam]
         cos, sin = (r.float().contiguous() for r in ropes[fam])
