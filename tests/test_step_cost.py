@@ -16,6 +16,7 @@ from tailgate.engine.plan import Segment
 from tailgate.engine.request import Finished, Request, Sampled
 from tailgate.engine.scheduler import Scheduler
 from tailgate.engine.step_cost import (
+    MIXED_FLOOR,
     even_rounds,
     AUTO_FACTOR,
     AUTO_OVERHEAD,
@@ -85,6 +86,34 @@ def test_the_fit_converges_to_a_known_linear_cost():
         assert have == pytest.approx(want, rel=0.02), term
     x = (64, 8, 8, 20.0)
     assert m.predict(x) == pytest.approx(true_seconds(x), rel=1e-3)
+
+
+def test_a_step_with_prompt_rows_pays_a_floor_of_its_own_and_rounds_are_priced_against_the_decode_rows_as_rounds_carry_them():
+    """Decode-only steps run their layers in one native call, steps with prompt rows the Python
+    loop: a floor of their own (MIXED_FLOOR). The walk's price is WALK_FACTOR x the live rows'
+    step inside a round, that floor included, not the cheaper decode-only step."""
+    cost = CostModel(floor=0.004, prompt_row=0.0006, decode_row=0.002, sampled_row=0.0003, attn_per_1k=0.004)
+    m, r, extra = StepCostModel(), random.Random(2), 0.003
+    for _ in range(400):
+        x = random_step(r)
+        m.observe(x, true_seconds(x, cost) + (extra if x[0] else 0.0))
+    m.refit()
+    assert m.coefficients[MIXED_FLOOR] == pytest.approx(extra, rel=0.05)
+    x = (0, 8, 8, 2.0)
+    assert m.predict(x) == pytest.approx(true_seconds(x, cost), rel=1e-3)
+    assert m.predict(x, in_round=True) == pytest.approx(true_seconds(x, cost) + extra, rel=1e-3)
+    contexts = (200, 300, 400, 500)
+    walkers, rows = [walker(300)], live(*contexts)
+    n, kp = len(rows), sum(c + 1 for c in contexts) / 1000
+    b = RoundBudget(WALK, None, EngineMetrics(), model=m, fallback=64, horizon_s=0.5)
+
+    def largest(price):
+        return max(r for r in range(1, 65) if m.predict(b.round_features(walkers, n, kp, r)) <= price or r == 1)
+
+    in_round = WALK_FACTOR * m.predict(b.round_features([], n, kp, 0), in_round=True)
+    decode_only = WALK_FACTOR * m.predict(b.round_features([], n, kp, 0))
+    assert b.narrowest() < largest(decode_only) < largest(in_round) < 64  # the price binds, and which one matters
+    assert b.rows(walkers, rows) == even_rounds(largest(in_round), 300)
 
 
 def test_the_fit_follows_the_machine_when_it_slows_down():

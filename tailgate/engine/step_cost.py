@@ -24,7 +24,8 @@ decode rows, their contexts, the sampled rows):
   CPU (where prompt rows are dear beside the floor a round with live rows is near that already and
   keeps the walk's width); with no backlog past the horizon a round is the walk's, row for row;
 - and a round that live streams ride takes the walk's width only while that costs at most
-  WALK_FACTOR x their own decode step, else the rows within that price (`auto`'s rule at 2.5),
+  WALK_FACTOR x their own decode step as a round carries them (MIXED_FLOOR included), else the
+  rows within that price (`auto`'s rule at 2.5),
   but never fewer than keep up with the requests in the system (`keeping_up`: each of them
   decoding needs its prompt's rows per output token, so narrower rounds grow a queue), and
   widened for a walker that has waited LATE horizons only up to those rows (LATE_DEMAND);
@@ -36,6 +37,7 @@ The model is the cost form the simulator prices steps with (`engine/cost_form.py
 
     seconds = floor + prompt_row * prompt rows + decode_row * decode rows
               + sampled_row * sampled rows + attn_per_1k * (query-key pairs / 1000)
+              (+ mixed_floor for a step that carries prompt rows: MIXED_FLOOR, this model's own)
 
 times the host's current *pace* (below), fitted by least squares with exponential forgetting over two accumulators of the normal
 equations, one for decode-only steps and one for steps that carry prompt rows, each forgetting
@@ -198,7 +200,17 @@ ERROR_ALPHA = 0.1  # the error's running mean: the newest priced step's weight
 CLIP = 3.0
 # The fit's units: a typical step's features are ~1 in them (1 step, 64 prompt rows, 16 decode
 # and sampled rows, 10 000 query-key pairs), so one ridge weight means the same for every term.
-_SCALE = (1.0, 64.0, 16.0, 16.0, 10.0)
+# A step that carries prompt rows pays a floor of its own beside the decode-only step's: a step of
+# decode rows alone runs its layers in one native call (runtime/native_layers.py), one with prompt
+# rows runs them through the Python loop, ~2-3 ms more at Gemma 3 270M and Llama 3.2 1B's shapes
+# (AMD EPYC Zen 4). Fitted as a sixth term (1 for a step with prompt rows, else 0) that only this
+# model holds (the simulator's cost form keeps TERMS). A round's price in decode steps (`auto`,
+# WALK_FACTOR) reads the live rows' step *as a round carries them*, this floor included: priced
+# against the cheaper decode-only step, the default's rounds at W-std c8 narrowed to 0.92x the
+# fixed walk's tok/s (three alternated pairs), below issue 42's 0.97x.
+MIXED_FLOOR = "mixed_floor"
+_SCALE = (1.0, 64.0, 16.0, 16.0, 10.0, 1.0)  # TERMS, then MIXED_FLOOR
+_N = len(_SCALE)
 # The pace's step (module doc): the weight of the newest step's measured / fitted ratio.
 PACE_ALPHA = 0.5
 # The pace never leaves [1/4, 4]: one wild measurement (a step that waited out a swap-in) must not
@@ -253,8 +265,8 @@ class StepCostModel:
             raise ValueError(f"forget must be in (0, 1], got {forget}")
         self.forget, self.ridge, self.min_steps, self.refit_every = forget, ridge, min_steps, refit_every
         # The normal equations of each kind of step: [decode-only, with prompt rows].
-        self._A = [[[0.0] * 5 for _ in range(5)] for _ in range(2)]
-        self._b = [[0.0] * 5 for _ in range(2)]
+        self._A = [[[0.0] * _N for _ in range(_N)] for _ in range(2)]
+        self._b = [[0.0] * _N for _ in range(2)]
         self.seen = [0, 0]
         self._width: int | None = None  # the first prompt-row count seen...
         self._varied = False  # ...and whether another has been seen since
@@ -287,13 +299,13 @@ class StepCostModel:
                 seconds = min(CLIP * predicted, max(predicted / CLIP, seconds))  # what the fit learns
                 surprise = abs(seconds - base) > SURPRISE * seconds
         p, d, s, k = features
-        x = (1.0, p / _SCALE[1], d / _SCALE[2], s / _SCALE[3], k / _SCALE[4])
         kind = 1 if p else 0
+        x = (1.0, p / _SCALE[1], d / _SCALE[2], s / _SCALE[3], k / _SCALE[4], float(kind))
         A, b, r = self._A[kind], self._b[kind], self.forget
-        for i in range(5):
+        for i in range(_N):
             xi, row = x[i], A[i]
             b[i] = r * b[i] + seconds * xi
-            for j in range(5):
+            for j in range(_N):
                 row[j] = r * row[j] + xi * x[j]
         self.seen[kind] += 1
         self._stale += surprise
@@ -315,11 +327,11 @@ class StepCostModel:
         rest refitted (as `cost_form.fit`)."""
         A0, A1 = self._A
         M = [[x + y for x, y in zip(r0, r1)] for r0, r1 in zip(A0, A1)]
-        for i in range(5):
+        for i in range(_N):
             M[i][i] += self.ridge
         v = [x + y for x, y in zip(*self._b)]
-        keep = list(range(5))
-        theta = [0.0] * 5
+        keep = list(range(_N))
+        theta = [0.0] * _N
         while keep:
             sub = _solve([[M[i][j] for j in keep] for i in keep], [v[i] for i in keep])
             if min(sub) >= 0:
@@ -338,17 +350,19 @@ class StepCostModel:
 
     @property
     def coefficients(self) -> dict[str, float]:
-        """Seconds per unit of each term (TERMS), as the next prediction uses them."""
-        return dict(zip(TERMS, self._current()))
+        """Seconds per unit of each term (TERMS, then MIXED_FLOOR), as the next prediction uses them."""
+        return dict(zip((*TERMS, MIXED_FLOOR), self._current()))
 
-    def _fitted(self, features) -> float:
-        f, p, d, s, k = self._current()
+    def _fitted(self, features, in_round: bool = False) -> float:
+        f, p, d, s, k, m = self._current()
         prompt, decode, sampled, kpairs = features
-        return f + p * prompt + d * decode + s * sampled + k * kpairs
+        return f + (m if prompt or in_round else 0.0) + p * prompt + d * decode + s * sampled + k * kpairs
 
-    def predict(self, features) -> float:
-        """The step's seconds: the fitted cost at the host's current pace."""
-        return self._fitted(features) * self.pace
+    def predict(self, features, in_round: bool = False) -> float:
+        """The step's seconds: the fitted cost at the host's current pace. `in_round`: a step
+        without prompt rows priced as a round's step (MIXED_FLOOR included), the decode rows' cost
+        inside a round."""
+        return self._fitted(features, in_round) * self.pace
 
 
 def most_within(cost, seconds: float, lo: int, hi: int) -> int:
@@ -532,7 +546,7 @@ class RoundBudget:
         n = len(live)
         kpairs = (sum([a.pages.frontier for a in live]) + n) / 1000  # (each row's frontier + 1)
         cost = lambda b: self.model.predict(self.round_features(walkers, n, kpairs, b))  # noqa: E731
-        return cost, lambda: self.model.predict(self.round_features([], n, kpairs, 0))
+        return cost, lambda: self.model.predict(self.round_features([], n, kpairs, 0), in_round=True)
 
     @staticmethod
     def _fewest_clearing(cost, need: float, lo: int, hi: int) -> int:
@@ -658,7 +672,7 @@ class MeteredExecutor:
             if self.model.ready:
                 coef = self.model._current()
                 if coef is not self._shown:  # (a new fit: the coefficients change only when it is solved)
-                    m.step_cost.update(zip(TERMS, coef))
+                    m.step_cost.update(zip((*TERMS, MIXED_FLOOR), coef))
                     self._shown = coef
                 m.step_cost["pace"] = self.model.pace
         return out
