@@ -56,7 +56,7 @@ def _table(w: dict, spec, kv: KVCache, rows: int, post_norms: bool) -> tuple[tor
     mat_words = 1 + 4 * MAX_SEGMENTS
     d, ffn = spec.head_dim, w["layers.0.gate_up"].out_features // 2
     outputs = ((spec.n_heads + 2 * spec.n_kv_heads) * d, spec.hidden, 2 * ffn, spec.hidden)
-    table = torch.zeros(spec.n_layers, native._LIB.decode_layer_words(), dtype=torch.int64)
+    table = torch.zeros(spec.n_layers, native._LIB.decode_layer_words(), dtype=torch.int64, device="cpu")
     used = set()
     for i in range(spec.n_layers):
         p = f"layers.{i}."
@@ -65,7 +65,7 @@ def _table(w: dict, spec, kv: KVCache, rows: int, post_norms: bool) -> tuple[tor
             if segs is None or sum(s[2] for s in segs) != outputs[j]:
                 return None
             row = [len(segs)] + [v for s in segs for v in s]
-            table[i, j * mat_words : j * mat_words + len(row)] = torch.tensor(row, dtype=torch.int64)
+            table[i, j * mat_words : j * mat_words + len(row)] = torch.tensor(row, dtype=torch.int64, device="cpu")
         fam, k_pool, v_pool = kv.layer(i)
         norms = [w.get(p + n) for n in NORMS]
         post = [w.get(p + n) if post_norms else None for n in POST_NORMS]
@@ -77,7 +77,7 @@ def _table(w: dict, spec, kv: KVCache, rows: int, post_norms: bool) -> tuple[tor
             return None
         ptrs = [0 if t is None else t.data_ptr() for t in norms] + [k_pool.data_ptr(), v_pool.data_ptr()]
         ptrs += [0 if t is None else t.data_ptr() for t in post] + [FAMILIES.index(fam)]
-        table[i, 4 * mat_words :] = torch.tensor(ptrs, dtype=torch.int64)
+        table[i, 4 * mat_words :] = torch.tensor(ptrs, dtype=torch.int64, device="cpu")
         used.add(fam)
     return table, used
 
@@ -127,7 +127,7 @@ def decode_layers(
     if built is None or not built[1] <= views.keys():
         return False
     table = built[0]
-    keep, fams = [], torch.zeros(len(FAMILIES), 6, dtype=torch.int64)
+    keep, fams = [], torch.zeros(len(FAMILIES), 6, dtype=torch.int64, device="cpu")
     for j, fam in enumerate(FAMILIES):
         if fam not in views:  # a family no layer reads (checked above)
             continue
@@ -135,7 +135,9 @@ def decode_layers(
         cos, sin = (r.float().contiguous() for r in ropes[fam])
         parts = [cos, sin, v.write_slots.contiguous(), v.decode_slots.contiguous(), v.decode_lens.contiguous()]
         keep += parts
-        fams[j] = torch.tensor([p.data_ptr() for p in parts] + [v.decode_slots.shape[1]], dtype=torch.int64)
+        fams[j] = torch.tensor(
+            [p.data_ptr() for p in parts] + [v.decode_slots.shape[1]], dtype=torch.int64, device="cpu"
+        )
     if native._LIB.decode_layers(
         table.data_ptr(),
         spec.n_layers,
