@@ -42,10 +42,10 @@ def model(loaded, tmp_path_factory):
     return get
 
 
-def _runner_and_rows(m, lengths):
-    """A runner on the CPU's own plan, and one sequence per length with its prompt prefilled."""
+def _runner_and_rows(m, lengths, plan=None):
+    """A runner on `plan` (default the CPU's own), and one sequence per length with its prompt prefilled."""
     pages = pool_pages(256, len(lengths) + 1, m.spec.sliding_window, transient_prompts=1)
-    runner = ModelRunner(m.spec, m.weights, pages, plan=choose("auto", "auto", "cpu"))
+    runner = ModelRunner(m.spec, m.weights, pages, plan=plan or choose("auto", "auto", "cpu"))
     book = KVBook(pages["global"], pages.get("local"), m.spec.sliding_window)
     seqs = []
     for i, n in enumerate(lengths):
@@ -126,19 +126,9 @@ def test_a_row_cut_moved_after_the_first_steps_moves_which_steps_take_the_native
     before the move pointed at."""
     from tailgate.model.kernels.probe import apply_layer_cut
 
-    m = model("llama3")
-    pages = pool_pages(256, 4, m.spec.sliding_window, transient_prompts=1)
-    runner = ModelRunner(m.spec, m.weights, pages, plan=choose("fp32", "q8", "cpu"))
+    runner, seqs = _runner_and_rows(model("llama3"), (5, 9, 14), plan=choose("fp32", "q8", "cpu"))
     if runner.plan.attention != "native" or runner.plan.quant != "q8":
         pytest.skip(f"no q8 plan with native ops here: {runner.plan.line()}")
-    book = KVBook(pages["global"], pages.get("local"), m.spec.sliding_window)
-    seqs = []
-    for i, n in enumerate((5, 9, 14)):
-        seq = SeqPages()
-        book.reserve(seq, n + 4)
-        runner.step([Segment([(3 * i + j) % 200 + 3 for j in range(n)], 0, seq)])
-        seq.frontier = n
-        seqs.append(seq)
     calls = []
     real = native._LIB.decode_layers
     try:

@@ -209,6 +209,7 @@ CLIP = 3.0
 # against the cheaper decode-only step, the default's rounds at W-std c8 narrowed to 0.92x the
 # fixed walk's tok/s (three alternated pairs), below issue 42's 0.97x.
 MIXED_FLOOR = "mixed_floor"
+FIT_TERMS = (*TERMS, MIXED_FLOOR)  # this model's coefficients, in order
 _SCALE = (1.0, 64.0, 16.0, 16.0, 10.0, 1.0)  # TERMS, then MIXED_FLOOR
 _N = len(_SCALE)
 # The pace's step (module doc): the weight of the newest step's measured / fitted ratio.
@@ -351,7 +352,7 @@ class StepCostModel:
     @property
     def coefficients(self) -> dict[str, float]:
         """Seconds per unit of each term (TERMS, then MIXED_FLOOR), as the next prediction uses them."""
-        return dict(zip((*TERMS, MIXED_FLOOR), self._current()))
+        return dict(zip(FIT_TERMS, self._current()))
 
     def _fitted(self, features, in_round: bool = False) -> float:
         f, p, d, s, k, m = self._current()
@@ -672,7 +673,7 @@ class MeteredExecutor:
             if self.model.ready:
                 coef = self.model._current()
                 if coef is not self._shown:  # (a new fit: the coefficients change only when it is solved)
-                    m.step_cost.update(zip((*TERMS, MIXED_FLOOR), coef))
+                    m.step_cost.update(zip(FIT_TERMS, coef))
                     self._shown = coef
                 m.step_cost["pace"] = self.model.pace
         return out

@@ -456,17 +456,23 @@ class Linear:
         """The dtype the kernel at `rows` rows reads when it is not the activations' (dense bf16)."""
         return None if self.quant is not None and rows <= self.max_q_rows else self.dense_dtype
 
+    def panels(self, rows: int):
+        """The q8 panels a call of `rows` rows multiplies by (`Panels`, `SegmentPanels`, or the q8
+        plan's (q, d, code)), None where another kernel takes it (the blocks' own, dense, int8 /
+        int4). `raw` and the one-call decode layers (runtime/native_layers.py) both ask here."""
+        if self.quant == "gguf":
+            # `q` is None when the panels take every call (cut 0); a step that samples no row asks
+            # the head for 0 rows, which must not pick the blocks that are not there
+            return None if self.q is not None and rows <= self.max_q_rows else self.wide
+        return self.q if self.quant == "q8" and rows <= self.max_q_rows else None
+
     def raw(self, x: torch.Tensor) -> torch.Tensor:
         """x @ W^T in x's dtype, except from dense bf16 weights under fp32 activations, which
         leave it in bf16 (only on CPUs with AVX-512 BF16: `choose` gives dense bf16 nowhere else),
         for a consumer that takes either (our GeGLU)."""
         if self.quant == "gguf":
-            # `q` is None when the panels take every call (cut 0); a step that samples no row asks
-            # the head for 0 rows, which must not pick the blocks that are not there
-            if self.q is not None and x.shape[0] <= self.max_q_rows:
-                y = self.q(x)
-            else:
-                y = self.wide.linear(x.float(), self._tiles())
+            panels = self.panels(x.shape[0])
+            y = self.q(x) if panels is None else panels.linear(x.float(), self._tiles())
             return y.to(x.dtype)
         if self.quant is not None and x.shape[0] <= self.max_q_rows:
             if self.quant == "q8":

@@ -288,6 +288,13 @@ def attention_lanes(cpu=None) -> int:
     return _LANES
 
 
+def attention_width(d: int) -> int:
+    """The attention kernel's width for head_dim d: this CPU's widest that divides d, else 8 (the
+    caller refuses a d that 8 does not divide either)."""
+    lanes = attention_lanes()
+    return lanes if d % lanes == 0 else 8
+
+
 def decode_attention(
     q: torch.Tensor,
     k_pool: torch.Tensor,
@@ -325,9 +332,7 @@ def _attention_args(q, k_pool, v_pool, lanes):
     if k_pool.dtype not in (torch.float32, torch.float16) or v_pool.dtype != k_pool.dtype:
         raise ValueError(f"the attention kernel reads fp32 or fp16 pools, not {k_pool.dtype}/{v_pool.dtype}")
     d = q.shape[-1]
-    if lanes is None:
-        lanes = attention_lanes()
-        lanes = lanes if d % lanes == 0 else 8
+    lanes = attention_width(d) if lanes is None else lanes
     if d % lanes:
         raise ValueError(f"the attention kernel at {lanes} lanes needs head_dim % {lanes} == 0, got {d}")
     q = q.float().contiguous()

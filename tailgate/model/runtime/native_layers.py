@@ -30,19 +30,14 @@ POST_NORMS = ("post_attn_norm", "post_ffn_norm")  # Gemma's; Llama adds the resi
 FAMILIES = ("global", "local")  # csrc/decode.c's family index
 MAX_SEGMENTS = 7  # csrc/decode.c MAX_SEG
 GLU = {"swiglu": 0, "geglu": 1}
-ENABLED = True  # scripts/experiments/native_layers_steps.py turns it off for the A/B; nothing else does
+ENABLED = True  # scripts/experiments/step_ab.py turns it off for the A/B; nothing else does
 
 
 def _segments(lin, rows: int) -> list[tuple[int, int, int, int]] | None:
     """(q, d, outputs, code) of the panels `lin.raw` would multiply `rows` rows by, or None where it
     would take another kernel (the blocks' own, dense, a bias, no panels)."""
-    if type(lin) is not Linear:
-        return None
-    if lin.quant == "gguf" and lin.wide is not None and (lin.q is None or rows > lin.max_q_rows):
-        panels = lin.wide
-    elif lin.quant == "q8" and rows <= lin.max_q_rows:
-        panels = lin.q
-    else:
+    panels = lin.panels(rows) if type(lin) is Linear else None
+    if panels is None:
         return None
     parts = list(panels) if isinstance(panels, SegmentPanels) else [panels]
     if len(parts) > MAX_SEGMENTS:
@@ -54,8 +49,8 @@ def _table(w: dict, spec, kv: KVCache, rows: int, post_norms: bool) -> tuple[tor
     """The layers' table at `rows` rows and the KV families it reads, or None where a layer's
     kernels are not the ones csrc/decode.c calls (or its shapes not the ones it sizes scratch by)."""
     mat_words = 1 + 4 * MAX_SEGMENTS
-    d, ffn = spec.head_dim, w["layers.0.gate_up"].out_features // 2
-    outputs = ((spec.n_heads + 2 * spec.n_kv_heads) * d, spec.hidden, 2 * ffn, spec.hidden)
+    d = spec.head_dim
+    outputs = ((spec.n_heads + 2 * spec.n_kv_heads) * d, spec.hidden, 2 * spec.ffn, spec.hidden)
     table = torch.zeros(spec.n_layers, native._LIB.decode_layer_words(), dtype=torch.int64, device="cpu")
     used = set()
     for i in range(spec.n_layers):
@@ -105,9 +100,7 @@ def decode_layers(
     views = ctx.families
     if any(f not in FAMILIES or v.prefill or v.decode_slots is None for f, v in views.items()):
         return False
-    d = spec.head_dim
-    lanes = native.attention_lanes()
-    lanes = lanes if d % lanes == 0 else 8
+    d, lanes = spec.head_dim, native.attention_width(spec.head_dim)
     first = w["layers.0.qkv"]
     if d % lanes or d > 1024 or not isinstance(first, Linear):  # norm_rope's row buffer: 1024 floats
         return False
@@ -148,7 +141,7 @@ def decode_layers(
         spec.n_heads,
         spec.n_kv_heads,
         d,
-        w["layers.0.gate_up"].out_features // 2,
+        spec.ffn,
         spec.eps,
         GLU[glu],
         fams.data_ptr(),

@@ -1,0 +1,77 @@
+"""Whole steps two ways in one process, alternated, after checking both give the same logits:
+  prefetch       the q8 panels' weights four blocks ahead into L1 (A) or 32 KB ahead into L2 (B)
+                 (csrc/q8.c `q8_prefetch_far`; docs/kernels.md, "The panels' weights prefetched
+                 into L2")
+  native_layers  a decode step's layers through the Python loop (A) or in one native call (B)
+                 (runtime/native_layers.py; docs/kernels.md, "A decode step's layers in one native
+                 call")
+ROWS decode rows at 256 keys each, or one PROMPT of that many rows:
+    ROWS=4 .venv/bin/python scripts/experiments/step_ab.py prefetch MODEL
+    PROMPT=256 N=2 ROUNDS=6 .venv/bin/python scripts/experiments/step_ab.py prefetch MODEL
+    ROWS=1 .venv/bin/python scripts/experiments/step_ab.py native_layers MODEL
+prints each way's median step and the median of B / A over the alternated pairs."""
+
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from tailgate.engine.pages import KVBook, SeqPages, pool_pages
+from tailgate.engine.plan import Segment
+from tailgate.model.formats.weights import load_model
+from tailgate.model.kernels import native
+from tailgate.model.kernels.choice import choose
+from tailgate.model.runtime import native_layers
+from tailgate.model.runtime.runner import ModelRunner
+
+
+def _native_layers(on: bool) -> None:
+    native_layers.ENABLED = on
+
+
+MODES = {"prefetch": lambda far: native._LIB.q8_prefetch_far(int(far)), "native_layers": _native_layers}
+
+
+def main() -> None:
+    mode, model = sys.argv[1], sys.argv[2]
+    if mode not in MODES:
+        raise SystemExit(f"mode: one of {', '.join(MODES)}, not {mode!r}")
+    switch = MODES[mode]
+    rows, prompt = int(os.environ.get("ROWS", "1")), int(os.environ.get("PROMPT", "0"))
+    n, rounds = int(os.environ.get("N", "8")), int(os.environ.get("ROUNDS", "12"))
+    m = load_model(model)
+    pages = pool_pages(2000, 20, m.spec.sliding_window, transient_prompts=2)
+    runner = ModelRunner(m.spec, m.weights, pages, plan=choose("auto", "auto", "cpu"))
+    book = KVBook(pages["global"], pages.get("local"), m.spec.sliding_window)
+    segs = []
+    for r in range(1 if prompt else rows):
+        seq = SeqPages()
+        book.reserve(seq, (prompt or 256) + 8)
+        seq.frontier = 0 if prompt else 256
+        segs.append(Segment(list(range(100, 100 + prompt)) if prompt else [100 + r], seq.frontier, seq))
+    logits = []
+    for b in (False, True, False):
+        switch(b)
+        logits.append(runner.step(segs).clone())
+    print(f"logits bit-equal both ways: {all(torch.equal(x, logits[1]) for x in logits)}")
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for rnd in range(rounds):
+        for b in (False, True) if rnd % 2 == 0 else (True, False):
+            switch(b)
+            runner.step(segs)
+            t = time.perf_counter()
+            for _ in range(n):
+                runner.step(segs)
+            times[b].append((time.perf_counter() - t) / n)
+    ratios = [y / x for x, y in zip(times[False], times[True])]
+    what = f"prompt {prompt}" if prompt else f"decode {rows}"
+    print(
+        f"{mode}, {what}: A {statistics.median(times[False]) * 1e3:.2f} ms, B {statistics.median(times[True]) * 1e3:.2f}"
+        f" ms; B / A median {statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}, {len(ratios)} pairs)"
+    )
+
+
+if __name__ == "__main__":
+    main()
