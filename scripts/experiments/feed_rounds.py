@@ -1,0 +1,60 @@
+"""What the rounds of traced arms were (`socket_tail_arm.sh` with TRACE=1 keeps NAME.feed, the
+server's step trace): per arm, the client's tok/s and ITL p99 (NAME.bench.log), the ridden rounds'
+prompt rows, and the median step of the most common ridden shape (the walk's full-width round
+beside at least `--deep` live rows), which is the host's speed in that arm: two arms whose rounds
+are the same shape differ in client ITL only by it. The last column is the client's ITL p99 in
+units of that step, a tail figure the host's drift between arms mostly cancels from.
+
+    .venv/bin/python scripts/experiments/feed_rounds.py [--rows 64] [--deep 13] DIR/*.feed
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import statistics
+
+
+def steps(path: str) -> list[dict]:
+    seen = {}
+    for line in open(path):
+        if line.startswith("data:"):
+            for s in json.loads(line[5:]).get("steps", []):
+                seen[s["seq"]] = s
+    return [seen[k] for k in sorted(seen)]
+
+
+def client(path: str) -> tuple[float, float]:
+    text = open(path.removesuffix(".feed") + ".bench.log").read()
+    tok = float(re.search(r"Output token throughput \(tok/s\):\s+([\d.]+)", text).group(1))
+    itl = float(re.search(r"P99 ITL \(ms\):\s+([\d.]+)", text).group(1))
+    return tok, itl
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=64, help="the full round's prompt rows (the walk's width)")
+    ap.add_argument("--deep", type=int, default=13, help="live rows a ridden round needs to count")
+    ap.add_argument("feeds", nargs="+")
+    a = ap.parse_args()
+    for path in a.feeds:
+        st = steps(path)
+        ridden = [s for s in st if s["prompt_rows"] and s["decode_rows"]]
+        shape = collections.Counter(s["prompt_rows"] for s in ridden)
+        full = [s["duration_s"] * 1e3 for s in ridden if s["prompt_rows"] == a.rows and s["decode_rows"] >= a.deep]
+        tok, itl = client(path)
+        unit = statistics.median(full) if full else float("nan")
+        print(
+            f"{path.rsplit('/', 1)[-1]}: tok/s {tok:.1f}, ITL p99 {itl:.1f} ms; {len(st)} steps, "
+            f"{len(ridden)} ridden rounds ({shape[a.rows]} at {a.rows} rows, "
+            f"{sum(v for k, v in shape.items() if k < a.rows)} narrower, "
+            f"{sum(v for k, v in shape.items() if k > a.rows)} wider); full ridden round p50 {unit:.1f} ms "
+            f"(n={len(full)}); ITL p99 = {itl / unit:.3f} of it"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
