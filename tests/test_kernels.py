@@ -703,3 +703,27 @@ def test_the_gguf_plan_runs_a_dense_matrix_of_any_shape_in_the_widest_panels_it_
             assert lin.quant is None and torch.equal(y, F.linear(x, w))
         else:
             assert lin.quant == "q8" and (y - F.linear(x, w)).abs().max() < 0.05 * F.linear(x, w).abs().max()
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        dict(head_dim=64, theta=5e5, dtype=torch.float32, llama3=(32.0, 1.0, 4.0, 8192.0)),  # Llama 3.2
+        dict(head_dim=256, theta=1e6, dtype=torch.float32, scale=8.0),  # Gemma 3's global
+        dict(head_dim=128, theta=1e4, dtype=torch.bfloat16, fraction=0.25),  # Gemma 4's proportional
+        dict(head_dim=64, theta=5e5, dtype=torch.float32, divisors=torch.linspace(1.0, 8.0, 32)),  # a GGUF's rope_freqs
+    ],
+)
+def test_rope_rows_reads_the_bits_rope_tables_computes_for_every_position_as_its_table_grows(rope):
+    from tailgate.model.runtime.layers import ROPE_ROWS_MIN, rope_rows, rope_tables
+
+    for positions in (
+        torch.tensor([257]),
+        torch.arange(300, 364),
+        torch.tensor([0, 1, ROPE_ROWS_MIN - 1, ROPE_ROWS_MIN, 3 * ROPE_ROWS_MIN + 5]),  # grows the table
+        torch.randint(0, 4 * ROPE_ROWS_MIN, (97,), generator=torch.Generator().manual_seed(0)),
+        torch.tensor([5, 2]),  # read back after the growth
+    ):
+        want, got = rope_tables(positions, **rope), rope_rows(positions, **rope)
+        assert got[0].shape == want[0].shape == (len(positions), 1, rope["head_dim"])
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -5,6 +5,8 @@
   native_layers  a decode step's layers through the Python loop (A) or in one native call (B)
                  (runtime/native_layers.py; docs/kernels.md, "A decode step's layers in one native
                  call")
+  rope_rows      each step's RoPE cos / sin computed (A, `rope_tables`) or read from the cached
+                 table of every position (B, `rope_rows`; runtime/layers.py)
 ROWS decode rows at 256 keys each, or one PROMPT of that many rows:
     ROWS=4 .venv/bin/python scripts/experiments/step_ab.py prefetch MODEL
     PROMPT=256 N=2 ROUNDS=6 .venv/bin/python scripts/experiments/step_ab.py prefetch MODEL
@@ -23,7 +25,8 @@ from tailgate.engine.plan import Segment
 from tailgate.model.formats.weights import load_model
 from tailgate.model.kernels import native
 from tailgate.model.kernels.choice import choose
-from tailgate.model.runtime import native_layers
+from tailgate.model.families import gemma3_forward, gemma4_forward, llama_forward
+from tailgate.model.runtime import layers, native_layers
 from tailgate.model.runtime.runner import ModelRunner
 
 
@@ -31,7 +34,16 @@ def _native_layers(on: bool) -> None:
     native_layers.ENABLED = on
 
 
-MODES = {"prefetch": lambda far: native._LIB.q8_prefetch_far(int(far)), "native_layers": _native_layers}
+def _rope_rows(on: bool) -> None:
+    for family in (llama_forward, gemma3_forward, gemma4_forward):
+        family.rope_rows = layers.rope_rows if on else layers.rope_tables
+
+
+MODES = {
+    "prefetch": lambda far: native._LIB.q8_prefetch_far(int(far)),
+    "native_layers": _native_layers,
+    "rope_rows": _rope_rows,
+}
 
 
 def main() -> None:

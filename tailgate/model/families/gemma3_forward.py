@@ -6,7 +6,7 @@ import torch
 
 from ..runtime.context import StepContext
 from ..runtime.kv_cache import KVCache
-from ..runtime.layers import glu_mlp, linear, paged_attention, raw, rope_tables, takes
+from ..runtime.layers import glu_mlp, linear, paged_attention, raw, rope_rows, takes
 from ..runtime.native_layers import decode_layers
 from ..runtime.ops import ops
 from ..spec import ModelSpec
@@ -18,8 +18,8 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
     dtype = emb.dtype
     h = emb[ctx.tokens] * torch.tensor(spec.hidden**0.5, dtype=dtype, device=emb.device)
     ropes = {
-        "global": rope_tables(ctx.positions, spec.head_dim, spec.rope_theta, dtype, spec.rope_scaling_factor),
-        "local": rope_tables(ctx.positions, spec.head_dim, spec.rope_local_theta, dtype),
+        "global": rope_rows(ctx.positions, spec.head_dim, spec.rope_theta, dtype, spec.rope_scaling_factor),
+        "local": rope_rows(ctx.positions, spec.head_dim, spec.rope_local_theta, dtype),
     }
     T, hq, hkv, d = h.shape[0], spec.n_heads, spec.n_kv_heads, spec.head_dim
     op = ops(ctx)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from ..runtime.context import StepContext
 from ..runtime.kv_cache import KVCache
-from ..runtime.layers import glu_mlp, linear, paged_attention, rope_tables
+from ..runtime.layers import glu_mlp, linear, paged_attention, rope_rows
 from ..runtime.ops import ops
 from ..spec import ModelSpec
 
@@ -53,8 +53,8 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
     op = ops(ctx)
     dg, dl = spec.family_shape(False)[1], spec.family_shape(True)[1]
     ropes = {
-        "global": rope_tables(ctx.positions, dg, spec.rope_theta, dtype, spec.rope_scaling_factor, spec.rope_fraction),
-        "local": rope_tables(
+        "global": rope_rows(ctx.positions, dg, spec.rope_theta, dtype, spec.rope_scaling_factor, spec.rope_fraction),
+        "local": rope_rows(
             ctx.positions, dl, spec.rope_local_theta, dtype, spec.rope_local_scaling, spec.rope_local_fraction
         ),
     }

@@ -9,7 +9,7 @@ import torch
 
 from ..runtime.context import StepContext
 from ..runtime.kv_cache import KVCache
-from ..runtime.layers import linear, paged_attention, raw, rope_tables, takes
+from ..runtime.layers import linear, paged_attention, raw, rope_rows, takes
 from ..runtime.native_layers import decode_layers
 from ..runtime.ops import ops
 from ..spec import ModelSpec
@@ -18,7 +18,7 @@ from ..spec import ModelSpec
 def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Tensor:
     """Run every row of the step; return logits (runtime dtype) for `ctx.sample_rows` only."""
     h = w["embed"][ctx.tokens]
-    cos, sin = rope_tables(
+    cos, sin = rope_rows(
         ctx.positions,
         spec.head_dim,
         spec.rope_theta,
