@@ -1,6 +1,6 @@
-"""A decode step's layers in one native call (runtime/native_layers.py, csrc/decode.c): the same
-logits, bit for bit, as the Python layer loop, on every Llama-shaped family and plan it takes; the
-steps and models it cannot take run the loop."""
+"""A step's layers in one native call (runtime/native_layers.py, csrc/layers.c): the same logits,
+bit for bit, as the Python layer loop, for decode rows and prompt chunks, on every Llama-shaped
+family and plan it takes; the steps and models it cannot take run the loop."""
 
 from __future__ import annotations
 
@@ -42,27 +42,32 @@ def model(loaded, tmp_path_factory):
     return get
 
 
-def _runner_and_rows(m, lengths, plan=None):
-    """A runner on `plan` (default the CPU's own), and one sequence per length with its prompt prefilled."""
-    pages = pool_pages(256, len(lengths) + 1, m.spec.sliding_window, transient_prompts=1)
+def _runner_and_rows(m, lengths, plan=None, room=4):
+    """A runner on `plan` (default the CPU's own), and one sequence per length with its prompt
+    prefilled (and pages for `room` more rows)."""
+    pages = pool_pages(256, len(lengths) + 2, m.spec.sliding_window, transient_prompts=2)
     runner = ModelRunner(m.spec, m.weights, pages, plan=plan or choose("auto", "auto", "cpu"))
-    book = KVBook(pages["global"], pages.get("local"), m.spec.sliding_window)
+    runner.book = KVBook(pages["global"], pages.get("local"), m.spec.sliding_window)
     seqs = []
     for i, n in enumerate(lengths):
         seq = SeqPages()
-        book.reserve(seq, n + 4)
+        runner.book.reserve(seq, n + room)
         runner.step([Segment([(7 * i + j) % 200 + 3 for j in range(n)], 0, seq)])
         seq.frontier = n
         seqs.append(seq)
     return runner, seqs
 
 
-def _decode(runner, seqs, on: bool) -> torch.Tensor:
+def _step(runner, segments, on: bool) -> torch.Tensor:
     native_layers.ENABLED = on
     try:
-        return runner.step([Segment([11 + i], s.frontier, s) for i, s in enumerate(seqs)])
+        return runner.step(segments)
     finally:
         native_layers.ENABLED = True
+
+
+def _decode(runner, seqs, on: bool) -> torch.Tensor:
+    return _step(runner, [Segment([11 + i], s.frontier, s) for i, s in enumerate(seqs)], on)
 
 
 def _tables(runner) -> list:
@@ -101,23 +106,34 @@ def test_a_model_whose_layers_the_native_call_cannot_run_keeps_the_python_loop(m
     assert not any(t is not None for t in _tables(runner))
 
 
-def test_a_step_with_prompt_rows_keeps_the_python_loop(model):
-    runner, seqs = _runner_and_rows(model("llama3"), (6,))
-    if runner.plan.attention != "native":
-        pytest.skip(f"this plan runs torch's ops: {runner.plan.line()}")
-    seq = seqs[0]
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m", "llama3", "qwen3", "mistral"])
+@pytest.mark.parametrize("decoding", [True, False])
+def test_a_walk_round_gives_the_same_logits_with_its_layers_in_one_native_call(model, name, decoding):
+    """A walk round's rows: a fresh prompt (its keys its own rows), a prompt's next chunk (its keys
+    in the pool before it; past Mistral's 12-token window, so the window cuts them), and with
+    `decoding` live rows beside them; the round's prompt rows attend through the native prompt
+    kernel as the loop's do."""
+    runner, seqs = _runner_and_rows(model(name), (9, 40, 17), room=24)
+    if not runner.native_prompts:
+        pytest.skip(f"this plan runs torch's ops for prompts: {runner.plan.line()}")
+    fresh = SeqPages()
+    runner.book.reserve(fresh, 30)
+    chunk = seqs[1]
+    segs = [Segment([20 + j for j in range(23)], 0, fresh), Segment([50 + j for j in range(6)], 40, chunk)]
+    if decoding:
+        segs += [Segment([11 + i], s.frontier, s) for i, s in enumerate((seqs[0], seqs[2]))]
     calls = []
-    real = native._LIB.decode_layers
+    real = native._LIB.step_layers
     try:
-        native._LIB.decode_layers = lambda *a: calls.append(a) or real(*a)
-        runner.step([Segment([11], 6, seq)])  # decode rows alone: the native call
-        assert len(calls) == 1
-        runner.step([Segment([12, 13], 7, seq)])  # two prompt rows (a chunk): the loop
-        assert len(calls) == 1
-        runner.step([Segment([14], 9, seq)])
-        assert len(calls) == 2
+        native._LIB.step_layers = lambda *a: calls.append(a) or real(*a)
+        python = _step(runner, segs, False)
+        assert not calls
+        native_call = _step(runner, segs, True)
+        assert len(calls) == 1  # the native call ran
     finally:
-        native._LIB.decode_layers = real
+        native._LIB.step_layers = real
+    assert python.shape[0] == 2 + 2 * decoding  # each prompt's last row, each live row
+    assert torch.equal(native_call, python)
 
 
 def test_a_row_cut_moved_after_the_first_steps_moves_which_steps_take_the_native_call(model):
@@ -130,9 +146,9 @@ def test_a_row_cut_moved_after_the_first_steps_moves_which_steps_take_the_native
     if runner.plan.attention != "native" or runner.plan.quant != "q8":
         pytest.skip(f"no q8 plan with native ops here: {runner.plan.line()}")
     calls = []
-    real = native._LIB.decode_layers
+    real = native._LIB.step_layers
     try:
-        native._LIB.decode_layers = lambda *a: calls.append(a) or real(*a)
+        native._LIB.step_layers = lambda *a: calls.append(a) or real(*a)
         for cut, native_call in ((8, True), (2, False), (8, True)):
             apply_layer_cut(runner.w, cut)
             before = len(calls)
@@ -140,4 +156,4 @@ def test_a_row_cut_moved_after_the_first_steps_moves_which_steps_take_the_native
             assert (len(calls) > before) == native_call
             assert torch.equal(ours, _decode(runner, seqs, False))
     finally:
-        native._LIB.decode_layers = real
+        native._LIB.step_layers = real

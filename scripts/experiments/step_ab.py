@@ -2,14 +2,15 @@
   prefetch       the q8 panels' weights four blocks ahead into L1 (A) or 32 KB ahead into L2 (B)
                  (csrc/q8.c `q8_prefetch_far`; docs/kernels.md, "The panels' weights prefetched
                  into L2")
-  native_layers  a decode step's layers through the Python loop (A) or in one native call (B)
-                 (runtime/native_layers.py; docs/kernels.md, "A decode step's layers in one native
-                 call")
+  native_layers  a step's layers through the Python loop (A) or in one native call (B)
+                 (runtime/native_layers.py; docs/kernels.md, "A step's layers in one native call")
   rope_rows      each step's RoPE cos / sin computed (A, `rope_tables`) or read from the cached
                  table of every position (B, `rope_rows`; runtime/layers.py)
-ROWS decode rows at 256 keys each, or one PROMPT of that many rows:
+ROWS decode rows at 256 keys each, and / or a chunk of PROMPT rows of one prompt from START (its
+earlier rows prefilled first; ROWS defaults to 0 with a PROMPT, else 1):
     ROWS=4 .venv/bin/python scripts/experiments/step_ab.py prefetch MODEL
     PROMPT=256 N=2 ROUNDS=6 .venv/bin/python scripts/experiments/step_ab.py prefetch MODEL
+    PROMPT=64 START=128 ROWS=4 .venv/bin/python scripts/experiments/step_ab.py native_layers MODEL
     ROWS=1 .venv/bin/python scripts/experiments/step_ab.py native_layers MODEL
 prints each way's median step and the median of B / A over the alternated pairs."""
 
@@ -51,18 +52,25 @@ def main() -> None:
     if mode not in MODES:
         raise SystemExit(f"mode: one of {', '.join(MODES)}, not {mode!r}")
     switch = MODES[mode]
-    rows, prompt = int(os.environ.get("ROWS", "1")), int(os.environ.get("PROMPT", "0"))
+    prompt = int(os.environ.get("PROMPT", "0"))
+    rows, start = int(os.environ.get("ROWS", "0" if prompt else "1")), int(os.environ.get("START", "0"))
     n, rounds = int(os.environ.get("N", "8")), int(os.environ.get("ROUNDS", "12"))
     m = load_model(model)
     pages = pool_pages(2000, 20, m.spec.sliding_window, transient_prompts=2)
     runner = ModelRunner(m.spec, m.weights, pages, plan=choose("auto", "auto", "cpu"))
     book = KVBook(pages["global"], pages.get("local"), m.spec.sliding_window)
     segs = []
-    for r in range(1 if prompt else rows):
+    if prompt:  # a walk round's chunk: rows [START, START + PROMPT) of a prompt, its keys before it in the pool
         seq = SeqPages()
-        book.reserve(seq, (prompt or 256) + 8)
-        seq.frontier = 0 if prompt else 256
-        segs.append(Segment(list(range(100, 100 + prompt)) if prompt else [100 + r], seq.frontier, seq))
+        book.reserve(seq, start + prompt + 8)
+        if start:
+            runner.step([Segment(list(range(100, 100 + start)), 0, seq)])
+        segs.append(Segment(list(range(100 + start, 100 + start + prompt)), start, seq))
+    for r in range(rows):  # live rows at 256 keys each
+        seq = SeqPages()
+        book.reserve(seq, 256 + 8)
+        seq.frontier = 256
+        segs.append(Segment([100 + r], seq.frontier, seq))
     logits = []
     for b in (False, True, False):
         switch(b)
@@ -78,7 +86,9 @@ def main() -> None:
                 runner.step(segs)
             times[b].append((time.perf_counter() - t) / n)
     ratios = [y / x for x, y in zip(times[False], times[True])]
-    what = f"prompt {prompt}" if prompt else f"decode {rows}"
+    what = ", ".join(
+        ([f"prompt rows {start}-{start + prompt}"] if prompt else []) + ([f"decode {rows}"] if rows else [])
+    )
     print(
         f"{mode}, {what}: A {statistics.median(times[False]) * 1e3:.2f} ms, B {statistics.median(times[True]) * 1e3:.2f}"
         f" ms; B / A median {statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}, {len(ratios)} pairs)"

@@ -200,10 +200,12 @@ ERROR_ALPHA = 0.1  # the error's running mean: the newest priced step's weight
 CLIP = 3.0
 # The fit's units: a typical step's features are ~1 in them (1 step, 64 prompt rows, 16 decode
 # and sampled rows, 10 000 query-key pairs), so one ridge weight means the same for every term.
-# A step that carries prompt rows pays a floor of its own beside the decode-only step's: a step of
-# decode rows alone runs its layers in one native call (runtime/native_layers.py), one with prompt
-# rows runs them through the Python loop, ~2-3 ms more at Gemma 3 270M and Llama 3.2 1B's shapes
-# (AMD EPYC Zen 4). Fitted as a sixth term (1 for a step with prompt rows, else 0) that only this
+# A step that carries prompt rows may pay a floor of its own beside the decode-only step's: where a
+# step of decode rows alone runs its layers in one native call (runtime/native_layers.py) and one
+# with prompt rows runs them through the Python loop, ~2-3 ms more at Gemma 3 270M and Llama 3.2
+# 1B's shapes (AMD EPYC Zen 4). Walk rounds take the one call too since (off AMX, whose prompt rows
+# attend in SDPA; Qwen2 and Gemma 4 keep the loop either way), and there the fit puts this term
+# near 0. Fitted as a sixth term (1 for a step with prompt rows, else 0) that only this
 # model holds (the simulator's cost form keeps TERMS). A round's price in decode steps (`auto`,
 # WALK_FACTOR) reads the live rows' step *as a round carries them*, this floor included: priced
 # against the cheaper decode-only step, the default's rounds at W-std c8 narrowed to 0.92x the

@@ -7,7 +7,7 @@ import torch
 from ..runtime.context import StepContext
 from ..runtime.kv_cache import KVCache
 from ..runtime.layers import glu_mlp, linear, paged_attention, raw, rope_rows, takes
-from ..runtime.native_layers import decode_layers
+from ..runtime.native_layers import step_layers
 from ..runtime.ops import ops
 from ..spec import ModelSpec
 
@@ -29,7 +29,7 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
     x = op.rms_norm(h, w["layers.0.attn_norm"], spec.eps, takes(w["layers.0.qkv"], T))
     # A step of decode rows alone runs its layers in one native call where its kernels allow
     # (runtime/native_layers.py: the same kernels in the same order, the same bits).
-    for i in range(0 if decode_layers(w, spec, ctx, kv, h, x, ropes, "geglu", post_norms=True) else spec.n_layers):
+    for i in range(0 if step_layers(w, spec, ctx, kv, h, x, ropes, "geglu", post_norms=True) else spec.n_layers):
         p = f"layers.{i}."
         fam, k_pool, v_pool = kv.layer(i)
         qkv = raw(x, w[p + "qkv"])

@@ -10,7 +10,7 @@ import torch
 from ..runtime.context import StepContext
 from ..runtime.kv_cache import KVCache
 from ..runtime.layers import linear, paged_attention, raw, rope_rows, takes
-from ..runtime.native_layers import decode_layers
+from ..runtime.native_layers import step_layers
 from ..runtime.ops import ops
 from ..spec import ModelSpec
 
@@ -37,7 +37,7 @@ def forward(w: dict, spec: ModelSpec, ctx: StepContext, kv: KVCache) -> torch.Te
     # (runtime/native_layers.py: the same kernels in the same order, the same bits).
     for i in range(
         0
-        if decode_layers(w, spec, ctx, kv, h, x, {"global": (cos, sin), "local": (cos, sin)}, "swiglu")
+        if step_layers(w, spec, ctx, kv, h, x, {"global": (cos, sin), "local": (cos, sin)}, "swiglu")
         else spec.n_layers
     ):
         p = f"layers.{i}."

@@ -74,10 +74,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.q8_offset.argtypes, lib.q8_offset.restype = [P, I64], None
     lib.q8_amx_init.argtypes, lib.q8_amx_init.restype = [], ctypes.c_int
     lib.q8_prefetch_far.argtypes, lib.q8_prefetch_far.restype = [ctypes.c_int], None
-    lib.decode_layer_words.argtypes, lib.decode_layer_words.restype = [], ctypes.c_int
-    # csrc/decode.c: table, layers, h, x, t, dm, hq, hkv, hd, ffn, eps, glu, fams, scale, lanes
-    lib.decode_layers.argtypes = [P, I64, P, P, *[I64] * 6, F, ctypes.c_int, P, F, ctypes.c_int]
-    lib.decode_layers.restype = ctypes.c_int
+    lib.step_layer_words.argtypes, lib.step_layer_words.restype = [], ctypes.c_int
+    # csrc/layers.c: table, layers, h, x, t, d0, dm, hq, hkv, hd, ffn, eps, glu, fams, scale, lanes, tile8, tile4
+    lib.step_layers.argtypes = [P, I64, P, P, *[I64] * 7, F, ctypes.c_int, P, F, ctypes.c_int, I64, I64]
+    lib.step_layers.restype = ctypes.c_int
     for lanes in (8, 16):
         for name in (f"decode_attention_{lanes}", f"decode_attention_f16_{lanes}"):
             getattr(lib, name).argtypes = [P, P, P, P, P, I64, I64, I64, I64, I64, F, P]

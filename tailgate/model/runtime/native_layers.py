@@ -1,15 +1,16 @@
-"""A decode step's layers in one native call (csrc/decode.c `decode_layers`): the Llama-shaped
-families (Llama, Qwen3, SmolLM2) and Gemma 3.
+"""A step's layers in one native call (csrc/layers.c `step_layers`): the Llama-shaped families
+(Llama, Qwen3, SmolLM2) and Gemma 3.
 
-The model files ask `decode_layers` first; where it answers False their Python layer loop runs as
+The model files ask `step_layers` first; where it answers False their Python layer loop runs as
 before. The C loop calls the kernels that loop calls, in its order, with its arguments, so a row's
 bits are the same either way (tests/test_native_layers.py compares the logits bit for bit); what
-goes is ~12 trips a layer through Python, torch and ctypes (docs/kernels.md, "A decode step's
-layers in one native call": 3.9 of a 25.3 ms one-row step of Llama 3.2 1B's shape, AMD EPYC Zen 4).
+goes is ~12 trips a layer through Python, torch and ctypes (docs/kernels.md, "A step's layers in
+one native call": 3.9 of a 25.3 ms one-row step of Llama 3.2 1B's shape, AMD EPYC Zen 4).
 
-It takes a step only where the loop would have run exactly those kernels: every row a decode row,
-the native ops and attention over fp16 pages, fp32 activations, and every layer matrix on q8 panels
-at this many rows with no bias and no BF16 tiles. The layer table (pointers to the panels, norms and
+It takes a step only where the loop would have run exactly those kernels: decode rows and prompt
+segments whose attention is the native kernel's (each prompt row over its range of the keys), the
+native ops over fp16 pages, fp32 activations, and every layer matrix on q8 panels at this many rows
+with no bias (the AMX panels' BF16 tile rows passed as the loop passes them). The layer table (pointers to the panels, norms and
 pools, which live as long as the runner) is built once per runner and row regime (`max_q_rows`
 decides a matrix's kernel by row count) and kept on the runner's `KVCache`.
 """
@@ -27,8 +28,9 @@ from .kv_cache import KVCache
 MATRICES = ("qkv", "o", "gate_up", "down")
 NORMS = ("attn_norm", "ffn_norm", "q_norm", "k_norm")  # then the pools, then POST_NORMS
 POST_NORMS = ("post_attn_norm", "post_ffn_norm")  # Gemma's; Llama adds the residual plainly
-FAMILIES = ("global", "local")  # csrc/decode.c's family index
-MAX_SEGMENTS = 7  # csrc/decode.c MAX_SEG
+FAMILIES = ("global", "local")  # csrc/layers.c's family index
+MAX_SEGMENTS = 7  # csrc/layers.c MAX_SEG
+FAM_WORDS = 8  # csrc/layers.c FAM_WORDS
 GLU = {"swiglu": 0, "geglu": 1}
 ENABLED = True  # scripts/experiments/step_ab.py turns it off for the A/B; nothing else does
 
@@ -47,11 +49,11 @@ def _segments(lin, rows: int) -> list[tuple[int, int, int, int]] | None:
 
 def _table(w: dict, spec, kv: KVCache, rows: int, post_norms: bool) -> tuple[torch.Tensor, set] | None:
     """The layers' table at `rows` rows and the KV families it reads, or None where a layer's
-    kernels are not the ones csrc/decode.c calls (or its shapes not the ones it sizes scratch by)."""
+    kernels are not the ones csrc/layers.c calls (or its shapes not the ones it sizes scratch by)."""
     mat_words = 1 + 4 * MAX_SEGMENTS
     d = spec.head_dim
     outputs = ((spec.n_heads + 2 * spec.n_kv_heads) * d, spec.hidden, 2 * spec.ffn, spec.hidden)
-    table = torch.zeros(spec.n_layers, native._LIB.decode_layer_words(), dtype=torch.int64, device="cpu")
+    table = torch.zeros(spec.n_layers, native._LIB.step_layer_words(), dtype=torch.int64, device="cpu")
     used = set()
     for i in range(spec.n_layers):
         p = f"layers.{i}."
@@ -77,7 +79,7 @@ def _table(w: dict, spec, kv: KVCache, rows: int, post_norms: bool) -> tuple[tor
     return table, used
 
 
-def decode_layers(
+def step_layers(
     w: dict,
     spec,
     ctx: StepContext,
@@ -93,13 +95,15 @@ def decode_layers(
     (cos, sin) for this step's rows; `glu`: "swiglu" | "geglu"; `post_norms`: the family normalises
     each sublayer's output before its residual add (Gemma's post-attention and post-MLP norms)."""
     t = h.shape[0]
-    if not (ENABLED and ctx.native and native._LIB is not None and t and ctx.decode_rows == (0, t)):
+    d0, d1 = ctx.decode_rows  # prompt rows first, then the decode rows
+    if not (ENABLED and ctx.native and native._LIB is not None and t and d1 == t):
         return False
-    if native.tile_rows() != (0, 0) or h.dtype != torch.float32 or x.dtype != torch.float32:
+    if h.dtype != torch.float32 or x.dtype != torch.float32:
         return False
     views = ctx.families
-    if any(f not in FAMILIES or v.prefill or v.decode_slots is None for f, v in views.items()):
-        return False
+    for f, v in views.items():
+        if f not in FAMILIES or (t > d0 and v.decode_slots is None) or any(p.starts is None for p in v.prefill):
+            return False  # (a prompt segment without its rows' key ranges attends through SDPA)
     d, lanes = spec.head_dim, native.attention_width(spec.head_dim)
     first = w["layers.0.qkv"]
     if d % lanes or d > 1024 or not isinstance(first, Linear):  # norm_rope's row buffer: 1024 floats
@@ -120,23 +124,38 @@ def decode_layers(
     if built is None or not built[1] <= views.keys():
         return False
     table = built[0]
-    keep, fams = [], torch.zeros(len(FAMILIES), 6, dtype=torch.int64, device="cpu")
+    keep, fams = [], torch.zeros(len(FAMILIES), FAM_WORDS, dtype=torch.int64, device="cpu")
     for j, fam in enumerate(FAMILIES):
         if fam not in views:  # a family no layer reads (checked above)
             continue
         v = views[fam]
         cos, sin = (r.float().contiguous() for r in ropes[fam])
-        parts = [cos, sin, v.write_slots.contiguous(), v.decode_slots.contiguous(), v.decode_lens.contiguous()]
+        write = v.write_slots.contiguous()
+        parts = [cos, sin, write]
+        words = [cos.data_ptr(), sin.data_ptr(), write.data_ptr()]
+        if t > d0:
+            parts += [v.decode_slots.contiguous(), v.decode_lens.contiguous()]
+            words += [parts[-2].data_ptr(), parts[-1].data_ptr(), v.decode_slots.shape[1]]
+        else:
+            words += [0, 0, 0]
+        prompts = []
+        for p in v.prefill:  # a fresh prompt reads back its own rows (layers.paged_attention)
+            keys = write[p.r0 : p.r1] if p.slots is None else p.slots.contiguous()
+            starts, lens = p.starts.contiguous(), p.lens.contiguous()
+            parts += [keys, starts, lens]
+            prompts += [p.r0, p.r1, keys.data_ptr(), starts.data_ptr(), lens.data_ptr()]
+        segments = torch.tensor(prompts or [0], dtype=torch.int64, device="cpu")
+        parts.append(segments)
+        words += [len(v.prefill), segments.data_ptr()]
         keep += parts
-        fams[j] = torch.tensor(
-            [p.data_ptr() for p in parts] + [v.decode_slots.shape[1]], dtype=torch.int64, device="cpu"
-        )
-    if native._LIB.decode_layers(
+        fams[j] = torch.tensor(words, dtype=torch.int64, device="cpu")
+    if native._LIB.step_layers(
         table.data_ptr(),
         spec.n_layers,
         h.data_ptr(),
         x.data_ptr(),
         t,
+        d0,
         h.shape[1],
         spec.n_heads,
         spec.n_kv_heads,
@@ -147,6 +166,7 @@ def decode_layers(
         fams.data_ptr(),
         spec.scale,
         lanes,
+        *first._tiles(),  # (the layer matrices' BF16 tile rows on AMX, as the loop's calls pass them)
     ):
-        raise MemoryError("decode layers: no scratch memory")
+        raise MemoryError("step layers: no scratch memory")
     return True
