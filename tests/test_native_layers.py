@@ -157,3 +157,19 @@ def test_a_row_cut_moved_after_the_first_steps_moves_which_steps_take_the_native
             assert torch.equal(ours, _decode(runner, seqs, False))
     finally:
         native._LIB.step_layers = real
+
+
+def test_a_step_past_max_rows_keeps_the_python_loop(model, monkeypatch):
+    """The call holds a layer's every scratch activation at once: a long prefill keeps the loop."""
+    runner, seqs = _runner_and_rows(model("llama3"), (6,), room=24)
+    if not runner.native_prompts:
+        pytest.skip(f"this plan runs torch's ops for prompts: {runner.plan.line()}")
+    monkeypatch.setattr(native_layers, "MAX_ROWS", 8)
+    calls = []
+    real = native._LIB.step_layers
+    monkeypatch.setattr(native._LIB, "step_layers", lambda *a: calls.append(a) or real(*a))
+    seq = seqs[0]
+    runner.step([Segment([20 + j for j in range(8)], 6, seq)])  # 8 rows: the call
+    assert len(calls) == 1
+    runner.step([Segment([30 + j for j in range(9)], 14, seq)])  # 9 rows: the loop
+    assert len(calls) == 1
