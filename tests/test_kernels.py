@@ -715,14 +715,16 @@ def test_the_gguf_plan_runs_a_dense_matrix_of_any_shape_in_the_widest_panels_it_
     ],
 )
 def test_rope_rows_reads_the_bits_rope_tables_computes_for_every_position_as_its_table_grows(rope):
-    from tailgate.model.runtime.layers import ROPE_ROWS_MIN, rope_rows, rope_tables
+    from tailgate.model.runtime.layers import ROPE_ROWS_CHUNK, ROPE_ROWS_MAX, rope_rows, rope_tables
 
+    c = ROPE_ROWS_CHUNK
     for positions in (
         torch.tensor([257]),
         torch.arange(300, 364),
-        torch.tensor([0, 1, ROPE_ROWS_MIN - 1, ROPE_ROWS_MIN, 3 * ROPE_ROWS_MIN + 5]),  # grows the table
-        torch.randint(0, 4 * ROPE_ROWS_MIN, (97,), generator=torch.Generator().manual_seed(0)),
+        torch.tensor([0, 1, c - 1, c, 3 * c + 5]),  # grows the table, chunk by chunk
+        torch.randint(0, ROPE_ROWS_MAX, (97,), generator=torch.Generator().manual_seed(0)),
         torch.tensor([5, 2]),  # read back after the growth
+        torch.tensor([3, ROPE_ROWS_MAX + 17]),  # past the tables: computed for the step
     ):
         want, got = rope_tables(positions, **rope), rope_rows(positions, **rope)
         assert got[0].shape == want[0].shape == (len(positions), 1, rope["head_dim"])

@@ -70,8 +70,36 @@ def _decode(runner, seqs, on: bool) -> torch.Tensor:
     return _step(runner, [Segment([11 + i], s.frontier, s) for i, s in enumerate(seqs)], on)
 
 
-def _tables(runner) -> list:
-    return [t for k, t in runner.kv.native_tables.items() if isinstance(k, tuple)]
+def _both_ways(runner, segments) -> dict:
+    """The step run through the one call ("call") and through the loop ("loop"), each from the
+    same KV pools (so the loop's writes cannot stand in for writes the call skipped): per way its
+    logits, the pools after it and how many native calls it made."""
+    kv = runner.kv
+    before = {f: (kv.k[f].clone(), kv.v[f].clone()) for f in kv.k}
+    calls, out = [], {}
+    real = native._LIB.step_layers
+    native._LIB.step_layers = lambda *a: calls.append(a) or real(*a)
+    try:
+        for way in ("call", "loop"):
+            for f, (k, v) in before.items():
+                kv.k[f].copy_(k)
+                kv.v[f].copy_(v)
+            n = len(calls)
+            logits = _step(runner, segments, way == "call")
+            out[way] = (logits, {f: (kv.k[f].clone(), kv.v[f].clone()) for f in kv.k}, len(calls) - n)
+    finally:
+        native._LIB.step_layers = real
+    return out
+
+
+def _assert_same(runner, segments) -> torch.Tensor:
+    ways = _both_ways(runner, segments)
+    (logits, pools, calls), (loop_logits, loop_pools, loop_calls) = ways["call"], ways["loop"]
+    assert (calls, loop_calls) == (1, 0)  # the call ran, and only in its way
+    assert torch.equal(logits, loop_logits)
+    for f in pools:  # every K/V row the step wrote, in the slots the loop wrote it to
+        assert torch.equal(pools[f][0], loop_pools[f][0]) and torch.equal(pools[f][1], loop_pools[f][1])
+    return logits
 
 
 @pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m", "llama3", "qwen3", "mistral"])
@@ -92,18 +120,15 @@ def test_the_one_call_at_the_attentions_8_lane_width_gives_the_loops_logits(mode
 def _assert_same_logits(runner, seqs):
     if runner.plan.attention != "native":
         pytest.skip(f"this plan runs torch's ops: {runner.plan.line()}")
-    python = _decode(runner, seqs, False)
-    native_call = _decode(runner, seqs, True)
-    assert [t is not None for t in _tables(runner)] == [True]  # the native call ran
-    assert torch.equal(native_call, python)
-    assert torch.equal(_decode(runner, seqs, False), python)  # rewriting the same K/V slot moved nothing
+    _assert_same(runner, [Segment([11 + i], s.frontier, s) for i, s in enumerate(seqs)])
 
 
 def test_a_model_whose_layers_the_native_call_cannot_run_keeps_the_python_loop(model):
     """Qwen2's q/k/v carry biases (a kernel of their own): no layer table, and it decodes as before."""
     runner, seqs = _runner_and_rows(model("qwen2"), (12, 3))
-    assert torch.equal(_decode(runner, seqs, True), _decode(runner, seqs, False))
-    assert not any(t is not None for t in _tables(runner))
+    ways = _both_ways(runner, [Segment([11 + i], s.frontier, s) for i, s in enumerate(seqs)])
+    assert ways["call"][2] == ways["loop"][2] == 0
+    assert torch.equal(ways["call"][0], ways["loop"][0])
 
 
 @pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m", "llama3", "qwen3", "mistral"])
@@ -122,18 +147,7 @@ def test_a_walk_round_gives_the_same_logits_with_its_layers_in_one_native_call(m
     segs = [Segment([20 + j for j in range(23)], 0, fresh), Segment([50 + j for j in range(6)], 40, chunk)]
     if decoding:
         segs += [Segment([11 + i], s.frontier, s) for i, s in enumerate((seqs[0], seqs[2]))]
-    calls = []
-    real = native._LIB.step_layers
-    try:
-        native._LIB.step_layers = lambda *a: calls.append(a) or real(*a)
-        python = _step(runner, segs, False)
-        assert not calls
-        native_call = _step(runner, segs, True)
-        assert len(calls) == 1  # the native call ran
-    finally:
-        native._LIB.step_layers = real
-    assert python.shape[0] == 2 + 2 * decoding  # each prompt's last row, each live row
-    assert torch.equal(native_call, python)
+    assert _assert_same(runner, segs).shape[0] == 2 + 2 * decoding  # each prompt's last row, each live row
 
 
 def test_a_row_cut_moved_after_the_first_steps_moves_which_steps_take_the_native_call(model):

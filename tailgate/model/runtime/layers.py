@@ -82,11 +82,15 @@ def rope_tables(
     return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
 
 
-# rope_rows' tables: per RoPE (its rotation and dtype, `rope_tables`' arguments), cos and sin of
-# positions 0..N-1, N doubling to cover the largest position a step asks for. The tables hold a
-# GGUF's `divisors` tensor, so its id cannot be reused while its entry lives.
-_ROPE_ROWS: dict[tuple, tuple[torch.Tensor, torch.Tensor, object]] = {}
-ROPE_ROWS_MIN = 4096  # a table's first length (positions)
+# rope_rows' tables: per RoPE (its rotation and dtype: `rope_tables`' arguments, a GGUF's divisors
+# by value), cos and sin of positions 0..N-1, grown ROPE_ROWS_CHUNK positions at a time (only the
+# new rows computed) up to ROPE_ROWS_MAX; a step past that computes its own (`rope_tables`). So the
+# tables hold at most ROPE_ROWS_MAX x head_dim x 8 bytes per RoPE (16 MiB at Gemma 3's 256; a W-std
+# run's 320 positions 2 MiB), entries are per configuration, not per loaded model, and a growth
+# step costs one chunk's rows. Two threads (the side lane's worker) racing a growth compute it twice.
+_ROPE_ROWS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+ROPE_ROWS_CHUNK = 1024
+ROPE_ROWS_MAX = 8192
 
 
 def rope_rows(
@@ -104,14 +108,20 @@ def rope_rows(
     Why: the tables were ~12 torch ops a step, twice for Gemma's two RoPEs, each step anew; a
     one-row step of Llama 3.2 1B's shape spent ~0.18 ms in them (py-spy, AMD EPYC Zen 4) of its
     ~25 ms, and Gemma 3 270M's ~11 ms one-row step about twice that. Now two index ops."""
-    key = (head_dim, theta, dtype, scale, fraction, llama3, id(divisors), positions.device)
     top = int(positions.max()) + 1 if positions.numel() else 0
+    if top > ROPE_ROWS_MAX:
+        return rope_tables(positions, head_dim, theta, dtype, scale, fraction, llama3, divisors)
+    div = None if divisors is None else tuple(divisors.tolist())
+    key = (head_dim, theta, dtype, scale, fraction, llama3, div, positions.device)
     have = _ROPE_ROWS.get(key)
-    if have is None or have[0].shape[0] < top:
-        n = max(ROPE_ROWS_MIN, 1 << (top - 1).bit_length())
-        grid = torch.arange(n, dtype=torch.int64, device=positions.device)
+    n = 0 if have is None else have[0].shape[0]
+    if n < top:
+        grow = min(ROPE_ROWS_MAX, -(-top // ROPE_ROWS_CHUNK) * ROPE_ROWS_CHUNK)
+        grid = torch.arange(n, grow, dtype=torch.int64, device=positions.device)
         cos, sin = rope_tables(grid, head_dim, theta, dtype, scale, fraction, llama3, divisors)
-        have = _ROPE_ROWS[key] = (cos, sin, divisors)
+        if have is not None:
+            cos, sin = torch.cat((have[0], cos)), torch.cat((have[1], sin))
+        have = _ROPE_ROWS[key] = (cos, sin)
     return have[0].index_select(0, positions), have[1].index_select(0, positions)
 
 

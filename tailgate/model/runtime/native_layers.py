@@ -116,16 +116,17 @@ def step_layers(
     # Per runner (on its KVCache, which lives and goes with it): its layer matrices, then a table per
     # row regime, keyed by which side of its own cut each matrix is at this many rows. The cuts are
     # read every step, not cached: the start-up probe moves them (probe.apply_layer_cut) after the
-    # warm-up's steps have built a table.
-    per_runner = kv.native_tables
-    if per_runner.get("first") is not first:
-        per_runner.clear()
-        per_runner["first"] = first
-        per_runner["mats"] = [w[f"layers.{i}.{m}"] for i in range(spec.n_layers) for m in MATRICES]
-    key = tuple(t <= getattr(m, "max_q_rows", 0) for m in per_runner["mats"])
-    if key not in per_runner:
-        per_runner[key] = _table(w, spec, kv, t, post_norms)
-    built = per_runner[key]
+    # warm-up's steps have built a table. One entry, replaced whole (never cleared in place): the
+    # side lane's worker runs prompt steps on another thread (model/runtime/lane.py), and two
+    # threads racing here build a table twice at worst.
+    state = kv.native_tables.get("layers")
+    if state is None or state[0] is not first:
+        mats = [w[f"layers.{i}.{m}"] for i in range(spec.n_layers) for m in MATRICES]
+        state = kv.native_tables["layers"] = (first, mats, {})
+    key = tuple(t <= getattr(m, "max_q_rows", 0) for m in state[1])
+    built = state[2].get(key, False)
+    if built is False:
+        built = state[2][key] = _table(w, spec, kv, t, post_norms)
     if built is None or not built[1] <= views.keys():
         return False
     table = built[0]

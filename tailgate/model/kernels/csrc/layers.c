@@ -91,37 +91,44 @@ int step_layers(const int64_t* table, int64_t layers, float* h, float* x, int64_
   float* dn = act + t * ffn;
   int failed = 0;
 #define PTR(T, v) ((T)(intptr_t)(v))
-  for (int64_t i = 0; i < layers && !failed; ++i) {
+/* a kernel that fails (no scratch memory) ends the call there: nothing after it writes K/V or h */
+#define RUN(call)                         \
+  do {                                    \
+    if ((failed = (call) != 0)) goto done; \
+  } while (0)
+  for (int64_t i = 0; i < layers; ++i) {
     const int64_t* L = table + i * LAYER_WORDS;
     const int64_t* F = fams + L[NORMS + 8] * FAM_WORDS;
     const float *cos_t = PTR(const float*, F[0]), *sin_t = PTR(const float*, F[1]);
     const int64_t* wslots = PTR(const int64_t*, F[2]);
     uint16_t* kp = PTR(uint16_t*, L[NORMS + 4]);
     uint16_t* vp = PTR(uint16_t*, L[NORMS + 5]);
-    failed |= matmul(L, x, t, dm, qkv, tiles);
+    RUN(matmul(L, x, t, dm, qkv, tiles));
     norm_rope(qkv, 0, nqkv, t, hq, hd, PTR(const float*, L[NORMS + 2]), eps, cos_t, sin_t, q);
     norm_rope(qkv + hq * hd, 0, nqkv, t, hkv, hd, PTR(const float*, L[NORMS + 3]), eps, cos_t, sin_t, k);
     kv_write_f16(kp, hkv * hd, wslots, t, k, hkv * hd, 0);
     kv_write_f16(vp, hkv * hd, wslots, t, qkv + (hq + hkv) * hd, nqkv, 0);
     for (int64_t s = 0; s < F[6]; ++s) { /* the prompt segments, in the step's order */
       const int64_t* P = PTR(const int64_t*, F[7]) + s * PROMPT_WORDS;
-      failed |= (lanes == 16 ? prompt_attention_16 : prompt_attention_8)(
+      RUN((lanes == 16 ? prompt_attention_16 : prompt_attention_8)(
           q + P[0] * hq * hd, kp, vp, 1, PTR(const int64_t*, P[2]), PTR(const int64_t*, P[3]),
-          PTR(const int64_t*, P[4]), P[1] - P[0], hq, hkv, hd, scale, att + P[0] * hq * hd);
+          PTR(const int64_t*, P[4]), P[1] - P[0], hq, hkv, hd, scale, att + P[0] * hq * hd));
     }
     if (t > d0)
-      failed |= (lanes == 16 ? decode_attention_f16_16 : decode_attention_f16_8)(
+      RUN((lanes == 16 ? decode_attention_f16_16 : decode_attention_f16_8)(
           q + d0 * hq * hd, kp, vp, PTR(const int64_t*, F[3]), PTR(const int64_t*, F[4]), t - d0, F[5], hq, hkv, hd,
-          scale, att + d0 * hq * hd);
-    failed |= matmul(L + MAT_WORDS, att, t, hq * hd, o, tiles);
+          scale, att + d0 * hq * hd));
+    RUN(matmul(L + MAT_WORDS, att, t, hq * hd, o, tiles));
     add_rms_norm(h, o, 0, t, dm, PTR(const float*, L[NORMS + 6]), PTR(const float*, L[NORMS + 1]), eps, x, 0);
-    failed |= matmul(L + 2 * MAT_WORDS, x, t, dm, gu, tiles);
+    RUN(matmul(L + 2 * MAT_WORDS, x, t, dm, gu, tiles));
     (glu ? geglu : swiglu)(gu, 0, t, ffn, act);
-    failed |= matmul(L + 3 * MAT_WORDS, act, t, ffn, dn, tiles);
+    RUN(matmul(L + 3 * MAT_WORDS, act, t, ffn, dn, tiles));
     /* the next layer's input norm rides the residual add; after the last, the add alone */
     const float* next = i + 1 < layers ? PTR(const float*, table[(i + 1) * LAYER_WORDS + NORMS]) : NULL;
     add_rms_norm(h, dn, 0, t, dm, PTR(const float*, L[NORMS + 7]), next, eps, next ? x : NULL, 0);
   }
+done:
+#undef RUN
 #undef PTR
   free(qkv);
   return failed ? -1 : 0;
