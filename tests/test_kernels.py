@@ -729,3 +729,31 @@ def test_rope_rows_reads_the_bits_rope_tables_computes_for_every_position_as_its
         want, got = rope_tables(positions, **rope), rope_rows(positions, **rope)
         assert got[0].shape == want[0].shape == (len(positions), 1, rope["head_dim"])
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [1, 3, 16])
+@pytest.mark.parametrize("n", [1, 9, 1000, 65537, 262144])
+def test_argmax_rows_answers_as_torchs_argmax_first_index_of_the_maximum(rows, n):
+    """Greedy sampling's argmax (csrc/argmax.c): ties take the first index, wherever the lanes,
+    the tail past them, or a single long row's two halves put them."""
+    x = torch.randn(rows, n, generator=torch.Generator().manual_seed(n + rows))
+    if n > 3:
+        x[:, n - 1] = x[:, n // 3] = x[:, n // 2 + 5 if n > 10 else 1] = 10.0  # the max three times
+    assert native.argmax_rows(x) == x.argmax(-1).tolist()
+    assert native.argmax_rows(x[:, : max(1, n - 2)]) == x[:, : max(1, n - 2)].argmax(-1).tolist()  # strided rows
+
+
+@needs_native
+def test_argmax_rows_edge_rows_match_torch_and_a_nan_row_falls_back():
+    for x in (
+        torch.full((3, 70000), float("-inf")),  # every element -inf: the first
+        torch.zeros(2, 65536),  # all equal: the first
+        torch.tensor([[-0.0, 0.0, -0.0]] * 4),  # -0.0 == 0.0: the first
+        torch.tensor([[float("-inf")] * 9 + [-1e30]]),  # the max in the tail
+    ):
+        assert native.argmax_rows(x) == x.argmax(-1).tolist()
+    x = torch.randn(4, 1000)
+    x[2, 500] = float("nan")
+    assert native.argmax_rows(x) is None  # torch's NaN rule is the caller's
+    assert native.argmax_rows(x.to(torch.bfloat16)) is None  # another dtype: torch

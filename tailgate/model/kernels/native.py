@@ -74,6 +74,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.q8_offset.argtypes, lib.q8_offset.restype = [P, I64], None
     lib.q8_amx_init.argtypes, lib.q8_amx_init.restype = [], ctypes.c_int
     lib.q8_prefetch_far.argtypes, lib.q8_prefetch_far.restype = [ctypes.c_int], None
+    lib.argmax_rows.argtypes, lib.argmax_rows.restype = [P, I64, I64, I64, P], None
     lib.step_layer_words.argtypes, lib.step_layer_words.restype = [], ctypes.c_int
     # csrc/layers.c: table, layers, h, x, t, d0, dm, hq, hkv, hd, ffn, eps, glu, fams, scale, lanes, tile8, tile4
     lib.step_layers.argtypes = [P, I64, P, P, *[I64] * 7, F, ctypes.c_int, P, F, ctypes.c_int, I64, I64]
@@ -222,6 +223,21 @@ def step_tile_rows(rows: tuple[int, int]):
 def tile_rows() -> tuple[int, int]:
     """The running step's leading rows for the BF16 tiles on this thread ((0, 0) outside a step)."""
     return getattr(_STEP, "rows", (0, 0))
+
+
+def argmax_rows(x: torch.Tensor) -> list[int] | None:
+    """Each row's first index of its maximum (`x.argmax(-1).tolist()`'s answer) through
+    csrc/argmax.c, for fp32 rows on the CPU with unit stride; None where it does not apply (no
+    library, another dtype or layout, a NaN in a row): the caller asks torch."""
+    lib, _ = load()
+    if lib is None or x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu" or x.stride(1) != 1:
+        return None
+    if not x.shape[0] or not x.shape[1]:
+        return None
+    out = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
+    lib.argmax_rows(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), out.data_ptr())
+    rows = out.tolist()
+    return None if -1 in rows else rows
 
 
 def q8_linear(

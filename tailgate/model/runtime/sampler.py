@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...engine.request import SamplingParams
+from ..kernels.native import argmax_rows
 
 __all__ = ["SamplingParams", "apply_penalties", "filter_logits", "make_generator", "sample"]
 
@@ -58,7 +59,9 @@ def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
     """One token per row. Greedy rows take the argmax; the rest draw with their own generator."""
-    out = logits.argmax(-1).tolist()
+    out = argmax_rows(logits) if logits.dim() == 2 else None  # (csrc/argmax.c: torch's answer, ~4x faster)
+    if out is None:
+        out = logits.argmax(-1).tolist()
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
         x = filter_logits(logits[rows].float(), [params[i] for i in rows])
