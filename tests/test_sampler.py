@@ -13,6 +13,23 @@ def test_greedy_rows_take_the_argmax():
     assert sample(logits, [SamplingParams(), SamplingParams(temperature=1.0, top_k=1)], [None, None]) == [1, 0]
 
 
+def test_greedy_rows_take_torchs_argmax_through_the_native_kernel_where_the_plan_runs_ours(monkeypatch):
+    """`native=True` (the plan runs our kernels) reads csrc/argmax.c, with torch's answer; without
+    it torch answers and the kernel is not asked (it is AVX2 code: CPUs without AVX2 must not run it)."""
+    from tailgate.model.kernels import native
+    from tailgate.model.runtime import sampler
+
+    logits = torch.randn(5, 70000, generator=torch.Generator().manual_seed(3))
+    logits[:, 40000] = logits[:, 9] = 8.0  # a tie: the first index
+    want = logits.argmax(-1).tolist()
+    asked = []
+    monkeypatch.setattr(sampler, "argmax_rows", lambda x: asked.append(x) or native.argmax_rows(x))
+    assert sample(logits, [SamplingParams()] * 5, [None] * 5) == want
+    assert not asked
+    assert sample(logits, [SamplingParams()] * 5, [None] * 5, native=True) == want
+    assert len(asked) == 1
+
+
 def test_the_same_seed_draws_the_same_tokens():
     logits = torch.randn(1, 1000, generator=torch.Generator().manual_seed(0))
     p = SamplingParams(temperature=1.0, seed=7)

@@ -228,12 +228,13 @@ def tile_rows() -> tuple[int, int]:
 def argmax_rows(x: torch.Tensor) -> list[int] | None:
     """Each row's first index of its maximum (`x.argmax(-1).tolist()`'s answer) through
     csrc/argmax.c, for fp32 rows on the CPU with unit stride; None where it does not apply (no
-    library, another dtype or layout, a NaN in a row): the caller asks torch."""
+    library, another dtype or layout, a NaN in a row): the caller asks torch. AVX2 code: the
+    caller asks only where the plan runs our kernels (`sampler.sample`'s `native`)."""
     lib, _ = load()
-    if lib is None or x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu" or x.stride(1) != 1:
+    if lib is None or x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
         return None
-    if not x.shape[0] or not x.shape[1]:
-        return None
+    if x.layout != torch.strided or x.stride(1) != 1 or not x.shape[0] or not 0 < x.shape[1] < 2**31:
+        return None  # (the kernel's lane indices are int32)
     out = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
     lib.argmax_rows(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), out.data_ptr())
     rows = out.tolist()

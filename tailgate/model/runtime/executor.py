@@ -26,6 +26,10 @@ class Flight:
 class ModelExecutor:
     def __init__(self, runner: ModelRunner, lane_threads: int | None = None):
         self.runner = runner
+        # Greedy rows' argmax through csrc/argmax.c where the plan runs our kernels (a runner
+        # without a plan, a test's fake, samples with torch).
+        plan = getattr(runner, "plan", None)
+        self.native_argmax = plan is not None and plan.attention == "native"
         # Prompt logprobs (model/runtime/prompt_scores.py): the rows of a segment that asks are scored and
         # dropped inside the step, so what follows sees one row per sampled segment, as always.
         self._step = scoring(runner)
@@ -142,7 +146,7 @@ class ModelExecutor:
             if r.request_id not in self._gens:
                 self._gens[r.request_id] = make_generator(r.params.seed)
             gens.append(self._gens[r.request_id])
-        tokens = sample(logits, params, gens)
+        tokens = sample(logits, params, gens, native=self.native_argmax)
         out = []
         for i, (r, t) in enumerate(zip(rows, tokens)):
             if r.logprobs is None:
