@@ -12,18 +12,10 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import re
 import statistics
 
-
-def steps(path: str) -> list[dict]:
-    seen = {}
-    for line in open(path):
-        if line.startswith("data:"):
-            for s in json.loads(line[5:]).get("steps", []):
-                seen[s["seq"]] = s
-    return [seen[k] for k in sorted(seen)]
+from replay_step_trace import steps  # the feed's steps, in order (this directory, as the script's)
 
 
 def client(path: str) -> tuple[float, float]:

@@ -230,7 +230,7 @@ def argmax_rows(x: torch.Tensor) -> list[int] | None:
     csrc/argmax.c, for fp32 rows on the CPU with unit stride; None where it does not apply (no
     library, another dtype or layout, a NaN in a row): the caller asks torch. AVX2 code: the
     caller asks only where the plan runs our kernels (`sampler.sample`'s `native`)."""
-    lib, _ = load()
+    lib = _LIB or load()[0]  # (loaded already wherever the plan runs our kernels: no lock a step)
     if lib is None or x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
         return None
     if x.layout != torch.strided or x.stride(1) != 1 or not x.shape[0] or not 0 < x.shape[1] < 2**31:

@@ -82,8 +82,8 @@ def rope_tables(
     return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
 
 
-# rope_rows' tables: per RoPE (its rotation and dtype: `rope_tables`' arguments, a GGUF's divisors
-# by value), cos and sin of positions 0..N-1, grown ROPE_ROWS_CHUNK positions at a time (only the
+# rope_rows' tables: per RoPE (its rotation and dtype: `rope_tables`' arguments as given, a GGUF's
+# divisors by value), cos and sin of positions 0..N-1, grown ROPE_ROWS_CHUNK positions at a time (only the
 # new rows computed) up to ROPE_ROWS_MAX; a step past that computes its own (`rope_tables`). So the
 # tables hold at most ROPE_ROWS_MAX x head_dim x 8 bytes per RoPE (16 MiB at Gemma 3's 256; a W-std
 # run's 320 positions 2 MiB), entries are per configuration, not per loaded model, and a growth
@@ -93,32 +93,26 @@ ROPE_ROWS_CHUNK = 1024
 ROPE_ROWS_MAX = 8192
 
 
-def rope_rows(
-    positions: torch.Tensor,
-    head_dim: int,
-    theta: float,
-    dtype,
-    scale: float = 1.0,
-    fraction: float = 1.0,
-    llama3: tuple = (),
-    divisors: torch.Tensor | None = None,
-):
-    """`rope_tables`' cos/sin for `positions`, read from a table of every position up to the
+def _rope_key(v):
+    """A rope_tables argument as part of rope_rows' key: a tensor (a GGUF's divisors) by value."""
+    return tuple(v.tolist()) if isinstance(v, torch.Tensor) else v
+
+
+def rope_rows(positions: torch.Tensor, *rope, **named):
+    """`rope_tables(positions, *rope, **named)`, read from a table of every position up to the
     largest asked (the same bits: each position's row is computed as `rope_tables` computes it).
     Why: the tables were ~12 torch ops a step, twice for Gemma's two RoPEs, each step anew; a
     one-row step of Llama 3.2 1B's shape spent ~0.18 ms in them (py-spy, AMD EPYC Zen 4) of its
     ~25 ms, and Gemma 3 270M's ~11 ms one-row step about twice that. Now two index ops."""
     top = int(positions.max()) + 1 if positions.numel() else 0
     if top > ROPE_ROWS_MAX:
-        return rope_tables(positions, head_dim, theta, dtype, scale, fraction, llama3, divisors)
-    div = None if divisors is None else tuple(divisors.tolist())
-    key = (head_dim, theta, dtype, scale, fraction, llama3, div, positions.device)
+        return rope_tables(positions, *rope, **named)
+    key = (positions.device, *map(_rope_key, rope), *((k, _rope_key(v)) for k, v in sorted(named.items())))
     have = _ROPE_ROWS.get(key)
     n = 0 if have is None else have[0].shape[0]
     if n < top:
         grow = min(ROPE_ROWS_MAX, -(-top // ROPE_ROWS_CHUNK) * ROPE_ROWS_CHUNK)
-        grid = torch.arange(n, grow, dtype=torch.int64, device=positions.device)
-        cos, sin = rope_tables(grid, head_dim, theta, dtype, scale, fraction, llama3, divisors)
+        cos, sin = rope_tables(torch.arange(n, grow, dtype=torch.int64, device=positions.device), *rope, **named)
         if have is not None:
             cos, sin = torch.cat((have[0], cos)), torch.cat((have[1], sin))
         have = _ROPE_ROWS[key] = (cos, sin)

@@ -67,7 +67,7 @@ def sample(
     `native`: the plan runs our kernels (`KernelPlan.attention == "native"`: the CPU has AVX2, FMA
     and F16C, and not `--kernels torch`), so the argmax may be csrc/argmax.c's (torch's answer,
     ~10x faster over Gemma's 262144-token rows)."""
-    out = argmax_rows(logits) if native and logits.dim() == 2 else None
+    out = argmax_rows(logits) if native else None
     if out is None:
         out = logits.argmax(-1).tolist()
     rows = [i for i, p in enumerate(params) if not p.greedy]
