@@ -27,6 +27,7 @@ from tailgate.engine.step_cost import (
     WIDEN,
     WIDEN_S,
     WALK_FACTOR,
+    WALK_RATE,
     MeteredExecutor,
     RoundBudget,
     StepCostModel,
@@ -322,9 +323,39 @@ def test_a_walk_round_streams_ride_keeps_its_width_unless_that_costs_past_walk_f
         assert take == 64
     else:
         largest = max(r for r in range(1, 65) if price(r) <= WALK_FACTOR * decode or r == 1)
-        assert take == even_rounds(max(largest, b.narrowest()), 300) < 64
+        at_rate = min(r for r in range(1, 65) if r / price(r) >= WALK_RATE * 64 / price(64))
+        assert take == even_rounds(max(largest, b.narrowest(), at_rate), 300) < 64
         assert b.predicted == pytest.approx(price(take))
     assert b.metrics.rounds_widened == 0 and "target_s" not in b.metrics.step_cost
+
+
+# A round's fixed price mostly the live streams' decode (a 1-4B model beside a few streams): the
+# fitted floor is small, so `narrowest` allows narrow rounds that WALK_RATE does not.
+DEAR_LIVE = CostModel(floor=0.002, prompt_row=0.002, decode_row=0.0, sampled_row=0.0045, attn_per_1k=0.0002)
+
+
+def test_a_priced_walk_round_still_absorbs_prompt_rows_at_walk_rate_of_the_walks_rate():
+    """WALK_RATE: where the live rows' decode is most of a round's price, the rows within
+    WALK_FACTOR decode steps would walk a prompt at well under the walk's rate (rows a second), so
+    its TTFT would grow by as much; the round takes the fewest rows that keep WALK_RATE of it."""
+    walkers, rows = [walker(300)], live(100, 200, 300, 400)
+    n, kp = len(rows), sum(c + 1 for c in (100, 200, 300, 400)) / 1000
+    b = RoundBudget(WALK, None, EngineMetrics(), model=fitted(DEAR_LIVE), fallback=64, horizon_s=0.5)
+
+    def price(r):
+        return b.model.predict(b.round_features(walkers, n, kp, r))
+
+    decode = b.model.predict(b.round_features([], n, kp, 0), in_round=True)
+    largest = max(r for r in range(1, 65) if price(r) <= WALK_FACTOR * decode or r == 1)
+    walk_rate = 64 / price(64)
+    at_rate = min(r for r in range(1, 65) if r / price(r) >= WALK_RATE * walk_rate)
+    assert max(largest, b.narrowest()) < at_rate < 64  # the rate binds: the price alone goes narrower
+    assert (at_rate - 1) / price(at_rate - 1) < WALK_RATE * walk_rate
+    take = b.rows(walkers, rows)
+    assert take == even_rounds(at_rate, 300)
+    # the walker's prompt: no more than 1 / WALK_RATE of the walk's time, give or take the evening
+    rounds, walk_rounds = -(-300 // take), -(-300 // 64)
+    assert rounds * price(take) <= walk_rounds * price(64) / WALK_RATE * (1 + 1 / walk_rounds)
 
 
 def test_a_late_walkers_round_widens_from_the_priced_width_only_within_widen_s():

@@ -9,8 +9,8 @@ output tok/s, TTFT p50 / p99 and ITL p99, and its ratios to the walk's.
         [--jitter 0.1] [--seeds 0,1,2]
 
 The walk is `TTFT_TARGET_MS=off` (the fixed 64-row rounds); the default is whatever
-`config.resolve` gives with no knob set. A policy's FACTOR, OVERHEAD and WALK_FACTOR set
-`step_cost`'s AUTO_FACTOR, AUTO_OVERHEAD and WALK_FACTOR (rule variants under study), the rest are knobs. Each
+`config.resolve` gives with no knob set. A policy's FACTOR, OVERHEAD, WALK_FACTOR and WALK_RATE set
+`step_cost`'s AUTO_FACTOR, AUTO_OVERHEAD, WALK_FACTOR and WALK_RATE (rule variants under study), the rest are knobs. Each
 cell is the median over the seeds (jitter makes seeds differ).
 """
 
@@ -24,7 +24,7 @@ from tailgate.engine import step_cost
 from tailgate.sim.cost import resolve_cost
 from tailgate.sim.run import metrics, simulate, workload
 
-CONSTANTS = {k: getattr(step_cost, k) for k in ("AUTO_FACTOR", "AUTO_OVERHEAD", "WALK_FACTOR")}
+CONSTANTS = {k: getattr(step_cost, k) for k in ("AUTO_FACTOR", "AUTO_OVERHEAD", "WALK_FACTOR", "WALK_RATE")}
 POLICIES = {"walk": {"TTFT_TARGET_MS": "off"}, "default": {}}
 MIXED = dict(n=60, input_len=256, output_len=64, ratio=0.5, rate=1.5)
 SHAPES = {

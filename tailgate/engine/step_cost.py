@@ -126,6 +126,19 @@ WALK_FACTOR = 2.5
 # Real (3B, Zen 5, two alternated rounds, vLLM's client): W-std c16 TTFT p50 1.16x the fixed walk's
 # at 1.00x its tok/s and 1.02x its ITL p99 (the priced walk alone: 7.3x); c8 unchanged (0.95x ITL p99).
 KEEP_ALPHA = 0.1
+# ...nor fewer than absorb prompt rows at WALK_RATE x the walk's own rate: the fewest rows r whose
+# round takes rows at r / step(r) >= WALK_RATE x 64 / step(64), step being the round's whole
+# predicted price (the live rows' decode and the mixed floor included). A walker's prompt is
+# walked in rounds, so its TTFT is its rows over that rate; `narrowest` bounds the same trade with
+# the fitted floor alone, which at 1-4B beside a few streams is a small part of a round's fixed
+# price (the streams' decode is most of it), and there the priced rounds narrowed to where W-std
+# c4's TTFT p50 stood at 1.26-1.31x the fixed walk's, past issue 42's 1.25x (the simulator,
+# 15 presets, jitter 0.1, seeds 0-5: Llama 3.2 1B / 3B on Zen 4 1.29 / 1.31x, Qwen3 4B on Zen 5
+# 1.23x). At 0.85: worst TTFT p50 1.23x, tok/s >= 0.98x, and the tail kept most of its gain (1B
+# Zen 4 c4 ITL p99 0.43 -> 0.50x the walk's, 3B 0.49 -> 0.52x; the 270M's presets within seed
+# noise); 0.9 put 3B Zen 5 c8's TTFT p50 at 1.25x and gave back more tail
+# (docs/benchmarks/raw-sim-walk-rate-sweep.txt).
+WALK_RATE = 0.85
 # The fixed walk (no ITL_TARGET_MS) as a budget: its width, widened only by the TTFT horizon.
 WALK = "walk"
 # How far the TTFT horizon may widen a round with live rows: to the most rows whose predicted step
@@ -451,7 +464,7 @@ class RoundBudget:
                 if live:  # streams ride it: priced at WALK_FACTOR decode steps, widened for a late walker only
                     price = WALK_FACTOR * decode_step()
                     if cost(take) > price:
-                        priced = self._largest_within(cost, price, take, total, even=True)
+                        priced = self._largest_within(cost, price, take, total, even=True, floor=self._at_rate(cost, take))
                         keep = min(take, self.keeping_up(requests))
                         if keep > priced:  # the price would grow a queue
                             priced, self.predicted = keep, cost(keep)
@@ -617,18 +630,26 @@ class RoundBudget:
         self._hint = lo = most_within(cost, seconds, lo, hi)
         return lo
 
-    def _largest_within(self, cost, target: float, widest: int, total: int, even: bool) -> int:
+    def _largest_within(self, cost, target: float, widest: int, total: int, even: bool, floor: int = 0) -> int:
         """The most rows (<= widest, at least one) priced within `target` seconds; `even` (a
-        target in decode steps: `auto`, the walk's WALK_FACTOR): never narrower than `narrowest`,
-        evened over the rounds `total` needs."""
+        target in decode steps: `auto`, the walk's WALK_FACTOR): never narrower than `narrowest`
+        (nor than `floor`, the walk's WALK_RATE rows), evened over the rounds `total` needs."""
         if widest <= 0:
             return 0
         # the largest budget priced within the target; at least one row moves, whatever it costs
         lo = widest if cost(widest) <= target else most_within(cost, target, 1, widest - 1)
         if even:
-            lo = even_rounds(max(lo, min(widest, self.narrowest())), total)
+            lo = even_rounds(max(lo, min(widest, max(floor, self.narrowest()))), total)
         self.predicted = cost(lo)
         return lo
+
+    def _at_rate(self, cost, width: int) -> int:
+        """The fewest rows whose round absorbs prompt rows at WALK_RATE x the rate of a round of
+        `width` (rows over predicted seconds); 0 where the model prices that round at nothing."""
+        seconds = cost(width)
+        if not (WALK_RATE > 0 and seconds > 0):
+            return 0
+        return self._fewest_clearing(cost, WALK_RATE * width / seconds, 1, width)
 
     def narrowest(self) -> int:
         """`auto`'s floor on a round's prompt rows (AUTO_OVERHEAD): the fewest rows r at which
