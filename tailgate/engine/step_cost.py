@@ -464,7 +464,9 @@ class RoundBudget:
                 if live:  # streams ride it: priced at WALK_FACTOR decode steps, widened for a late walker only
                     price = WALK_FACTOR * decode_step()
                     if cost(take) > price:
-                        priced = self._largest_within(cost, price, take, total, even=True, floor=self._at_rate(cost, take))
+                        priced = self._largest_within(
+                            cost, price, take, total, even=True, floor=self._at_rate(cost, take)
+                        )
                         keep = min(take, self.keeping_up(requests))
                         if keep > priced:  # the price would grow a queue
                             priced, self.predicted = keep, cost(keep)
