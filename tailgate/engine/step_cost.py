@@ -137,7 +137,8 @@ KEEP_ALPHA = 0.1
 # 1.23x). At 0.85: worst TTFT p50 1.23x, tok/s >= 0.98x, and the tail kept most of its gain (1B
 # Zen 4 c4 ITL p99 0.43 -> 0.50x the walk's, 3B 0.49 -> 0.52x; the 270M's presets within seed
 # noise); 0.9 put 3B Zen 5 c8's TTFT p50 at 1.25x and gave back more tail
-# (docs/benchmarks/raw-sim-walk-rate-sweep.txt).
+# (docs/benchmarks/raw-sim-walk-rate-sweep.txt). Real, 1B's shape on Zen 4, W-std c4, three
+# alternated pairs against 0: tok/s 1.02x, TTFT p50 1.00x, ITL p99 0.88x (docs/benchmarks/sizes.md).
 WALK_RATE = 0.85
 # The fixed walk (no ITL_TARGET_MS) as a budget: its width, widened only by the TTFT horizon.
 WALK = "walk"
