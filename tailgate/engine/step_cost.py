@@ -126,19 +126,22 @@ WALK_FACTOR = 2.5
 # Real (3B, Zen 5, two alternated rounds, vLLM's client): W-std c16 TTFT p50 1.16x the fixed walk's
 # at 1.00x its tok/s and 1.02x its ITL p99 (the priced walk alone: 7.3x); c8 unchanged (0.95x ITL p99).
 KEEP_ALPHA = 0.1
-# ...nor fewer than absorb prompt rows at WALK_RATE x the walk's own rate: the fewest rows r whose
-# round takes rows at r / step(r) >= WALK_RATE x 64 / step(64), step being the round's whole
-# predicted price (the live rows' decode and the mixed floor included). A walker's prompt is
-# walked in rounds, so its TTFT is its rows over that rate; `narrowest` bounds the same trade with
-# the fitted floor alone, which at 1-4B beside a few streams is a small part of a round's fixed
-# price (the streams' decode is most of it), and there the priced rounds narrowed to where W-std
-# c4's TTFT p50 stood at 1.26-1.31x the fixed walk's, past issue 42's 1.25x (the simulator,
-# 15 presets, jitter 0.1, seeds 0-5: Llama 3.2 1B / 3B on Zen 4 1.29 / 1.31x, Qwen3 4B on Zen 5
-# 1.23x). At 0.85: worst TTFT p50 1.23x, tok/s >= 0.98x, and the tail kept most of its gain (1B
-# Zen 4 c4 ITL p99 0.43 -> 0.50x the walk's, 3B 0.49 -> 0.52x; the 270M's presets within seed
-# noise); 0.9 put 3B Zen 5 c8's TTFT p50 at 1.25x and gave back more tail
-# (docs/benchmarks/raw-sim-walk-rate-sweep.txt). Real, 1B's shape on Zen 4, W-std c4, three
-# alternated pairs against 0: tok/s 1.02x, TTFT p50 1.00x, ITL p99 0.88x (docs/benchmarks/sizes.md).
+# ...nor (before evening) fewer than absorb prompt rows at WALK_RATE x the walk's own rate: the
+# fewest rows r whose round takes rows at r / step(r) >= WALK_RATE x W / step(W), W the walk's
+# round (64, MIX_CHUNK_TOKENS, or the walkers' shorter rest) and step the round's whole predicted
+# price (the live rows' decode and the mixed floor included). A walker's prompt is walked in
+# rounds, so its TTFT is its rows over that rate; `narrowest` bounds the same trade with the fitted
+# floor alone, which at 1-4B beside a few streams is a small part of a round's fixed price (the
+# streams' decode is most of it), and there the priced rounds narrowed until W-std c4's TTFT p50
+# stood at 1.29 / 1.31x the fixed walk's, past issue 42's 1.25x (the simulator, 15 presets, jitter
+# 0.1, seeds 0-5: Llama 3.2 1B / 3B on Zen 4; seeds 0-2 had Qwen3 4B and 3B on Zen 5 at 1.26 /
+# 1.28x too). At 0.85: worst TTFT p50 1.23x, tok/s >= 0.98x, and the tail kept most of its gain (1B
+# Zen 4 c4 ITL p99 0.43 -> 0.50x the walk's, 3B 0.49 -> 0.52x). Not free at the 270M: its `local`
+# / `zen3-measured` c4 TTFT p50 went 1.17 -> 1.23x and zen5-measured's 1.21 -> 1.23x (the closed
+# loop's phasing; within the bound). 0.9 put 3B Zen 5 c8's TTFT p50 at 1.25x and gave back more
+# tail (docs/benchmarks/raw-sim-walk-rate-sweep.txt). Real, 1B's shape on Zen 4, W-std c4, three
+# alternated pairs against 0: tok/s 1.02x, TTFT p50 1.00x, ITL p99 0.88x (the simulator had the
+# tail a little longer; the real TTFT did not move: docs/benchmarks/sizes.md).
 WALK_RATE = 0.85
 # The fixed walk (no ITL_TARGET_MS) as a budget: its width, widened only by the TTFT horizon.
 WALK = "walk"
@@ -570,8 +573,10 @@ class RoundBudget:
     @staticmethod
     def _fewest_clearing(cost, need: float, lo: int, hi: int) -> int:
         """The fewest rows r in [lo, hi] with r >= need * cost(r) (a rate of r / step(r) rows a
-        second); the caller knows hi clears. r / step(r) grows with r (a step costs a floor plus a
-        price per row), so a bisection finds it."""
+        second); the caller knows hi clears. r / step(r) rises with r (a step costs a floor plus a
+        price per row) until a fresh prompt's attention pairs, growing as r^2, bend it down past
+        its peak; the rows that clear are one range around that peak holding hi, so a bisection
+        of [lo, hi] finds its low end (where several walkers bend it, some clearing r, r - 1 not)."""
         while lo < hi:
             mid = (lo + hi) // 2
             if mid >= need * cost(mid):
