@@ -353,7 +353,7 @@ def test_a_priced_walk_round_still_absorbs_prompt_rows_at_walk_rate_of_the_walks
     assert (at_rate - 1) / price(at_rate - 1) < WALK_RATE * walk_rate
     take = b.rows(walkers, rows)
     assert take == even_rounds(at_rate, 300)
-    assert b._at_rate(lambda r: price(r), 64) == at_rate
+    assert b._at_rate(price, 64, price(64)) == at_rate
     # the walker's prompt: within 1 / WALK_RATE of the walk's time (the price alone: ~1.35x)
     rounds, walk_rounds = -(-300 // take), -(-300 // 64)
     assert rounds * price(take) <= walk_rounds * price(64) / WALK_RATE

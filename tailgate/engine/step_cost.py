@@ -467,10 +467,10 @@ class RoundBudget:
                 ceiling = min(widest, self.wide)
                 if live:  # streams ride it: priced at WALK_FACTOR decode steps, widened for a late walker only
                     price = WALK_FACTOR * decode_step()
-                    if cost(take) > price:
-                        priced = self._largest_within(
-                            cost, price, take, total, even=True, floor=self._at_rate(cost, take)
-                        )
+                    walk_s = cost(take)
+                    if walk_s > price:
+                        floor = self._at_rate(cost, take, walk_s)
+                        priced = self._largest_within(cost, price, take, total, even=True, floor=floor)
                         keep = min(take, self.keeping_up(requests))
                         if keep > priced:  # the price would grow a queue
                             priced, self.predicted = keep, cost(keep)
@@ -651,10 +651,10 @@ class RoundBudget:
         self.predicted = cost(lo)
         return lo
 
-    def _at_rate(self, cost, width: int) -> int:
+    def _at_rate(self, cost, width: int, seconds: float) -> int:
         """The fewest rows whose round absorbs prompt rows at WALK_RATE x the rate of a round of
-        `width` (rows over predicted seconds); 0 where the model prices that round at nothing."""
-        seconds = cost(width)
+        `width` rows priced at `seconds` (rows over predicted seconds); 0 where the model prices
+        that round at nothing."""
         if not (WALK_RATE > 0 and seconds > 0):
             return 0
         return self._fewest_clearing(cost, WALK_RATE * width / seconds, 1, width)
