@@ -298,6 +298,14 @@ SMALL = CostModel(floor=0.0064, prompt_row=0.00029, decode_row=0.0, sampled_row=
 BIG = CostModel(floor=0.045, prompt_row=0.0046, decode_row=0.0, sampled_row=0.0049, attn_per_1k=0.0044)
 
 
+def priced_rows(price, decode: float) -> tuple[int, int]:
+    """The default walk's priced round beside 64 rows, counted row by row: the most rows within
+    WALK_FACTOR x `decode` (at least one), and the fewest that keep WALK_RATE of the 64-row
+    round's rows a second."""
+    largest = max(r for r in range(1, 65) if price(r) <= WALK_FACTOR * decode or r == 1)
+    return largest, min(r for r in range(1, 65) if r / price(r) >= WALK_RATE * 64 / price(64))
+
+
 @pytest.mark.parametrize(
     "cost, contexts, narrowed",
     [(SMALL, range(100, 1700, 100), False), (SMALL, (100, 200, 300, 400), True), (BIG, range(100, 900, 100), True)],
@@ -322,8 +330,7 @@ def test_a_walk_round_streams_ride_keeps_its_width_unless_that_costs_past_walk_f
     if not narrowed:
         assert take == 64
     else:
-        largest = max(r for r in range(1, 65) if price(r) <= WALK_FACTOR * decode or r == 1)
-        at_rate = min(r for r in range(1, 65) if r / price(r) >= WALK_RATE * 64 / price(64))
+        largest, at_rate = priced_rows(price, decode)
         assert take == even_rounds(max(largest, b.narrowest(), at_rate), 300) < 64
         assert b.predicted == pytest.approx(price(take))
     assert b.metrics.rounds_widened == 0 and "target_s" not in b.metrics.step_cost
@@ -346,9 +353,8 @@ def test_a_priced_walk_round_still_absorbs_prompt_rows_at_walk_rate_of_the_walks
         return b.model.predict(b.round_features(walkers, n, kp, r))
 
     decode = b.model.predict(b.round_features([], n, kp, 0), in_round=True)
-    largest = max(r for r in range(1, 65) if price(r) <= WALK_FACTOR * decode or r == 1)
+    largest, at_rate = priced_rows(price, decode)
     walk_rate = 64 / price(64)
-    at_rate = min(r for r in range(1, 65) if r / price(r) >= WALK_RATE * walk_rate)
     assert max(largest, b.narrowest()) < at_rate < 64  # the rate binds: the price alone goes narrower
     assert (at_rate - 1) / price(at_rate - 1) < WALK_RATE * walk_rate
     take = b.rows(walkers, rows)

@@ -141,6 +141,13 @@ class KernelPlan:
         return self.kv_dtype or self.dtype
 
     @property
+    def native(self) -> bool:
+        """The plan runs our kernels (csrc/): decode attention and the fused ops, and with them
+        anything else AVX2 code does (the sampler's argmax): the CPU has AVX2, FMA and F16C and
+        the kernels are not `torch`."""
+        return self.attention == "native"
+
+    @property
     def native_prompts(self) -> bool:
         """Prompt rows attend through the native kernel (csrc/attn.c, each row as a decode row over
         its causal range of the pool, fp32) wherever attention is native, except on AMX, whose bf16
@@ -148,7 +155,7 @@ class KernelPlan:
         26, 2 threads, fp16 pool, 4 query heads over 1 KV head of 256; docs/kernels.md): a walked
         64-row chunk over 192 keys 201 us against bf16 SDPA's 309, a 512-row prefill 1.95 ms
         against 6.19; at AVX2's 8 lanes on the same host 0.6-0.9x fp32 SDPA's time."""
-        return self.attention == "native" and self.isa != "amx"
+        return self.native and self.isa != "amx"
 
     @property
     def prompt_attention(self) -> torch.dtype | None:
@@ -156,7 +163,7 @@ class KernelPlan:
         the dense weights are bf16 under fp32 activations and the native kernel does not take
         them (the AMX Xeon). Measured there: a 256-row causal SDPA (4 query heads over 1 KV head of
         256) 1.53 ms in fp32, 0.74 in bf16 with its casts."""
-        return self.dense_dtype if self.attention == "native" and not self.native_prompts else None
+        return self.dense_dtype if self.native and not self.native_prompts else None
 
     def line(self) -> str:
         dt = str(self.dtype).removeprefix("torch.")
@@ -180,7 +187,7 @@ class KernelPlan:
             what = f"int8 x int8 ({self.q8_variant})" if self.quant == "q8" else "weight-only"
             cuts = ["every call" if n >= EVERY else f"calls of <= {n} rows" for n in self.quant_rows]
             s += f" + {self.quant} {what} for {cuts[0]} (layers) / {cuts[1]} (head)"
-        if self.attention == "native":
+        if self.native:
             s += f" + native {'decode and prompt' if self.native_prompts else 'decode'} attention and fused norms/RoPE/GeGLU"
         if self.prompt_attention is not None:
             s += f" + {str(self.prompt_attention).removeprefix('torch.')} prompt attention"

@@ -29,7 +29,7 @@ class ModelExecutor:
         # Greedy rows' argmax through csrc/argmax.c where the plan runs our kernels (a runner
         # without a plan, a test's fake, samples with torch).
         plan = getattr(runner, "plan", None)
-        self.native_argmax = plan is not None and plan.attention == "native"
+        self.native_argmax = plan is not None and plan.native
         # Prompt logprobs (model/runtime/prompt_scores.py): the rows of a segment that asks are scored and
         # dropped inside the step, so what follows sees one row per sampled segment, as always.
         self._step = scoring(runner)

@@ -198,7 +198,7 @@ class ModelRunner:
             segments,
             self.windows,
             self.device,
-            self.plan.attention == "native",
+            self.plan.native,
             self.plan.prompt_attention,
             self.plan.dtype,
             self.native_prompts,

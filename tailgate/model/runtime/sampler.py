@@ -64,8 +64,8 @@ def sample(
     native: bool = False,
 ) -> list[int]:
     """One token per row. Greedy rows take the argmax; the rest draw with their own generator.
-    `native`: the plan runs our kernels (`KernelPlan.attention == "native"`: the CPU has AVX2, FMA
-    and F16C, and not `--kernels torch`), so the argmax may be csrc/argmax.c's (torch's answer,
+    `native`: the plan runs our kernels (`KernelPlan.native`: the CPU has AVX2, FMA and F16C,
+    and not `--kernels torch`), so the argmax may be csrc/argmax.c's (torch's answer,
     ~10x faster over Gemma's 262144-token rows)."""
     out = argmax_rows(logits) if native else None
     if out is None:
