@@ -264,10 +264,11 @@ def test_bf16_tiles_cover_every_chunk_of_a_long_row_and_every_panel_split_betwee
 
 def test_q6_k_blocks_in_the_heads_16_output_panels_keep_their_own_values_in_the_files_size():
     b = random_blocks("Q6_K", 32, 768, 8)
-    for variant in native.Q4K_WIDE:
+    six = {**{v: native.Q6K_WIDE for v in native.Q4K_WIDE}, "avx2": native.Q6K_HALVES}  # AVX2 reads them by halves
+    for variant, code in six.items():
         assert q8_panels([b], variant, 16)[2] == native.Q8_VARIANTS[variant]  # without `six`: int8 (AMX's layers)
         p = q8_panels([b], variant, 16, six=True)  # the head's
-        assert isinstance(p, Panels) and p[2] == native.Q6K_WIDE and p.as_stored
+        assert isinstance(p, Panels) and p[2] == code and p.as_stored
         rows = torch.arange(0, 32, 4)
         out = torch.empty(len(rows), 768)
         native._lib().gq_q6_k_wide_rows(
@@ -279,17 +280,25 @@ def test_q6_k_blocks_in_the_heads_16_output_panels_keep_their_own_values_in_the_
 
 
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 17, 70])
-def test_the_wide_6_bit_panel_matmul_is_the_exact_product_of_the_blocks_and_the_rounded_activations(m):
-    if not can_run("avx512_vnni"):
+@pytest.mark.parametrize("variant", ["avx2", "avx512_vnni"])
+def test_the_6_bit_panel_matmul_whole_or_by_halves_is_the_exact_product_of_the_blocks_and_the_rounded_activations(
+    m, variant
+):
+    """The 16-output 6-bit panels read whole on AVX-512 VNNI (code 9) and by 8-output halves on AVX2
+    (code 10, every x86 class with the native kernels): the same bytes, the same bits out."""
+    if variant != "avx2" and not can_run(variant):
         pytest.skip("this CPU has no AVX-512 VNNI")
     b = random_blocks("Q6_K", 48, 768, seed=m)
     x = torch.randn(m, 768, generator=torch.Generator().manual_seed(m))
-    p = q8_panels([b], this_cpu().q8_variant, 16, six=True)
+    p = q8_panels([b], variant, 16, six=True)
     y = p.linear(x)
     ref = rounded_activations(x.numpy()) @ b.dequantize().double().numpy().T
-    assert p[2] == native.Q6K_WIDE and np.abs(y.double().numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
+    code = native.Q6K_HALVES if variant == "avx2" else native.Q6K_WIDE
+    assert p[2] == code and np.abs(y.double().numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
     for i in {0, m // 2, m - 1}:  # a row's result does not depend on its batch
         assert torch.equal(p.linear(x[i : i + 1])[0], y[i])
+    if can_run("avx512_vnni"):  # the halves are the whole panel's bits
+        assert torch.equal(y, q8_panels([b], "avx512_vnni", 16, six=True).linear(x))
 
 
 @pytest.mark.parametrize("variant", list(native.Q4K_WIDE))
@@ -331,16 +340,18 @@ def test_the_wide_panels_give_the_same_bits_with_their_weights_prefetched_near_o
     assert all(torch.equal(a, b) for a, b in zip(*seen))
 
 
-def test_a_fused_matrix_in_panels_of_different_forms_is_their_products_side_by_side_in_one_call():
+@pytest.mark.parametrize("six", [False, True])
+def test_a_fused_matrix_in_panels_of_different_forms_is_their_products_side_by_side_in_one_call(six):
     parts = [
         random_blocks("Q5_0", 32, 256, 1),
+        random_blocks("Q6_K", 16, 256, 5),
         random_blocks("Q5_0", 8, 256, 2),
         q8_0_blocks(16, 256, 3),
         random_blocks("Q4_K", 8, 256, 4),
-        random_blocks("Q6_K", 16, 256, 5),
     ]
-    segs = q8_panels(parts, "avx2", 8)
-    assert [s[2] for s in segs] == [native.Q5_PANELS, native.Q5_PANELS, native.Q8_F16_SCALES, native.Q4K_PANELS, 0]
+    segs = q8_panels(parts, "avx2", 8, six=six)
+    q6 = native.Q6K_HALVES if six else 0  # with `six` the Q6_K part's own bits, read by halves
+    assert [s[2] for s in segs] == [native.Q5_PANELS, q6, native.Q5_PANELS, native.Q8_F16_SCALES, native.Q4K_PANELS]
     for m in (1, 6, 67):
         x = torch.randn(m, 256)
         assert torch.equal(segs.linear(x), torch.cat([s.linear(x) for s in segs], 1))
@@ -504,9 +515,12 @@ def test_gemma3s_q5_0_and_q4_k_matrices_run_from_bit_panels_of_their_own_values_
     assert torch.equal(
         panel_rows(gate_up[1], torch.arange(0, 2048, 97)), raw["layers.0.up"].dequantize(torch.arange(0, 2048, 97))
     )
-    # o and half the downs: Q4_K in 4-bit panels; the other downs Q6_K, quantized to int8 (AVX2)
+    # o and half the downs: Q4_K in 4-bit panels; the other downs Q6_K in 6 bits, read by halves (AVX2)
     assert {w[f"layers.{i}.o"].wide[2] for i in range(r.model.spec.n_layers)} == {native.Q4K_PANELS}
-    assert {w[f"layers.{i}.down"].wide[2] for i in range(r.model.spec.n_layers)} == {native.Q4K_PANELS, 0}
+    assert {w[f"layers.{i}.down"].wide[2] for i in range(r.model.spec.n_layers)} == {
+        native.Q4K_PANELS,
+        native.Q6K_HALVES,
+    }
     assert torch.equal(
         panel_rows(w["layers.0.o"].wide, torch.arange(0, 640, 31)),
         raw["layers.0.o"].dequantize(torch.arange(0, 640, 31)),
@@ -522,21 +536,25 @@ def test_gemma3s_q5_0_and_q4_k_matrices_run_from_bit_panels_of_their_own_values_
     assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max()
 
 
-def test_on_avx512_vnni_a_layers_q6_k_matrices_stay_in_their_6_bits_and_run_the_exact_product(rig):
-    """Gemma 3 270M's Q4_K_M file stores half its downs as Q6_K: on AVX-512 VNNI without AMX
-    (choice.six_bits) they are read in the file's bits at every call, not as int8 panels quantized
-    from them; on AMX they stay int8, whose prompt rows the tiles take."""
+def test_outside_amx_a_layers_q6_k_matrices_stay_in_their_6_bits_and_run_the_exact_product(rig):
+    """Gemma 3 270M's Q4_K_M file stores half its downs as Q6_K: on AVX-512 VNNI without AMX and on
+    AVX2 (choice.six_bits) they are read in the file's bits at every call, not as int8 panels
+    quantized from them; on AMX they stay int8, whose prompt rows the tiles take."""
     from tailgate.model.kernels.choice import six_bits
 
-    assert six_bits("avx512_vnni", "layers") and six_bits("amx", "head") and six_bits("avx2", "head")
-    assert not six_bits("amx", "layers") and not six_bits("avx2", "layers")
+    assert six_bits("avx512_vnni", "layers") and six_bits("avx2", "layers")
+    assert six_bits("amx", "head") and six_bits("avx2", "head") and not six_bits("amx", "layers")
     r = rig("gemma3-270m", "auto", "auto")
-    if r.runner.plan.quant != "gguf" or r.runner.plan.q8_variant != "avx512_vnni":
-        pytest.skip(f"the AVX-512 VNNI panel forms; this plan: {r.runner.plan.line()}")
+    variant = r.runner.plan.q8_variant
+    if r.runner.plan.quant != "gguf" or variant not in ("avx512_vnni", "avx2"):
+        pytest.skip(f"the AVX-512 VNNI or AVX2 panel forms; this plan: {r.runner.plan.line()}")
     w, raw = r.runner.w, r.model.weights
     downs = {i: w[f"layers.{i}.down"].wide for i in range(r.model.spec.n_layers)}
-    assert {p[2] for p in downs.values()} == {native.Q4K_WIDE["avx512_vnni"], native.Q6K_WIDE}
-    i = next(i for i, p in downs.items() if p[2] == native.Q6K_WIDE)
+    four, six = (
+        (native.Q4K_WIDE[variant], native.Q6K_WIDE) if variant != "avx2" else (native.Q4K_PANELS, native.Q6K_HALVES)
+    )
+    assert {p[2] for p in downs.values()} == {four, six}
+    i = next(i for i, p in downs.items() if p[2] == six)
     assert raw[f"layers.{i}.down"].qtype == "Q6_K" and downs[i].as_stored
     b = raw[f"layers.{i}.down"]
     assert sum(t.numel() * t.element_size() for t in downs[i].tensors()) == b.shape[0] * b.shape[1] * 210 // 256

@@ -12,7 +12,7 @@ from tailgate.engine.pages import KVBook, SeqPages, pool_pages
 from tailgate.engine.plan import Segment
 from tailgate.model.formats.weights import load_model
 from tailgate.model.kernels import native
-from tailgate.model.kernels.choice import choose
+from tailgate.model.kernels.choice import EVERY, choose
 from tailgate.model.runtime import native_layers
 from tailgate.model.runtime.runner import ModelRunner
 
@@ -159,6 +159,8 @@ def test_a_row_cut_moved_after_the_first_steps_moves_which_steps_take_the_native
     runner, seqs = _runner_and_rows(model("llama3"), (5, 9, 14), plan=choose("fp32", "q8", "cpu"))
     if runner.plan.attention != "native" or runner.plan.quant != "q8":
         pytest.skip(f"no q8 plan with native ops here: {runner.plan.line()}")
+    if runner.plan.quant_rows[0] >= EVERY:  # AVX2's q8 plan: no dense copy kept, so no cut to move
+        pytest.skip(f"the layers' panels take every call here: {runner.plan.line()}")
     calls = []
     real = native._LIB.step_layers
     try:

@@ -6,6 +6,8 @@
                  (runtime/native_layers.py; docs/kernels.md, "A step's layers in one native call")
   rope_rows      each step's RoPE cos / sin computed (A, `rope_tables`) or read from the cached
                  table of every position (B, `rope_rows`; runtime/layers.py)
+  six_layers     the layers' Q6_K matrices as int8 panels (A) or in their 6 bits (B) on this CPU's
+                 panel variant (choice.six_bits; two runners of one model, each its own weights)
 ROWS decode rows at 256 keys each, and / or a chunk of PROMPT rows of one prompt from START (its
 earlier rows prefilled first; ROWS defaults to 0 with a PROMPT, else 1):
     ROWS=4 .venv/bin/python scripts/experiments/step_ab.py prefetch MODEL
@@ -40,7 +42,32 @@ def _rope_rows(on: bool) -> None:
         family.rope_rows = layers.rope_rows if on else layers.rope_tables
 
 
+def _six_runner(m, pages) -> ModelRunner:
+    from tailgate.model.kernels import choice
+
+    real = choice.six_bits
+    choice.six_bits = lambda variant, group: True
+    try:
+        return ModelRunner(m.spec, m.weights, pages, plan=choose("auto", "auto", "cpu"))
+    finally:
+        choice.six_bits = real
+
+
+class _Switched:
+    """Two runners behind one `step`, the switch picking which."""
+
+    def __init__(self, runners):
+        self.runners, self.on = runners, False
+
+    def switch(self, on: bool) -> None:
+        self.on = on
+
+    def step(self, segs):
+        return self.runners[self.on].step(segs)
+
+
 MODES = {
+    "six_layers": lambda on: None,  # (the switch is _Switched's)
     "prefetch": lambda far: native._LIB.q8_prefetch_far(int(far)),
     "native_layers": _native_layers,
     "rope_rows": _rope_rows,
@@ -58,6 +85,10 @@ def main() -> None:
     m = load_model(model)
     pages = pool_pages(2000, 20, m.spec.sliding_window, transient_prompts=2)
     runner = ModelRunner(m.spec, m.weights, pages, plan=choose("auto", "auto", "cpu"))
+    if mode == "six_layers":  # B: a second runner whose layers keep Q6_K in 6 bits
+        runners = {False: runner, True: _six_runner(m, pages)}
+        proxy = _Switched(runners)
+        switch, runner = proxy.switch, proxy
     book = KVBook(pages["global"], pages.get("local"), m.spec.sliding_window)
     segs = []
     if prompt:  # a walk round's chunk: rows [START, START + PROMPT) of a prompt, its keys before it in the pool

@@ -167,13 +167,16 @@ class SegmentPanels(tuple):
         return [t for p in self for t in p.tensors()]
 
 
-def _avx2_panels(p: Blocks, chunk: int) -> Panels:
+def _avx2_panels(p: Blocks, chunk: int, six: bool = False) -> Panels:
     """One matrix's AVX2 panels: Q5_0 as its own 5-bit values (code 5), Q4_K as its own 4-bit
-    values, scales and mins (code 6), Q8_0 moved with its fp16 scales (code 4) when that gives the
-    q8 plan's values (every block's max |q| is 127), anything else (Q6_K, ...) dequantized and
-    quantized to int8 a chunk of rows at a time (code 0)."""
+    values, scales and mins (code 6), with `six` Q6_K as its own 6-bit values in the 16-output
+    panels read by halves (code 10), Q8_0 moved with its fp16 scales (code 4) when that gives the
+    q8 plan's values (every block's max |q| is 127), anything else (Q6_K without `six`, ...)
+    dequantized and quantized to int8 a chunk of rows at a time (code 0)."""
     n, k = p.shape
     lib = native._lib()
+    if _in_bits(p, six) and p.qtype == "Q6_K":
+        return _six_bit_panels(p, native.Q6K_HALVES)
     if p.qtype == "Q5_0":
         q = torch.empty(n, k * 5 // 8, dtype=torch.uint8)
         d = torch.empty(n, k // native.GROUP, dtype=torch.float16)
@@ -242,7 +245,7 @@ def q8_panels(
         q, d, code = native.q8_quantize(dequantize_all(parts), variant)
         return Panels((q, d, code))
     if code == 0 and len(parts) <= 7:
-        return _segments([_avx2_panels(p, chunk) for p in parts])
+        return _segments([_avx2_panels(p, chunk, six) for p in parts])
     if variant in native.Q4K_WIDE and len(parts) <= 7 and any(_in_bits(p, six) for p in parts):
         # the Q4_K (and Q6_K) parts in their own bits, each other part in the variant's int8 panels
         return _segments(
@@ -278,11 +281,17 @@ def _wide_bits(p: Blocks, variant: str, chunk: int) -> Panels:
     """A Q4_K or Q6_K matrix's wide panels of its own values (codes 7 / 8, 9)."""
     if p.qtype == "Q4_K":
         return wide_q4k(_avx2_panels(p, chunk), variant)
+    return _six_bit_panels(p, native.Q6K_WIDE)
+
+
+def _six_bit_panels(p: Blocks, code: int) -> Panels:
+    """A Q6_K matrix's 16-output 6-bit panels (csrc/blocks.c gq_q6_k_wide), read whole on AVX-512
+    VNNI (code 9) or by 8-output halves on AVX2 (code 10): the same bytes."""
     n, k = p.shape
     q = torch.empty(n, k * 13 // 16, dtype=torch.uint8)
     d = torch.empty(n, k // 256, dtype=torch.float16)
     native._lib().gq_q6_k_wide(p.data.ctypes.data, n, k, q.data_ptr(), d.data_ptr())
-    out = Panels((q, d, native.Q6K_WIDE))
+    out = Panels((q, d, code))
     out.as_stored = True
     return out
 
@@ -311,7 +320,7 @@ class PanelRows:
     file's blocks are not read again. The AVX2 panels (codes 0, 4) are read by csrc/blocks.c; the
     16-output panels of the AVX-512 VNNI and AMX variants (codes 2, 3; `native.q8_quantize`'s
     interleave, VNNI's bytes offset by 128) by a gather here; their 6-bit panels of a Q6_K table
-    (code 9, a Q4_K_M file's tied embedding) by csrc/blocks.c `gq_q6_k_wide_rows`. (Read from the
+    (codes 9 and 10, a Q4_K_M file's tied embedding) by csrc/blocks.c `gq_q6_k_wide_rows`. (Read from the
     mapped file, each new token's rows brought its pages back into the resident set: after the ~7k
     distinct tokens of this repository's docs and code, 104 MiB of Gemma 3 270M's 170 MiB table, on
     top of the head's panels.)"""
@@ -323,9 +332,10 @@ class PanelRows:
 
     def __init__(self, panels: Panels):
         q, d, code = panels if isinstance(panels, Panels) else (None, None, None)
-        if code not in (0, native.Q8_F16_SCALES, 2, 3, native.Q6K_WIDE) or not panels.as_stored:
+        six = code in (native.Q6K_WIDE, native.Q6K_HALVES)
+        if code not in (0, native.Q8_F16_SCALES, 2, 3) and not six or not panels.as_stored:
             raise ValueError("rows are read back only from int8 or 6-bit panels that hold the values as stored")
-        k = d.shape[1] * 256 if code == native.Q6K_WIDE else q.shape[1]
+        k = d.shape[1] * 256 if six else q.shape[1]
         self.q, self.d, self.shape, self.code = q, d, (q.shape[0], k), code
 
     def dim(self) -> int:
@@ -344,7 +354,10 @@ class PanelRows:
         if self.code in (2, 3):
             return self._wide_rows(idx).view(*ids.shape, k)
         out = torch.empty(idx.numel(), k, dtype=torch.float32, device=self.device)
-        if self.code == native.Q6K_WIDE:  # a tied Q6_K table (Q4_K_M files): d * scale * (q - 32), as stored
+        if self.code in (
+            native.Q6K_WIDE,
+            native.Q6K_HALVES,
+        ):  # a tied Q6_K table (Q4_K_M files): d * scale * (q - 32), as stored
             native._lib().gq_q6_k_wide_rows(
                 self.q.data_ptr(), self.d.data_ptr(), k, idx.data_ptr(), idx.numel(), out.data_ptr()
             )

@@ -178,7 +178,7 @@ class KernelPlan:
                 f" + GGUF blocks as stored (embedding lookups; int8 x blocks for {cuts[0]} (layers) / {cuts[1]}"
                 f" (head)), q8 int8 x int8 ({self.q8_variant}) panels made from them at load for the rest"
                 + (
-                    " (Q5_0 / Q4_K kept in 5 / 4 bits, the head's fp16 scales kept)"
+                    " (Q5_0 / Q4_K / Q6_K kept in 5 / 4 / 6 bits, the head's fp16 scales kept)"
                     if self.q8_variant == "avx2"
                     else ""
                 )
@@ -362,18 +362,21 @@ def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tenso
 
 
 def six_bits(variant: str, group: str) -> bool:
-    """Whether a matrix's Q6_K parts stay in their 6 bits (csrc/q8.c wide6_rows) rather than int8
-    panels quantized from them: the head's always (one row per sampled sequence), a layer's on
-    AVX-512 VNNI without AMX. The 6-bit kernel reads 0.82 bytes a weight where the int8 panels read
+    """Whether a matrix's Q6_K parts stay in their 6 bits (csrc/q8.c wide6_rows, q6h_rows on AVX2)
+    rather than int8 panels quantized from them: the head's always (one row per sampled sequence),
+    a layer's everywhere but AMX. The 6-bit kernel reads 0.82 bytes a weight where the int8 panels read
     1.125, but costs more once compute-bound. Measured on AMD EPYC Zen 4 (2 threads): Llama 3.2 3B
     Q4_K_M's 28 Q6_K layer matrices (310 MiB stored), one call each, int8 / 6-bit ms: 1 row 16.0 /
     11.3, 4 rows 16.2 / 13.2, 16 rows 28.5 / 29.0, 64 rows 86 / 111; and whole 1B steps
     (`tailgate bench step`, three alternated pairs, means): decode 1 row 28.5 -> 25.6 ms, 4 rows
     39.6 -> 36.4, 16 rows 101.5 -> 100.6, 64 rows 337 -> 353, prefill 256 rows 1023 -> 1090. A
-    stream's decode step is ~10 % faster and a prompt ~6 % slower. On AMX a layer's Q6_K stays int8:
+    stream's decode step is ~10 % faster and a prompt ~6 % slower. AVX2 (AMD EPYC Zen 3, 2 threads,
+    the same 1B; `scripts/experiments/step_ab.py six_layers`, 12 alternated pairs, B / A medians):
+    decode 1 row 0.875, 4 rows 0.92, 16 rows 1.00, a 64-row round beside 4 streams 1.03, prefill
+    256 rows 1.075 (6 pairs): the same trade. On AMX a layer's Q6_K stays int8:
     its prompt rows go to the tiles, which the 6-bit panels have no form for (an AMX Xeon whose OS
     refuses the tiles runs the avx512_vnni variant, so 6 bits: not measured there)."""
-    return group == "head" or variant == "avx512_vnni"
+    return group == "head" or variant != "amx"
 
 
 class Linear:

@@ -156,9 +156,11 @@ Q4K_WIDE = {"avx512_vnni": 7, "amx": 8}
 # A Q6_K matrix's own 6-bit values, scales and d in 16-output panels (csrc/blocks.c gq_q6_k_wide),
 # read on AVX-512 VNNI at every row count (an AMX CPU's too).
 Q6K_WIDE = 9
+# The same bytes read on AVX2 as two 8-output halves (csrc/q8.c q6h_rows): Q6_K in its 6 bits there too.
+Q6K_HALVES = 10
 # The codes one q8_linear_seg call may mix: the 8-output forms, or the 16-output ones.
 SEGMENT_FORMS = (
-    frozenset({0, Q8_F16_SCALES, Q5_PANELS, Q4K_PANELS}),
+    frozenset({0, Q8_F16_SCALES, Q5_PANELS, Q4K_PANELS, Q6K_HALVES}),
     frozenset({2, 3, *Q4K_WIDE.values(), Q6K_WIDE}),
 )
 
@@ -258,7 +260,7 @@ def q8_linear(
 
 def q8_linear_segments(x: torch.Tensor, segments, tiles: tuple[int, int] = (0, 0)) -> torch.Tensor:
     """x [M, K] fp32 @ W^T -> [M, N] fp32 for W's outputs in segments [(q, d, code)] of panel forms
-    of one width (`SEGMENT_FORMS`: the AVX2 codes 0, 4, 5, 6, or the 16-output 2, 3, 7, 8, 9), side by
+    of one width (`SEGMENT_FORMS`: the AVX2 codes 0, 4, 5, 6, 10, or the 16-output 2, 3, 7, 8, 9), side by
     side in one call (the activations quantized once); `tiles` as q8_linear's."""
     x = x.contiguous()
     m, k = x.shape
@@ -266,7 +268,7 @@ def q8_linear_segments(x: torch.Tensor, segments, tiles: tuple[int, int] = (0, 0
     codes = {c for _, _, c in segments}
     if not 1 <= n_seg <= 7 or not any(codes <= forms for forms in SEGMENT_FORMS):
         raise ValueError(
-            f"1-7 segments of panels of one width (codes 0, 4, 5, 6 or 2, 3, 7, 8, 9), got {sorted(codes)}"
+            f"1-7 segments of panels of one width (codes 0, 4, 5, 6, 10 or 2, 3, 7, 8, 9), got {sorted(codes)}"
         )
     ns = [d.shape[0] for _, d, _ in segments]
     n = sum(ns)

@@ -304,6 +304,62 @@ static inline __attribute__((always_inline)) void q4k_rows(int r, const uint8_t*
   for (int i = 0; i < r; ++i) _mm256_storeu_ps(out + i * ldo, acc[i]);
 }
 
+/* The 6-bit panels on AVX2 (code 10): the 16-output panels of a Q6_K matrix's own values (code 9,
+ * csrc/blocks.c gq_q6_k_wide; layout at wide6_rows below) read as two 8-output halves, `half` the
+ * one here: each 64-byte vector's 32 bytes of that half, its 8 scales, its 8 d. u (0..63) goes to
+ * vpmaddubsw unsigned; a pair's sum is at most 2 * 63 * 128 in size, so two vectors' add in int16
+ * before widening; the two half blocks' exact int32 sums lose their offset through x32 (32 * the
+ * activation half's sum) and meet their scales in int32, then the int8 panels' fp32 step:
+ * acc += float(S) * (d * dx), so the result is code 9's bit for bit. 0.82 bytes a weight, the
+ * file's, where the int8 panels AVX2 had made of Q6_K read 1.125. */
+#define W6B 416 /* bytes per 16-output 6-bit block */
+static inline __attribute__((always_inline)) __m256i high2_8(const __m256i h, const int s) {
+  const __m256i m = _mm256_set1_epi8(0x30);
+  return _mm256_and_si256(s == 0 ? _mm256_slli_epi16(h, 4) : s == 1 ? _mm256_slli_epi16(h, 2) : s == 2 ? h : _mm256_srli_epi16(h, 2), m);
+}
+
+static inline __attribute__((always_inline)) void q6h_rows(int r, const int half, const uint8_t* w,
+                                                           const uint16_t* wd, const int8_t* a, const int32_t* x32,
+                                                           const float* ad, int64_t k, float* out, int64_t ldo) {
+  const int64_t nb = k / QK;
+  const __m256i ones = _mm256_set1_epi16(1), lo4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 dv = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* wb = w + b * W6B + 32 * half;
+    if (!half) prefetch_ahead(w + b * W6B, W6B);
+    if (b % 8 == 0) dv = load_h8(wd + (b / 8) * 16 + 8 * half);
+    const __m256i h0 = _mm256_loadu_si256((const __m256i*)(wb + 256)), h1 = _mm256_loadu_si256((const __m256i*)(wb + 320));
+    __m256i ul[4], uh[4];
+    for (int t = 0; t < 4; ++t) {
+      const __m256i nib = _mm256_loadu_si256((const __m256i*)(wb + 64 * t));
+      ul[t] = _mm256_or_si256(_mm256_and_si256(nib, lo4), high2_8(h0, t));
+      uh[t] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(nib, 4), lo4), high2_8(h1, t));
+    }
+    const uint8_t* sc = w + b * W6B + 384 + 8 * half;
+    const __m256i c0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)sc));
+    const __m256i c1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(sc + 16)));
+    for (int i = 0; i < r; ++i) {
+      const int8_t* ai = a + i * k + b * QK;
+      int32_t v[8];
+      memcpy(v, ai, 32); /* v[t]: inputs 4t..4t+3 */
+#define PAIR(u, t0, t1) \
+  _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u[t0], _mm256_set1_epi32(v[(t0) + o])), \
+                                     _mm256_maddubs_epi16(u[t1], _mm256_set1_epi32(v[(t1) + o]))), ones)
+      int o = 0;
+      const __m256i s0 = _mm256_add_epi32(PAIR(ul, 0, 1), PAIR(ul, 2, 3));
+      o = 4;
+      const __m256i s1 = _mm256_add_epi32(PAIR(uh, 0, 1), PAIR(uh, 2, 3));
+#undef PAIR
+      const int32_t* xh = x32 + (i * nb + b) * 2;
+      const __m256i S = _mm256_add_epi32(_mm256_mullo_epi32(c0, _mm256_sub_epi32(s0, _mm256_set1_epi32(xh[0]))),
+                                         _mm256_mullo_epi32(c1, _mm256_sub_epi32(s1, _mm256_set1_epi32(xh[1]))));
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_mul_ps(dv, _mm256_set1_ps(ad[i * nb + b])), acc[i]);
+    }
+  }
+  for (int i = 0; i < r; ++i) _mm256_storeu_ps(out + i * ldo, acc[i]);
+}
+
 /* The same panel with one VNNI instruction per (4 inputs x 8 outputs x row) instead of four
  * (sign, maddubs, madd, add): vpdpbusd multiplies unsigned by signed bytes, so these panels hold
  * the weights offset to unsigned (w + 128, at load: q8_offset) and take the activations as they
@@ -463,7 +519,6 @@ static inline __attribute__((always_inline)) void wide4_rows(const int r, const 
  * half's sum times 32 (x32, made once per call) and are combined with their scales in int32
  * (|sc (s - 32 xs)| <= 128 * 16 * 32 * 127: exact), then one fp32 step per block as the int8
  * panels': acc += float(S) * (d * dx). 0.82 bytes a weight, the file's, where int8 panels read 1.125. */
-#define W6B 416 /* bytes per 16-output 6-bit block */
 static inline __attribute__((always_inline)) __m512i high2(const __m512i h, const int s) {
   const __m512i m = _mm512_set1_epi8(0x30);
   return _mm512_and_si512(s == 0 ? _mm512_slli_epi16(h, 4) : s == 1 ? _mm512_slli_epi16(h, 2) : s == 2 ? h : _mm512_srli_epi16(h, 2), m);
@@ -768,8 +823,8 @@ int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* co
   int wide = 0, amx = 0, sums_needed = 0, four = 0, six = 0;
   for (int s = 0; s < nseg; ++s) {
     four |= codes[s] == 7 || codes[s] == 8; /* the wide 4-bit panels read dx * xs, one float per row and block */
-    six |= codes[s] == 9;                   /* the 6-bit ones 32 * the sum of each half block, int32 */
-    wide |= codes[s] == 2 || codes[s] == 3 || codes[s] >= 7;
+    six |= codes[s] == 9 || codes[s] == 10; /* the 6-bit ones 32 * the sum of each half block, int32 */
+    wide |= codes[s] == 2 || codes[s] == 3 || (codes[s] >= 7 && codes[s] <= 9);
     amx |= codes[s] == 3 || codes[s] == 8;
     /* the VNNI panels take off the offset weights' excess, the 5- and 4-bit panels the offset or mins */
     sums_needed |= codes[s] == 1 || codes[s] == 2 || codes[s] >= 5;
@@ -879,6 +934,19 @@ int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* co
                 case 2: q4k_rows(2, w4, d4, xa, xsa, xda, k, out, n); break;
                 case 3: q4k_rows(3, w4, d4, xa, xsa, xda, k, out, n); break;
                 default: q4k_rows(4, w4, d4, xa, xsa, xda, k, out, n);
+              }
+              continue;
+            }
+            if (codes[sg] == 10) { /* half gl % 2 of the 16-output 6-bit panel gl / 2 */
+              const uint8_t* w6 = (const uint8_t*)seg_q[sg] + (gl / 2) * 16 * k * 13 / 16;
+              const uint16_t* d6 = (const uint16_t*)seg_d[sg] + (gl / 2) * 16 * (k / 256);
+              const int32_t* x32a = x32 + row * nb * 2;
+              const int h = (int)(gl % 2);
+              switch (r1 - row) {
+                case 1: q6h_rows(1, h, w6, d6, xa, x32a, xda, k, out, n); break;
+                case 2: q6h_rows(2, h, w6, d6, xa, x32a, xda, k, out, n); break;
+                case 3: q6h_rows(3, h, w6, d6, xa, x32a, xda, k, out, n); break;
+                default: q6h_rows(4, h, w6, d6, xa, x32a, xda, k, out, n);
               }
               continue;
             }
