@@ -329,13 +329,15 @@ class PanelRows:
     device = torch.device("cpu")
 
     __slots__ = ("q", "d", "shape", "code")
+    # the panel codes whose values rows can be read back from: int8 (AVX2 fp32 / fp16 scales,
+    # AVX-512 VNNI, AMX) and 6-bit
+    CODES = frozenset({0, native.Q8_F16_SCALES, 2, 3, *native.Q6K_CODES})
 
     def __init__(self, panels: Panels):
         q, d, code = panels if isinstance(panels, Panels) else (None, None, None)
-        six = code in (native.Q6K_WIDE, native.Q6K_HALVES)
-        if code not in (0, native.Q8_F16_SCALES, 2, 3) and not six or not panels.as_stored:
+        if code not in self.CODES or not panels.as_stored:
             raise ValueError("rows are read back only from int8 or 6-bit panels that hold the values as stored")
-        k = d.shape[1] * 256 if six else q.shape[1]
+        k = d.shape[1] * 256 if code in native.Q6K_CODES else q.shape[1]
         self.q, self.d, self.shape, self.code = q, d, (q.shape[0], k), code
 
     def dim(self) -> int:
@@ -354,10 +356,7 @@ class PanelRows:
         if self.code in (2, 3):
             return self._wide_rows(idx).view(*ids.shape, k)
         out = torch.empty(idx.numel(), k, dtype=torch.float32, device=self.device)
-        if self.code in (
-            native.Q6K_WIDE,
-            native.Q6K_HALVES,
-        ):  # a tied Q6_K table (Q4_K_M files): d * scale * (q - 32), as stored
+        if self.code in native.Q6K_CODES:  # a tied Q6_K table (Q4_K_M files): d * scale * (q - 32), as stored
             native._lib().gq_q6_k_wide_rows(
                 self.q.data_ptr(), self.d.data_ptr(), k, idx.data_ptr(), idx.numel(), out.data_ptr()
             )

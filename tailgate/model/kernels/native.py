@@ -158,6 +158,7 @@ Q4K_WIDE = {"avx512_vnni": 7, "amx": 8}
 Q6K_WIDE = 9
 # The same bytes read on AVX2 as two 8-output halves (csrc/q8.c q6h_rows): Q6_K in its 6 bits there too.
 Q6K_HALVES = 10
+Q6K_CODES = frozenset({Q6K_WIDE, Q6K_HALVES})  # the 6-bit panels' codes, either way of reading them
 # The codes one q8_linear_seg call may mix: the 8-output forms, or the 16-output ones.
 SEGMENT_FORMS = (
     frozenset({0, Q8_F16_SCALES, Q5_PANELS, Q4K_PANELS, Q6K_HALVES}),

@@ -93,7 +93,7 @@ def prepare_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, plan: KernelP
         and head.wide is not None
         and isinstance(head.wide, Panels)
         and head.wide.as_stored
-        and head.wide[2] in (0, 4, 2, 3, native.Q6K_WIDE, native.Q6K_HALVES)
+        and head.wide[2] in PanelRows.CODES
     ):
         # A tied table whose head panels hold it as stored: lookups read them, not the file again.
         w["embed"] = PanelRows(head.wide)

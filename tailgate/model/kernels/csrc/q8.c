@@ -938,8 +938,8 @@ int q8_linear_seg(const float* x, int64_t m, int64_t k, int nseg, const void* co
               continue;
             }
             if (codes[sg] == 10) { /* half gl % 2 of the 16-output 6-bit panel gl / 2 */
-              const uint8_t* w6 = (const uint8_t*)seg_q[sg] + (gl / 2) * 16 * k * 13 / 16;
-              const uint16_t* d6 = (const uint16_t*)seg_d[sg] + (gl / 2) * 16 * (k / 256);
+              const uint8_t* w6 = (const uint8_t*)seg_q[sg] + (gl / 2) * k * 13; /* 16 outputs x 13/16 byte */
+              const uint16_t* d6 = (const uint16_t*)seg_d[sg] + (gl / 2) * (k / 16); /* 16 d per 256 inputs */
               const int32_t* x32a = x32 + row * nb * 2;
               const int h = (int)(gl % 2);
               switch (r1 - row) {
