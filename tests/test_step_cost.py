@@ -184,6 +184,33 @@ def test_a_cold_model_waits_for_prompt_rows_at_two_widths_before_it_prices_a_rou
     assert m.seen == [0, 4]
 
 
+def test_a_walk_of_one_width_prices_its_rows_not_a_round_floor_it_cannot_tell_from_them_so_the_default_narrows():
+    """ONE_WIDTH: no probe seeded the fit and every round so far is the fixed walk's 64 rows (W-std:
+    four of them a prompt). A round's own floor and its rows' price are then one column; the fit
+    holds that floor at 0 and finds the rows' price, so the default's first priced round is the one
+    a fit that saw every width gives (not the walk's 64 for ever), and that round's width lets the
+    floor be fitted."""
+    m, r = StepCostModel(), random.Random(5)
+    for i in range(60):
+        d = r.randint(2, 4)
+        k = sum(r.randint(100, 600) for _ in range(d)) / 1000
+        x = (64, d, d + (i % 4 == 3), k + (64 * r.randint(0, 192) + 64 * 65 // 2) / 1000) if i % 2 else (0, d, d, k)
+        m.observe(x, true_seconds(x, DEAR_LIVE))
+    assert m.ready and m.trusted
+    assert m.coefficients[MIXED_FLOOR] == 0.0
+    assert m.coefficients["prompt_row"] == pytest.approx(DEAR_LIVE.prompt_row, rel=0.05)
+    walkers, rows = [walker(256)], live(100, 200, 300)
+    b = RoundBudget(WALK, None, model=m, fallback=64, horizon_s=0.5)
+    take = b.rows(walkers, rows, requests=4)
+    assert take < 64
+    assert take == RoundBudget(WALK, None, model=fitted(DEAR_LIVE), fallback=64, horizon_s=0.5).rows(
+        walkers, rows, requests=4
+    )
+    x = (take, 3, 3, 1.0)
+    m.observe(x, true_seconds(x, DEAR_LIVE) + 0.01)  # the second width: now the floor is a term of its own
+    assert m.refit()[-1] > 0
+
+
 # ---- the budget ---------------------------------------------------------------------------
 def walker(length: int, done: int = 0, max_tokens: int | None = None):
     return SimpleNamespace(tokens=[1] * length, computed=done, rest=length - done, max_tokens=max_tokens)
@@ -916,11 +943,11 @@ def test_an_absolute_target_holds_its_budget_in_a_saturated_loop_unless_a_ttft_h
     assert held["median_ttft_ms"] < budget["median_ttft_ms"]  # what the budget costs: first tokens later
 
 
-def walk_sim(preset: str, input_len: int, concurrency: int, n: int, **knobs):
+def walk_sim(preset: str, input_len: int, concurrency: int, n: int, probe: bool = True, **knobs):
     cfg = resolve(table(**knobs)).with_model_limit(32768)
     jobs = sim.workload(n, input_len, 64, 0.0, 0)
-    res, s = sim.simulate(cfg, load_preset(preset), jobs, concurrency=concurrency)
-    return sim.metrics(res, (50, 99)), s
+    res, s = sim.simulate(cfg, load_preset(preset), jobs, concurrency=concurrency, probe=probe)
+    return sim.metrics(res, (50, 90, 99)), s
 
 
 def test_the_default_walk_clears_long_prompts_sooner_by_widening_under_the_simulator():
@@ -956,6 +983,18 @@ def test_where_prompt_rows_are_dear_the_default_walk_prices_its_rounds_below_the
     t = s_wide["itl_target"]
     assert t["mean_round_rows"] < 0.8 * 64 and t["rounds_kept_up"] == 0
     assert wide["p99_itl_ms"] < 0.8 * fixed["p99_itl_ms"] and wide["p99_ttft_ms"] < 1.15 * fixed["p99_ttft_ms"]
+    assert wide["output_throughput"] > 0.95 * fixed["output_throughput"]
+
+
+def test_with_no_probe_to_seed_it_the_default_walk_still_prices_its_rounds_under_the_simulator():
+    """ONE_WIDTH: a start whose probe seeded nothing learns from the walk's own 64-row rounds; the
+    fit must not hold them at the walk's width for the run (Llama 3.2 1B on AMD EPYC Zen 3, W-std
+    c4: before, every round 64 rows and the fixed walk's tail; now the first rounds are, then the
+    priced ones: ITL p90 0.35x)."""
+    wide, s_wide = walk_sim("llama3.2-1b-zen3-measured", 256, 4, 16, probe=False)
+    fixed, _ = walk_sim("llama3.2-1b-zen3-measured", 256, 4, 16, probe=False, TTFT_TARGET_MS="off")
+    assert s_wide["itl_target"]["mean_round_rows"] < 0.6 * 64
+    assert wide["p90_itl_ms"] < 0.7 * fixed["p90_itl_ms"]
     assert wide["output_throughput"] > 0.95 * fixed["output_throughput"]
 
 

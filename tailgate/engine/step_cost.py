@@ -228,6 +228,16 @@ CLIP = 3.0
 # against the cheaper decode-only step, the default's rounds at W-std c8 narrowed to 0.92x the
 # fixed walk's tok/s (three alternated pairs), below issue 42's 0.97x.
 MIXED_FLOOR = "mixed_floor"
+# ONE_WIDTH: while every step with prompt rows has carried the same number (the fixed walk's 64,
+# W-std's 256-token prompts in four rounds of 64), that floor and the rows' price are one column
+# scaled twice: the ridge split a 64-row round's extra evenly between them, so a round's floor
+# stood at half of it (by the trace's step times ~0.45 s, on a ~0.09 s decode step of 3 rows), the
+# live rows' step "as a round carries it" at ~6x the decode-only one, WALK_FACTOR's price above the
+# walk's own round, and the default stayed the fixed walk for a whole
+# run (AMD EPYC Zen 3, Llama 3.2 1B's shape, W-std c4: the start-up probe's fit was untrusted, 43 %,
+# so nothing seeded a second width; 128 of 128 rounds at 64 rows, ITL p99 1173 ms where the priced
+# default's is ~400). So the term waits for a second width (the floor then rests on the prompt
+# rows, where a narrower round will find it): the first priced round is one.
 FIT_TERMS = (*TERMS, MIXED_FLOOR)  # this model's coefficients, in order
 _SCALE = (1.0, 64.0, 16.0, 16.0, 10.0, 1.0)  # TERMS, then MIXED_FLOOR
 _N = len(_SCALE)
@@ -338,8 +348,9 @@ class StepCostModel:
     def ready(self) -> bool:
         """Seen `min_steps` steps with prompt rows, and prompt rows at two widths (a decode-only
         step is width 0): a prompt row's price is the contrast between them, which the floor
-        would otherwise absorb. Decode-only steps are not required: under a steady walk (arrivals
-        join the running walk) they can be rare for minutes."""
+        would otherwise absorb (MIXED_FLOOR is held at 0 until a second width: ONE_WIDTH). Decode-only
+        steps are not required: under a steady walk (arrivals join the running walk) they can be rare
+        for minutes."""
         return self.seen[1] >= self.min_steps and (self.seen[0] > 0 or self._varied)
 
     def refit(self) -> tuple[float, ...]:
@@ -350,7 +361,8 @@ class StepCostModel:
         for i in range(_N):
             M[i][i] += self.ridge
         v = [x + y for x, y in zip(*self._b)]
-        keep = list(range(_N))
+        # MIXED_FLOOR only once prompt rows came at two widths (ONE_WIDTH, at FIT_TERMS)
+        keep = list(range(_N if self._varied else _N - 1))
         theta = [0.0] * _N
         while keep:
             sub = _solve([[M[i][j] for j in keep] for i in keep], [v[i] for i in keep])
