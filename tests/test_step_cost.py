@@ -187,28 +187,43 @@ def test_a_cold_model_waits_for_prompt_rows_at_two_widths_before_it_prices_a_rou
 def test_a_walk_of_one_width_prices_its_rows_not_a_round_floor_it_cannot_tell_from_them_so_the_default_narrows():
     """ONE_WIDTH: no probe seeded the fit and every round so far is the fixed walk's 64 rows (W-std:
     four of them a prompt). A round's own floor and its rows' price are then one column; the fit
-    holds that floor at 0 and finds the rows' price, so the default's first priced round is the one
-    a fit that saw every width gives (not the walk's 64 for ever), and that round's width lets the
-    floor be fitted."""
+    holds that floor at 0 and puts it on the rows, so the default's first priced round is within a
+    row or two of what a fit that saw every width gives (not the walk's 64 for ever); rounds of
+    that width let the floor be fitted, and a long stretch of one width again forgets it."""
+    extra = 0.003  # the truth's own floor for steps with prompt rows (MIXED_FLOOR)
+
+    def truth(x):
+        return true_seconds(x, DEAR_LIVE) + (extra if x[0] else 0.0)
+
+    def walk_steps(m, n, r, width=64):
+        for i in range(n):
+            d = r.randint(2, 4)
+            k = sum(r.randint(100, 600) for _ in range(d)) / 1000
+            p = width if i % 2 else 0
+            x = (p, d, d + (p > 0 and i % 4 == 3), k + p * (r.randint(0, 192) + 33) / 1000)
+            m.observe(x, truth(x))
+
     m, r = StepCostModel(), random.Random(5)
-    for i in range(60):
-        d = r.randint(2, 4)
-        k = sum(r.randint(100, 600) for _ in range(d)) / 1000
-        x = (64, d, d + (i % 4 == 3), k + (64 * r.randint(0, 192) + 64 * 65 // 2) / 1000) if i % 2 else (0, d, d, k)
-        m.observe(x, true_seconds(x, DEAR_LIVE))
-    assert m.ready and m.trusted
+    walk_steps(m, 60, r)
+    assert m.ready and m.trusted and not m.widths_apart
     assert m.coefficients[MIXED_FLOOR] == 0.0
-    assert m.coefficients["prompt_row"] == pytest.approx(DEAR_LIVE.prompt_row, rel=0.05)
+    assert m.coefficients["prompt_row"] == pytest.approx(DEAR_LIVE.prompt_row + extra / 64, rel=0.05)
+    seen_all, r2 = StepCostModel(), random.Random(4)
+    for _ in range(300):
+        x = random_step(r2)
+        seen_all.observe(x, truth(x))
     walkers, rows = [walker(256)], live(100, 200, 300)
-    b = RoundBudget(WALK, None, model=m, fallback=64, horizon_s=0.5)
-    take = b.rows(walkers, rows, requests=4)
-    assert take < 64
-    assert take == RoundBudget(WALK, None, model=fitted(DEAR_LIVE), fallback=64, horizon_s=0.5).rows(
-        walkers, rows, requests=4
-    )
-    x = (take, 3, 3, 1.0)
-    m.observe(x, true_seconds(x, DEAR_LIVE) + 0.01)  # the second width: now the floor is a term of its own
-    assert m.refit()[-1] > 0
+    take = RoundBudget(WALK, None, model=m, fallback=64, horizon_s=0.5).rows(walkers, rows, requests=4)
+    best = RoundBudget(WALK, None, model=seen_all, fallback=64, horizon_s=0.5).rows(walkers, rows, requests=4)
+    assert best < 64 and abs(take - best) <= 2
+    walk_steps(m, 8, r, width=take)  # rounds of the priced width: now the floor is a term of its own
+    assert m.widths_apart
+    assert m.coefficients[MIXED_FLOOR] == pytest.approx(extra, rel=0.1)
+    assert m.coefficients["prompt_row"] == pytest.approx(DEAR_LIVE.prompt_row, rel=0.05)
+    walk_steps(m, 600, r)  # the walk's width alone again, for long: its spread forgotten, so is the floor
+    assert not m.widths_apart and m.refit()[-1] == 0.0
+    x = (64, 3, 3, 12.0)
+    assert m.predict(x) == pytest.approx(truth(x), rel=0.02)
 
 
 # ---- the budget ---------------------------------------------------------------------------

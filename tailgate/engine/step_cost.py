@@ -230,14 +230,20 @@ CLIP = 3.0
 MIXED_FLOOR = "mixed_floor"
 # ONE_WIDTH: while every step with prompt rows has carried the same number (the fixed walk's 64,
 # W-std's 256-token prompts in four rounds of 64), that floor and the rows' price are one column
-# scaled twice: the ridge split a 64-row round's extra evenly between them, so a round's floor
-# stood at half of it (by the trace's step times ~0.45 s, on a ~0.09 s decode step of 3 rows), the
-# live rows' step "as a round carries it" at ~6x the decode-only one, WALK_FACTOR's price above the
-# walk's own round, and the default stayed the fixed walk for a whole
-# run (AMD EPYC Zen 3, Llama 3.2 1B's shape, W-std c4: the start-up probe's fit was untrusted, 43 %,
-# so nothing seeded a second width; 128 of 128 rounds at 64 rows, ITL p99 1173 ms where the priced
-# default's is ~400). So the term waits for a second width (the floor then rests on the prompt
-# rows, where a narrower round will find it): the first priced round is one.
+# scaled twice: the ridge split a 64-row round's extra over the decode-only step evenly between
+# them, so a round's floor stood at half that extra (by the trace's step times ~0.45 s, on a
+# ~0.09 s decode step of 3 rows), the live rows' step "as a round carries it" at ~6x the
+# decode-only one, WALK_FACTOR's price above the walk's own round, and the default stayed the fixed
+# walk for a whole run (AMD EPYC Zen 3, Llama 3.2 1B's shape, W-std c4: the start-up probe's fit
+# was untrusted, 43 %, so nothing seeded a second width; 128 of 128 rounds at 64 rows, client ITL
+# p99 1173 ms where the priced default's was 636-663 ms in the same session's pairs). So the term
+# waits until the remembered steps' widths differ (`widths_apart`; the floor rests on the prompt
+# rows until then, where a narrower round will find it, and the first priced round is one). The
+# spread is the accumulator's, so it forgets as the fit does: a few hundred steps of one width and
+# the floor rests on the rows again, before the ridge would split them (~450 steps at `forget` 0.98).
+# SPREAD_MIN is four steps' weight at an 8-row contrast, (8 / 64)^2 each: one 63-row step beside
+# 64-row ones is not a second width; one priced round of ~20 rows beside them is ~7 times the bar.
+SPREAD_MIN = 4 * (8 / 64) ** 2
 FIT_TERMS = (*TERMS, MIXED_FLOOR)  # this model's coefficients, in order
 _SCALE = (1.0, 64.0, 16.0, 16.0, 10.0, 1.0)  # TERMS, then MIXED_FLOOR
 _N = len(_SCALE)
@@ -348,10 +354,18 @@ class StepCostModel:
     def ready(self) -> bool:
         """Seen `min_steps` steps with prompt rows, and prompt rows at two widths (a decode-only
         step is width 0): a prompt row's price is the contrast between them, which the floor
-        would otherwise absorb (MIXED_FLOOR is held at 0 until a second width: ONE_WIDTH). Decode-only
+        would otherwise absorb (MIXED_FLOOR is held at 0 until the widths differ: ONE_WIDTH). Decode-only
         steps are not required: under a steady walk (arrivals join the running walk) they can be rare
         for minutes."""
         return self.seen[1] >= self.min_steps and (self.seen[0] > 0 or self._varied)
+
+    @property
+    def widths_apart(self) -> bool:
+        """Whether the remembered steps with prompt rows differ enough in their count for a round's
+        own floor to be told from its rows' price (ONE_WIDTH): their weighted spread of prompt rows
+        (in the fit's units: a 64-row step is 1) at least SPREAD_MIN."""
+        a = self._A[1]
+        return a[0][0] > 0 and a[1][1] - a[0][1] ** 2 / a[0][0] >= SPREAD_MIN
 
     def refit(self) -> tuple[float, ...]:
         """Solve the normal equations now; a term the data price negative is dropped and the
@@ -361,8 +375,7 @@ class StepCostModel:
         for i in range(_N):
             M[i][i] += self.ridge
         v = [x + y for x, y in zip(*self._b)]
-        # MIXED_FLOOR only once prompt rows came at two widths (ONE_WIDTH, at FIT_TERMS)
-        keep = list(range(_N if self._varied else _N - 1))
+        keep = list(range(_N if self.widths_apart else _N - 1))  # MIXED_FLOOR: ONE_WIDTH
         theta = [0.0] * _N
         while keep:
             sub = _solve([[M[i][j] for j in keep] for i in keep], [v[i] for i in keep])
