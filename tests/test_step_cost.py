@@ -208,10 +208,7 @@ def test_a_walk_of_one_width_prices_its_rows_not_a_round_floor_it_cannot_tell_fr
     assert m.ready and m.trusted and not m.widths_apart
     assert m.coefficients[MIXED_FLOOR] == 0.0
     assert m.coefficients["prompt_row"] == pytest.approx(DEAR_LIVE.prompt_row + extra / 64, rel=0.05)
-    seen_all, r2 = StepCostModel(), random.Random(4)
-    for _ in range(300):
-        x = random_step(r2)
-        seen_all.observe(x, truth(x))
+    seen_all = fitted(DEAR_LIVE, extra)
     walkers, rows = [walker(256)], live(100, 200, 300)
     take = RoundBudget(WALK, None, model=m, fallback=64, horizon_s=0.5).rows(walkers, rows, requests=4)
     best = RoundBudget(WALK, None, model=seen_all, fallback=64, horizon_s=0.5).rows(walkers, rows, requests=4)
@@ -256,11 +253,13 @@ def test_one_spread_for_the_walk_and_its_price():
     assert b2.round_features([a, b, c], 0, 0.0, 64)[:3] == (64, 0, 1)
 
 
-def fitted(cost: CostModel = TRUE) -> StepCostModel:
+def fitted(cost: CostModel = TRUE, extra: float = 0.0) -> StepCostModel:
+    """A model taught 300 plausible steps priced by `cost`, plus `extra` on each with prompt rows
+    (MIXED_FLOOR's truth)."""
     m, r = StepCostModel(), random.Random(4)
     for _ in range(300):
         x = random_step(r)
-        m.observe(x, true_seconds(x, cost))
+        m.observe(x, true_seconds(x, cost) + (extra if x[0] else 0.0))
     return m
 
 

@@ -331,7 +331,8 @@ class PanelRows:
     __slots__ = ("q", "d", "shape", "code")
     # the panel codes whose values rows can be read back from: int8 (AVX2 fp32 / fp16 scales,
     # AVX-512 VNNI, AMX) and 6-bit
-    CODES = frozenset({0, native.Q8_F16_SCALES, 2, 3, *native.Q6K_CODES})
+    WIDE = frozenset({native.Q8_VARIANTS["avx512_vnni"], native.Q8_VARIANTS["amx"]})  # 16-output int8
+    CODES = frozenset({native.Q8_VARIANTS["avx2"], native.Q8_F16_SCALES, *WIDE, *native.Q6K_CODES})
 
     def __init__(self, panels: Panels):
         q, d, code = panels if isinstance(panels, Panels) else (None, None, None)
@@ -353,7 +354,7 @@ class PanelRows:
         n, k = self.shape
         if idx.numel() and not (0 <= int(idx.min()) and int(idx.max()) < n):
             raise IndexError(f"row index outside 0..{n - 1}")
-        if self.code in (2, 3):
+        if self.code in self.WIDE:
             return self._wide_rows(idx).view(*ids.shape, k)
         out = torch.empty(idx.numel(), k, dtype=torch.float32, device=self.device)
         if self.code in native.Q6K_CODES:  # a tied Q6_K table (Q4_K_M files): d * scale * (q - 32), as stored
