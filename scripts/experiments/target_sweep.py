@@ -34,7 +34,9 @@ SHAPES = {
 }
 
 
-def cell(preset: str, knobs: dict, shape: str, seed: int, jitter: float, n: int) -> tuple[float, ...]:
+def cell(
+    preset: str, knobs: dict, shape: str, seed: int, jitter: float, n: int, probe: bool = True
+) -> tuple[float, ...]:
     knobs = dict(knobs)
     for name, default in CONSTANTS.items():  # rule variants under study
         setattr(step_cost, name, float(knobs.pop(name.removeprefix("AUTO_"), default)))
@@ -43,7 +45,7 @@ def cell(preset: str, knobs: dict, shape: str, seed: int, jitter: float, n: int)
     sh = SHAPES.get(shape) or dict(n=n, input_len=256, output_len=64, ratio=0.0, c=int(shape.removeprefix("c")))
     jobs = workload(sh["n"], sh["input_len"], sh["output_len"], sh["ratio"], seed)
     load = dict(rate=sh["rate"], burstiness=sh["burstiness"]) if "rate" in sh else dict(concurrency=sh["c"])
-    res, _ = simulate(cfg, cost, jobs, seed=seed, jitter=jitter, **load)
+    res, _ = simulate(cfg, cost, jobs, seed=seed, jitter=jitter, probe=probe, **load)
     m = metrics(res)
     return m["output_throughput"], m["median_ttft_ms"], m["p99_ttft_ms"], m["p99_itl_ms"]
 
@@ -56,6 +58,9 @@ def main() -> int:
     p.add_argument("--jitter", type=float, default=0.1)
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--num-prompts", type=int, default=64, help="W-std's prompts")
+    p.add_argument(
+        "--no-probe", action="store_true", help="no start-up probe seeds the step-cost fit (it learns from the run)"
+    )
     a = p.parse_args()
     pol = dict(POLICIES)
     for spec in a.policy:
@@ -67,7 +72,7 @@ def main() -> int:
         for shape in a.shapes.split(","):
             rows = {}
             for name, knobs in pol.items():
-                cells = [cell(preset, knobs, shape, s, a.jitter, a.num_prompts) for s in seeds]
+                cells = [cell(preset, knobs, shape, s, a.jitter, a.num_prompts, not a.no_probe) for s in seeds]
                 rows[name] = tuple(statistics.median(x[i] for x in cells) for i in range(4))
             w = rows["walk"]
             for name, (tok, ttft, ttft99, itl) in rows.items():
