@@ -93,7 +93,7 @@ def test_a_step_with_prompt_rows_pays_a_floor_of_its_own_and_rounds_are_priced_a
     """Decode-only steps run their layers in one native call, steps with prompt rows the Python
     loop: a floor of their own (MIXED_FLOOR). The walk's price is WALK_FACTOR x the live rows'
     step inside a round, that floor included, not the cheaper decode-only step."""
-    cost = CostModel(floor=0.004, prompt_row=0.0006, decode_row=0.002, sampled_row=0.0003, attn_per_1k=0.004)
+    cost = CostModel(floor=0.004, prompt_row=0.0008, decode_row=0.005, sampled_row=0.0003, attn_per_1k=0.004)
     m, r, extra = StepCostModel(), random.Random(2), 0.003
     for _ in range(400):
         x = random_step(r)
@@ -317,21 +317,38 @@ def test_auto_spreads_the_walkers_rest_evenly_over_the_rounds_its_price_needs(re
 
 
 def test_auto_narrows_a_round_only_as_far_as_its_extra_step_floors_cost_at_most_auto_overhead():
-    """Absorbing a prompt in rounds of r rows instead of the walk's 64 adds a fitted step floor
-    per extra round; auto's rounds never go below the r at which that extra is AUTO_OVERHEAD of
-    the walk's step time for the same rows (and, where the floor is cheap beside a prompt row,
-    that bound is a few rows)."""
-    for cost in (TRUE, CostModel(0.013, 0.0004, 0.0007), CostModel(0.002, 0.002, 0.001)):
-        b = RoundBudget(None, None, model=fitted(cost))
+    """Absorbing a prompt in rounds of r rows instead of the walk's 64 adds a round's fitted floor
+    (the step's and MIXED_FLOOR) per extra round; auto's rounds never go below the r at which that
+    extra is AUTO_OVERHEAD of the walk's step time for the same rows (and, where the floor is cheap
+    beside a prompt row, that bound is a few rows)."""
+    for cost, mixed in (
+        (TRUE, 0.0),
+        (TRUE, 0.02),
+        (CostModel(0.013, 0.0004, 0.0007), 0.0),
+        (CostModel(0.002, 0.002, 0.001), 0.0),
+    ):
+        b = RoundBudget(None, None, model=fitted(cost, mixed))
         c = b.model.coefficients
         r = b.narrowest()
+        floor = c["floor"] + c[MIXED_FLOOR]
 
         def extra(n):  # the extra step time of rounds of n rows, per prompt row, relative to the walk's
-            return c["floor"] * (1 / n - 1 / 64) / (c["floor"] / 64 + c["prompt_row"])
+            return floor * (1 / n - 1 / 64) / (floor / 64 + c["prompt_row"])
 
         assert extra(r) <= AUTO_OVERHEAD + 1e-9 and (r == 1 or extra(r - 1) > AUTO_OVERHEAD)
         take = b.rows([walker(300)], live(*range(100, 1700, 100)))  # a deep batch: the price alone is narrow
         assert take >= min(r, 300)
+
+
+def test_a_rounds_own_floor_widens_the_narrowest_round_as_the_steps_floor_does():
+    """Every extra round pays MIXED_FLOOR as well as the step's floor: a host whose rounds cost
+    20 ms more than their rows and floor (fitted once the rounds' widths differ) narrows less than
+    one whose rounds do not, and as far as one whose step floor is 20 ms higher."""
+    plain, mixed = fitted(TRUE), fitted(TRUE, 0.02)
+    assert mixed.widths_apart and mixed.coefficients[MIXED_FLOOR] == pytest.approx(0.02, rel=0.05)
+    higher = fitted(CostModel(TRUE.floor + 0.02, TRUE.prompt_row, TRUE.decode_row, TRUE.sampled_row, TRUE.attn_per_1k))
+    narrowest = [RoundBudget(None, None, model=m).narrowest() for m in (plain, mixed, higher)]
+    assert narrowest[0] < narrowest[1] and abs(narrowest[1] - narrowest[2]) <= 1
 
 
 # Gemma 3 270M's and Llama 3.2 3B's costs on AMD EPYC Zen 5 (family 26; the simulator's presets)

@@ -87,8 +87,18 @@ AUTO_FACTOR = 2.0
 # whose fitted floor was 12-17 ms beside 0.33-0.47 ms a prompt row), rounds priced at 2x the decode
 # step alone (~35 rows at c4) cut ITL p99 to 0.66-0.75x the walk's but cost 10-15 % of its tok/s
 # in two real A/Bs (docs/benchmarks/raw-ab-target-factor-zen5.log); the bound keeps the extra
-# step time of absorbing a prompt within AUTO_OVERHEAD of the walk's.
-AUTO_OVERHEAD = 0.1
+# step time of absorbing a prompt within AUTO_OVERHEAD of the walk's. 0.05, not the 0.1 it was: at
+# Llama 3.2 3B's shape on AMD EPYC Zen 3 (W-std c4, two alternated real pairs, vLLM's client) the
+# default's rounds of 17-20 rows (this bound and WALK_RATE's both near 19 there) took 357 steps to
+# the walk's 283 for the same rows, 74 more at a served step floor of ~0.14 s (a fit of those arms'
+# step traces: 0.14 s + 40 ms a prompt row; `tailgate bench step`'s preset had 31.5 ms, so the
+# simulator saw 0.99x), and tok/s stood at 0.944 / 0.949x the walk's, below issue 42's 0.97x. A
+# preset fitted from the served traces puts the simulator at 0.98x at 0.1 and 0.99x at 0.05 (ITL
+# p99 0.39 -> 0.59x the walk's). Over the measured presets (jitter 0.1, seeds 0-2, W-std c4 / c8 /
+# c16 and the open-loop shapes) 0.05 keeps tok/s >= 0.98x, moves the worst TTFT p50 1.26 -> 1.22x,
+# and gives back part of the tail (c4 / c8 ITL p99 0.33-0.93x -> 0.34-0.91x, mostly +0.05-0.1)
+# (docs/benchmarks/raw-sim-overhead-sweep.txt).
+AUTO_OVERHEAD = 0.05
 # The default walk prices the rounds live streams ride: where its 64 rows cost more than WALK_FACTOR
 # x the batch's own decode step, a round takes `auto`'s rows within that price instead (never
 # narrower than `narrowest`, evened). A live stream feels a round in decode steps: Gemma 3 270M's
@@ -687,10 +697,11 @@ class RoundBudget:
     def narrowest(self) -> int:
         """`auto`'s floor on a round's prompt rows (AUTO_OVERHEAD): the fewest rows r at which
         absorbing prompts in rounds of r instead of the walk's W costs at most AUTO_OVERHEAD more
-        step time, the extra being one fitted step floor per extra round:
-        floor * (1/r - 1/W) <= AUTO_OVERHEAD * (floor / W + prompt_row)."""
+        step time, the extra being one round's fitted floor per extra round (the step's floor and
+        MIXED_FLOOR, which every round pays): floor * (1/r - 1/W) <= AUTO_OVERHEAD * (floor / W +
+        prompt_row)."""
         c = self.model.coefficients
-        floor, row, w = c["floor"], c["prompt_row"], self.fallback
+        floor, row, w = c["floor"] + c[MIXED_FLOOR], c["prompt_row"], self.fallback
         if floor <= 0:
             return 1
         return max(1, math.ceil(1 / (1 / w + AUTO_OVERHEAD * (1 / w + row / floor))))

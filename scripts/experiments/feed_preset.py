@@ -1,0 +1,71 @@
+"""A simulator cost preset fitted from served step traces (`socket_tail_arm.sh` with TRACE=1 keeps
+NAME.feed, the server's `/dashboard/feed`): the same least squares `tailgate sim calibrate` runs
+over `tailgate bench step`'s table (engine/cost_form.py `fit`), over every step the server ran
+instead. Why: at Llama 3.2 3B's shape on AMD EPYC Zen 3 the bench table's fit priced a decode step
+of one row at 63 ms where the served ones took ~147 ms (its worst error, 56 %, was that step), so
+the simulator saw a round's floor at a quarter of what a served round pays; fitted from four served
+arms the floor is ~0.13 s and the simulator's default-vs-walk figures land within a few % of the
+real pairs'. The trace carries no contexts, so the query-key pairs are W-std's on average
+(replay_step_trace.py `features`).
+
+    .venv/bin/python scripts/experiments/feed_preset.py [--save NAME] [--kv-from PRESET] DIR/*.feed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, replace
+
+from replay_step_trace import features, steps  # this directory, as the script's
+
+from tailgate.engine.cost_form import fit
+from tailgate.sim.cost import load_preset, save_preset
+
+
+def rows(paths: list[str]) -> list[dict]:
+    out = []
+    for path in paths:
+        for s in steps(path):
+            p, d, sampled, kpairs = features(s)
+            out.append(
+                dict(
+                    kind=s["kind"],
+                    n=p + d,
+                    prompt_rows=p,
+                    decode_rows=d,
+                    sampled=sampled,
+                    pairs=1000 * kpairs,
+                    ms=1000 * s["duration_s"],
+                )
+            )
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--save", metavar="NAME", help="write it to tailgate/sim/presets.json under NAME")
+    ap.add_argument("--kv-from", metavar="PRESET", help="take kv_token_bytes and window from this preset")
+    ap.add_argument("--note", default="", help="appended to the preset's source (the CPU, the arms)")
+    ap.add_argument("feeds", nargs="+")
+    a = ap.parse_args()
+    table = rows(a.feeds)
+    source = f"scripts/experiments/feed_preset.py: least squares over {len(table)} served steps ({len(a.feeds)} traces)"
+    model, errors = fit(table, None, source)
+    errs = sorted(abs(e["error_pct"]) for e in errors)
+    model = replace(
+        model,
+        source=f"{source}; error p50 {errs[len(errs) // 2]:.0f} %, p90 {errs[int(0.9 * len(errs))]:.0f} %"
+        + (f"; {a.note}" if a.note else ""),
+    )
+    if a.kv_from:
+        base = load_preset(a.kv_from)
+        model = replace(model, kv_token_bytes=base.kv_token_bytes, window=base.window)
+    print(json.dumps(asdict(model), indent=1))
+    if a.save:
+        save_preset(a.save, model)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
