@@ -230,7 +230,7 @@ class Settings(BaseSettings):
         "150 ms predicted step (engine/step_cost.py WIDEN_S), so a CPU where prompt rows are dear keeps its "
         "walk; under the walk it also prices a round live streams ride: the walk's width while that costs at most "
         "2.5 x their own decode step (engine/step_cost.py WALK_FACTOR), else the rows within that price, never "
-        "fewer than keep every request in the system decoding (its prompt rows per output token, a running mean) nor than absorb prompt rows at 0.85 x the walk's rate (engine/step_cost.py WALK_RATE); "
+        "fewer than keep every request in the system decoding (its prompt rows per output token, a running mean) nor than absorb prompt rows at 0.95 x the walk's rate (engine/step_cost.py WALK_RATE); "
         "off: the fixed width alone. It refuses where there is no walk (MIX_CHUNK_TOKENS=off, a lane)",
     )
     default_max_tokens: KnobText = knob(

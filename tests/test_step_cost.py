@@ -434,18 +434,18 @@ def test_a_late_walkers_round_widens_from_the_priced_width_only_within_widen_s()
 
 def test_a_priced_round_never_takes_fewer_rows_than_keep_every_request_in_the_system_decoding():
     """Requests of 256 prompt rows and 64 tokens out need 4 rows a request a step: beside 4
-    streams the 3B's price (~38 rows) covers 5 requests in and is taken; 12 in need 48, which
+    streams the 3B's price (~49 rows) covers 5 requests in and is taken; 14 in need 56, which
     the round takes though it costs past the price; 20 in need more than the walk's 64, which is
     the cap (a late walker's widening is the only way past it). Nothing finished yet: the price."""
     walkers, rows = [walker(3000)], live(100, 200, 300, 400)
     b = RoundBudget(WALK, None, EngineMetrics(), model=fitted(BIG), fallback=64, horizon_s=0.5)
     priced = b.rows(walkers, rows, requests=20)
-    assert priced < 48 and b.keeping_up(20) == 0 and b.metrics.rounds_kept_up == 0
+    assert priced < 56 and b.keeping_up(20) == 0 and b.metrics.rounds_kept_up == 0
     b.finished(256, 64)
     b.finished(0, 0)  # an ending that computed nothing and decoded nothing says nothing about the loop
     assert b.rows_per_token == 4 and b.keeping_up(5) == 20
     assert b.rows(walkers, rows, requests=5) == priced and b.metrics.rounds_kept_up == 0
-    assert b.rows(walkers, rows, requests=12) == 48 and b.predicted == pytest.approx(b._pricer(walkers, rows)[0](48))
+    assert b.rows(walkers, rows, requests=14) == 56 and b.predicted == pytest.approx(b._pricer(walkers, rows)[0](56))
     assert b.rows(walkers, rows, requests=20) == 64 and b.metrics.rounds_kept_up == 2
     b.finished(256, 16)  # a running mean: prompt rows and tokens out each move a tenth of the way
     assert b.rows_per_token == pytest.approx((256 + 0.0) / (64 + 0.1 * (16 - 64)))
@@ -1007,13 +1007,14 @@ def test_the_default_walk_keeps_a_closed_loops_waves_apart_under_the_simulator()
 
 def test_where_prompt_rows_are_dear_the_default_walk_prices_its_rounds_below_the_fixed_walks_tail_under_the_simulator():
     # AMD EPYC Zen 3's measured costs, W-std c4: the walk's 64 rows beside the live rows cost more
-    # than WALK_FACTOR decode steps, so rounds that streams ride take ~37 rows (4 requests need 16
-    # to keep up): ITL p99 0.66x the fixed walk's, TTFT p99 1.09x, tok/s 0.99x
+    # than WALK_FACTOR decode steps, so rounds that streams ride take ~47 rows (4 requests need 16
+    # to keep up; WALK_RATE's 0.95 of the walk's rate binds): ITL p99 0.82x the fixed walk's, TTFT
+    # p99 1.04x, tok/s 0.99x (at WALK_RATE 0.85: ~37 rows, 0.66x, 1.09x, 0.99x)
     wide, s_wide = walk_sim("zen3-measured", 256, 4, 32)
     fixed, _ = walk_sim("zen3-measured", 256, 4, 32, TTFT_TARGET_MS="off")
     t = s_wide["itl_target"]
     assert t["mean_round_rows"] < 0.8 * 64 and t["rounds_kept_up"] == 0
-    assert wide["p99_itl_ms"] < 0.8 * fixed["p99_itl_ms"] and wide["p99_ttft_ms"] < 1.15 * fixed["p99_ttft_ms"]
+    assert wide["p99_itl_ms"] < 0.9 * fixed["p99_itl_ms"] and wide["p99_ttft_ms"] < 1.15 * fixed["p99_ttft_ms"]
     assert wide["output_throughput"] > 0.95 * fixed["output_throughput"]
 
 

@@ -51,7 +51,7 @@ def main() -> int:
     a = ap.parse_args()
     table = rows(a.feeds)
     source = f"scripts/experiments/feed_preset.py: least squares over {len(table)} served steps ({len(a.feeds)} traces)"
-    model, errors = fit(table, None, source)
+    model, errors = fit(table, None, source, mixed=True)
     errs = sorted(abs(e["error_pct"]) for e in errors)
     model = replace(
         model,

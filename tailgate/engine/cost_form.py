@@ -57,6 +57,13 @@ class CostModel:
     # `model.runtime.kv_cache.token_bytes`): what `KV_CACHE_MB` budgets are sized with. None: no budget.
     kv_token_bytes: dict | None = None
     source: str = ""
+    # Seconds more a step with prompt rows pays than its terms say (the engine's fit holds the same
+    # term, step_cost.MIXED_FLOOR). `bench step`'s table cannot tell it from the floor and leaves it
+    # 0; a fit of served steps can (scripts/experiments/feed_preset.py: Llama 3.2 3B on AMD EPYC
+    # Zen 3, 25 ms beside a 117 ms floor), and without it an extra round looked as cheap as a
+    # decode-only step to the simulator, which then put a narrowing rule's throughput cost at half
+    # the real pairs'.
+    mixed_floor: float = 0.0
 
     def features(self, segments) -> tuple[int, int, int, float]:
         """The step's (prompt rows, decode rows, sampled rows, query-key pairs / 1000), counted by
@@ -66,7 +73,14 @@ class CostModel:
     def price(self, features) -> float:
         """Seconds of a step with these features (`step_features`'s order)."""
         p, d, s, k = features
-        return self.floor + self.prompt_row * p + self.decode_row * d + self.sampled_row * s + self.attn_per_1k * k
+        return (
+            self.floor
+            + (self.mixed_floor if p else 0.0)
+            + self.prompt_row * p
+            + self.decode_row * d
+            + self.sampled_row * s
+            + self.attn_per_1k * k
+        )
 
     def step_seconds(self, segments) -> float:
         return self.price(step_features(segments))
@@ -91,12 +105,19 @@ def features(decode: int, prompt: int) -> dict:
     return dict(prompt_rows=p, decode_rows=d, sampled=s, pairs=round(k * 1000))
 
 
-def fit(rows: list[dict], window: int | None, source: str) -> tuple[CostModel, list[dict]]:
+def fit(rows: list[dict], window: int | None, source: str, mixed: bool = False) -> tuple[CostModel, list[dict]]:
     """Least squares (non-negative terms) over `bench step` rows, each with prompt_rows,
-    decode_rows, sampled, pairs and ms. Returns the model and each row's fit error."""
+    decode_rows, sampled, pairs and ms. Returns the model and each row's fit error. `mixed`: fit
+    `mixed_floor` too (served steps, whose prompt rows come in many widths beside decode rows)."""
     import numpy as np  # here only: the engine's own fit (step_cost.py) is plain Python
 
-    X = np.array([[1.0, r["prompt_rows"], r["decode_rows"], r["sampled"], r["pairs"] / 1000] for r in rows])
+    X = np.array(
+        [
+            [1.0, r["prompt_rows"], r["decode_rows"], r["sampled"], r["pairs"] / 1000]
+            + ([1.0 if r["prompt_rows"] else 0.0] if mixed else [])
+            for r in rows
+        ]
+    )
     y = np.array([r["ms"] / 1000 for r in rows])
     keep = list(range(X.shape[1]))
     while True:  # a term the data price negative (collinear with another here) is dropped; refit
@@ -106,7 +127,7 @@ def fit(rows: list[dict], window: int | None, source: str) -> tuple[CostModel, l
         keep.pop(int(np.argmin(coef)))
     full = np.zeros(X.shape[1])
     full[keep] = np.maximum(coef, 0)
-    model = CostModel(*map(float, full), window=window, source=source)
+    model = CostModel(*map(float, full[:5]), window=window, source=source, mixed_floor=float(full[5]) if mixed else 0.0)
     errors = [
         {
             "kind": r["kind"],

@@ -152,7 +152,19 @@ KEEP_ALPHA = 0.1
 # tail (docs/benchmarks/raw-sim-walk-rate-sweep.txt). Real, 1B's shape on Zen 4, W-std c4, three
 # alternated pairs against 0: tok/s 1.02x, TTFT p50 1.00x, ITL p99 0.88x (the simulator had the
 # tail a little longer; the real TTFT did not move: docs/benchmarks/sizes.md).
-WALK_RATE = 0.85
+# 0.95 since Llama 3.2 3B's shape on AMD EPYC Zen 3 (W-std c4, real): there the live fit cannot tell
+# the step's floor from the live rows' price (c4 keeps 3-4 rows in every step, so the two columns
+# move together) and put the floor at 0-70 ms where the served steps' own fit has ~117 ms plus a
+# round's 25 (scripts/experiments/feed_preset.py), so `narrowest` bound nothing and the rounds
+# stood at the keep-up rows (17) and this rate's (~18): 357-369 steps against the walk's 283, and
+# at the served steps' own prices the default's schedules cost 1.055-1.067x the walk's (tok/s 0.944
+# / 0.949x in two pairs, 0.908x in a third on a drifting host). This rate reads whole predicted
+# steps, which the fit gets right near the shapes it sees whatever the split, so it holds where the
+# floor is lost: at 0.95 ~36 rows there. The simulator (jitter 0.1, seeds 0-2, every measured
+# preset and the served ones, W-std c4 / c8 / c16, docs/benchmarks/raw-sim-overhead-sweep.txt):
+# tok/s >= 0.99x the walk's (0.98x at 0.85), worst TTFT p50 1.22x (1.23x), c4 / c8 ITL p99
+# 0.54-0.90x (0.38-0.99x); open-loop shapes unchanged.
+WALK_RATE = 0.95
 # The fixed walk (no ITL_TARGET_MS) as a budget: its width, widened only by the TTFT horizon.
 WALK = "walk"
 # How far the TTFT horizon may widen a round with live rows: to the most rows whose predicted step
