@@ -195,15 +195,15 @@ def test_a_preempted_request_finishes_token_exact_and_the_pages_all_return(gemma
     # fp32 bytes of a global page, and the sliding pool's fixed share of the budget.
     tb = token_bytes(spec, torch.float32)
     glob_page = 16 * tb["global"]
-    sliding = pool_pages(256, 3, spec.sliding_window, 3)["local"] * 16 * tb["local"]
-    mb = next(m for m in range(1, 4096) if ((m << 20) - sliding) // glob_page >= 13)  # two fit, three do not
-    assert ((mb << 20) - sliding) // glob_page < 18
+    sliding = pool_pages(96, 3, spec.sliding_window, 3)["local"] * 16 * tb["local"]
+    mb = next(m for m in range(1, 4096) if ((m << 20) - sliding) // glob_page >= 7)  # two fit, three do not
+    assert ((mb << 20) - sliding) // glob_page < 9
     r = rig("gemma3-270m", "fp32")
     prompts = [ids(20, s) for s in (5, 6, 7)]
-    want = [serial.generate(r.runner, r.book, p, 76) for p in prompts]  # 96 tokens = 6 pages each
-    with Harness(gemma, dtype="fp32", DECODE_SLOTS="3", MAX_CONTEXT="256", KV_CACHE_MB=str(mb)) as h:
+    want = [serial.generate(r.runner, r.book, p, 28) for p in prompts]  # 48 tokens = 3 pages each
+    with Harness(gemma, dtype="fp32", DECODE_SLOTS="3", MAX_CONTEXT="96", KV_CACHE_MB=str(mb)) as h:
         with h.engine._cv:
-            rs = [h.submit(p, max_tokens=76) for p in prompts]
+            rs = [h.submit(p, max_tokens=28) for p in prompts]
         assert h.wait(lambda: all(h.done(x) for x in rs), 600)
         assert h.sched.metrics.preemptions >= 1
         assert [h.tokens(x) for x in rs] == want

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from tailgate.model.runtime import serial
-from tailgate.model.check import PLAN_BOUNDS, PROMPTS, compare, precision_class
+from tailgate.model.check import PLAN_BOUNDS, PROMPTS, compare, precision_class, sequences
 from tailgate.model.kernels.choice import KernelError, choose
-from conftest import LONG_TEXT, MODELS, Rig
+from conftest import MODELS, Rig
 from harness import shared_weights
 
 # (dtype, kernels) pairs a user can pass; the gate runs each distinct plan this CPU gives them:
@@ -33,11 +33,6 @@ CHOICES = [
 # prepared weights are the ones those already made (harness.shared_weights), not a second copy; the
 # other plans' are built here, one plan at a time, and dropped after their case.
 SHARED_PLANS = {("auto", "auto"), ("fp32", "auto")}
-
-
-def sequences(tok):
-    long_ids = tok.encode(LONG_TEXT * 12)[:700]  # longer than Gemma's 512-token window
-    return [tok.encode(p) for p in PROMPTS] + [long_ids]
 
 
 def plans_here():
@@ -64,7 +59,10 @@ def hf_reference(hf_model, loaded):
             hf = hf_model(name)
             refs = []
             with torch.inference_mode():
-                for ids in sequences(loaded(name).tokenizer):
+                # `tailgate check --against-hf`'s own: the prompts and a text 64 tokens past the
+                # sliding window (Gemma 3: 576 tokens, so the window's ring wraps)
+                spec = loaded(name).spec
+                for ids in sequences(loaded(name).tokenizer, spec.sliding_window if spec.has_sliding else None):
                     refs.append((ids, torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)))
                 first = refs[0][0]
                 greedy = hf.generate(torch.tensor([first]), max_new_tokens=16, do_sample=False)[0, len(first) :]

@@ -235,7 +235,8 @@ HOLD = {"prompt": "Count to one hundred:", "max_tokens": 400, "ignore_eos": True
 @contextmanager
 def the_only_slot_held(base):
     """A stream that holds the server's one decode slot (400 tokens: seconds on any CPU) until the
-    block ends, so a request made inside the block waits in the queue past sse_keep_alive."""
+    block ends or the event it yields is set (the holder then hangs up and the server aborts it),
+    so a request made inside the block waits in the queue past sse_keep_alive."""
     started, done = threading.Event(), threading.Event()
 
     def hold():
@@ -250,7 +251,7 @@ def the_only_slot_held(base):
     t.start()
     assert started.wait(300)
     try:
-        yield
+        yield done
     finally:
         done.set()
         t.join(300)
@@ -294,10 +295,14 @@ def test_a_stream_that_got_a_keep_alive_loses_no_token_in_a_client_that_strips_e
     """Issue 42: a lone `: keep-alive` glued itself to the next event in vLLM's client, which then
     skipped that event as a comment (2 of 16 streams "never received a valid chunk")."""
     _, base = configured
-    with the_only_slot_held(base):
+    reads = []
+    with the_only_slot_held(base) as release:
         with httpx.stream("POST", base + "/v1/completions", json=QUEUED, timeout=600) as r:
-            reads = list(r.iter_raw())
-    assert any(b": keep-alive" in x for x in reads)  # it did wait in the queue past sse_keep_alive
+            for x in r.iter_raw():
+                reads.append(x)
+                if b": keep-alive" in x:  # it waited in the queue past sse_keep_alive: let it in
+                    release.set()
+    assert any(b": keep-alive" in x for x in reads)
     events = stripping_reader(reads)
     tokens = [e for e in events if e.get("choices")]
     assert len(tokens) == 6 and events[-1]["usage"]["completion_tokens"] == 6
@@ -309,12 +314,41 @@ def test_a_stream_that_got_a_keep_alive_loses_no_token_in_the_openai_sdk(configu
     from openai import OpenAI
 
     _, base = configured
-    client = OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
-    model = client.models.list().data[0].id
-    body = {k: v for k, v in QUEUED.items() if k not in ("stream", "ignore_eos")}
-    with the_only_slot_held(base):
+    with the_only_slot_held(base) as release:
+        seen = KeepAliveWatch(release)
+        client = OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, http_client=httpx.Client(transport=seen))
+        model = client.models.list().data[0].id
+        body = {k: v for k, v in QUEUED.items() if k not in ("stream", "ignore_eos")}
         chunks = list(client.completions.create(model=model, stream=True, extra_body={"ignore_eos": True}, **body))
+    assert seen.fired  # it waited in the queue past sse_keep_alive
     assert sum(1 for c in chunks if c.choices) == 6 and chunks[-1].usage.completion_tokens == 6
+
+
+class KeepAliveWatch(httpx.HTTPTransport):
+    """The SDK's transport, watched: the first `: keep-alive` in a response's bytes sets `release`
+    (the slot's holder hangs up, so the waiting stream runs). The SDK reads the same bytes."""
+
+    def __init__(self, release: threading.Event):
+        super().__init__()
+        self.release, self.fired = release, False
+
+    def handle_request(self, request):
+        response = super().handle_request(request)
+        inner = response.stream
+
+        class Watched(httpx.SyncByteStream):
+            def __iter__(_):
+                for chunk in inner:
+                    if not self.fired and b": keep-alive" in chunk:
+                        self.fired = True
+                        self.release.set()
+                    yield chunk
+
+            def close(_):
+                inner.close()
+
+        response.stream = Watched()
+        return response
 
 
 def test_cors_answers_a_preflight_from_an_allowed_origin_only(configured):

@@ -118,17 +118,19 @@ def check_against_hf(
     `model`: what tailgate loads (default: the same directory), e.g. a GGUF file of the same weights.
     The family (config reading, weight names, forward) is the registry's (`model/families/`), found
     from the directory's config.json."""
+    from .formats.hf_loader import read_spec, read_tokenizer_meta
+
+    directory = Path(directory)
+    spec = read_spec(directory)  # refuses an unsupported config before any weights load (or transformers' import)
+
     from transformers import AutoModelForCausalLM
 
     from ..engine.pages import KVBook, pool_pages
     from .runtime import serial
-    from .formats.hf_loader import read_spec, read_tokenizer_meta
     from .runtime.runner import ModelRunner
     from .tokenizer import Tokenizer
     from .formats.weights import load_model
 
-    directory = Path(directory)
-    spec = read_spec(directory)  # refuses an unsupported config before any weights load
     tok = Tokenizer(str(directory / "tokenizer.json"), read_tokenizer_meta(directory, spec))
     seqs = sequences(tok, spec.sliding_window if spec.has_sliding else None)
     log(f"HF transformers: loading {directory} in fp32")
