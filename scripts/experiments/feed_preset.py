@@ -8,7 +8,12 @@ arms the floor is ~0.13 s and the simulator's default-vs-walk figures land withi
 real pairs'. The trace carries no contexts, so the query-key pairs are W-std's on average
 (replay_step_trace.py `features`).
 
-    .venv/bin/python scripts/experiments/feed_preset.py [--save NAME] [--kv-from PRESET] DIR/*.feed
+`--schedules` prints, per trace, its steps' seconds and the same steps priced at the fit over all
+the traces: two arms' schedules compared at one set of prices, the host's drift between them (the
+last column, measured over priced) taken out. On these VMs the host's pace moved 8 % between two
+arms minutes apart, more than the 3 % a default-vs-walk bound asks to see.
+
+    .venv/bin/python scripts/experiments/feed_preset.py [--save NAME] [--kv-from PRESET] [--schedules] DIR/*.feed
 """
 
 from __future__ import annotations
@@ -37,9 +42,19 @@ def rows(paths: list[str]) -> list[dict]:
                     sampled=sampled,
                     pairs=1000 * kpairs,
                     ms=1000 * s["duration_s"],
+                    trace=path,
                 )
             )
     return out
+
+
+def schedules(table: list[dict], model) -> None:
+    """Each trace's steps: how many, their measured seconds, and the same steps at `model`'s prices."""
+    for path in dict.fromkeys(r["trace"] for r in table):
+        mine = [r for r in table if r["trace"] == path]
+        took = sum(r["ms"] for r in mine) / 1000
+        priced = sum(model.price((r["prompt_rows"], r["decode_rows"], r["sampled"], r["pairs"] / 1000)) for r in mine)
+        print(f"{path}: {len(mine)} steps took {took:.1f} s; at the fit's prices {priced:.1f} s; host pace {took / priced:.3f}")
 
 
 def main() -> int:
@@ -47,6 +62,7 @@ def main() -> int:
     ap.add_argument("--save", metavar="NAME", help="write it to tailgate/sim/presets.json under NAME")
     ap.add_argument("--kv-from", metavar="PRESET", help="take kv_token_bytes and window from this preset")
     ap.add_argument("--note", default="", help="appended to the preset's source (the CPU, the arms)")
+    ap.add_argument("--schedules", action="store_true", help="each trace's steps at the fit's prices too")
     ap.add_argument("feeds", nargs="+")
     a = ap.parse_args()
     table = rows(a.feeds)
@@ -64,6 +80,8 @@ def main() -> int:
     print(json.dumps(asdict(model), indent=1))
     if a.save:
         save_preset(a.save, model)
+    if a.schedules:
+        schedules(table, model)
     return 0
 
 

@@ -157,10 +157,11 @@ KEEP_ALPHA = 0.1
 # move together) and put the floor at 0-70 ms where the served steps' own fit has ~117 ms plus a
 # round's 25 (scripts/experiments/feed_preset.py), so `narrowest` bound nothing and the rounds
 # stood at the keep-up rows (17) and this rate's (~18): 357-369 steps against the walk's 283, and
-# at the served steps' own prices the default's schedules cost 1.055-1.067x the walk's (tok/s 0.944
-# / 0.949x in two pairs, 0.908x in a third on a drifting host). This rate reads whole predicted
-# steps, which the fit gets right near the shapes it sees whatever the split, so it holds where the
-# floor is lost: at 0.95 ~36 rows there. The simulator (jitter 0.1, seeds 0-2, every measured
+# at one set of prices fitted over the served steps the default's schedules cost 1.030-1.040x the
+# walk's (tok/s 0.944 / 0.949x in two pairs, 0.908x in a third on a drifting host). This rate reads
+# whole predicted steps, which the fit gets right near the shapes it sees whatever the split, so it
+# holds where the floor is lost: at 0.95 rounds of 32-38 rows there, schedules 1.013-1.015x the
+# walk's, tok/s 0.982x / 1.07x in two real pairs (1B: 1.011x / 1.011x; docs/benchmarks/sizes.md). The simulator (jitter 0.1, seeds 0-2, every measured
 # preset and the served ones, W-std c4 / c8 / c16, docs/benchmarks/raw-sim-overhead-sweep.txt):
 # tok/s >= 0.99x the walk's (0.98x at 0.85), worst TTFT p50 1.22x (1.23x), c4 / c8 ITL p99
 # 0.54-0.90x (0.38-0.99x); open-loop shapes unchanged.
