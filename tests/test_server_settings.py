@@ -334,21 +334,28 @@ class KeepAliveWatch(httpx.HTTPTransport):
 
     def handle_request(self, request):
         response = super().handle_request(request)
-        inner = response.stream
-
-        class Watched(httpx.SyncByteStream):
-            def __iter__(_):
-                for chunk in inner:
-                    if not self.fired and b": keep-alive" in chunk:
-                        self.fired = True
-                        self.release.set()
-                    yield chunk
-
-            def close(_):
-                inner.close()
-
-        response.stream = Watched()
+        response.stream = WatchedStream(response.stream, self)
         return response
+
+    def saw(self, chunk: bytes) -> None:
+        if not self.fired and b": keep-alive" in chunk:
+            self.fired = True
+            self.release.set()
+
+
+class WatchedStream(httpx.SyncByteStream):
+    """A response's bytes as they come, each shown to `watch` first."""
+
+    def __init__(self, inner, watch: KeepAliveWatch):
+        self.inner, self.watch = inner, watch
+
+    def __iter__(self):
+        for chunk in self.inner:
+            self.watch.saw(chunk)
+            yield chunk
+
+    def close(self):
+        self.inner.close()
 
 
 def test_cors_answers_a_preflight_from_an_allowed_origin_only(configured):

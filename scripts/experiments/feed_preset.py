@@ -50,11 +50,14 @@ def rows(paths: list[str]) -> list[dict]:
 
 def schedules(table: list[dict], model) -> None:
     """Each trace's steps: how many, their measured seconds, and the same steps at `model`'s prices."""
-    for path in dict.fromkeys(r["trace"] for r in table):
-        mine = [r for r in table if r["trace"] == path]
-        took = sum(r["ms"] for r in mine) / 1000
-        priced = sum(model.price((r["prompt_rows"], r["decode_rows"], r["sampled"], r["pairs"] / 1000)) for r in mine)
-        print(f"{path}: {len(mine)} steps took {took:.1f} s; at the fit's prices {priced:.1f} s; host pace {took / priced:.3f}")
+    per = {}  # trace -> [steps, measured s, priced s], in the traces' order
+    for r in table:
+        t = per.setdefault(r["trace"], [0, 0.0, 0.0])
+        t[0] += 1
+        t[1] += r["ms"] / 1000
+        t[2] += model.price((r["prompt_rows"], r["decode_rows"], r["sampled"], r["pairs"] / 1000))
+    for path, (n, took, priced) in per.items():
+        print(f"{path}: {n} steps took {took:.1f} s; at the fit's prices {priced:.1f} s; host pace {took / priced:.3f}")
 
 
 def main() -> int:

@@ -87,17 +87,15 @@ AUTO_FACTOR = 2.0
 # whose fitted floor was 12-17 ms beside 0.33-0.47 ms a prompt row), rounds priced at 2x the decode
 # step alone (~35 rows at c4) cut ITL p99 to 0.66-0.75x the walk's but cost 10-15 % of its tok/s
 # in two real A/Bs (docs/benchmarks/raw-ab-target-factor-zen5.log); the bound keeps the extra
-# step time of absorbing a prompt within AUTO_OVERHEAD of the walk's. 0.05, not the 0.1 it was: at
-# Llama 3.2 3B's shape on AMD EPYC Zen 3 (W-std c4, two alternated real pairs, vLLM's client) the
-# default's rounds of 17-20 rows (this bound and WALK_RATE's both near 19 there) took 357 steps to
-# the walk's 283 for the same rows, 74 more at a served step floor of ~0.14 s (a fit of those arms'
-# step traces: 0.14 s + 40 ms a prompt row; `tailgate bench step`'s preset had 31.5 ms, so the
-# simulator saw 0.99x), and tok/s stood at 0.944 / 0.949x the walk's, below issue 42's 0.97x. A
-# preset fitted from the served traces puts the simulator at 0.98x at 0.1 and 0.99x at 0.05 (ITL
-# p99 0.39 -> 0.59x the walk's). Over the measured presets (jitter 0.1, seeds 0-2, W-std c4 / c8 /
-# c16 and the open-loop shapes) 0.05 keeps tok/s >= 0.98x, moves the worst TTFT p50 1.26 -> 1.22x,
-# and gives back part of the tail (c4 / c8 ITL p99 0.33-0.93x -> 0.34-0.91x, mostly +0.05-0.1)
-# (docs/benchmarks/raw-sim-overhead-sweep.txt).
+# step time of absorbing a prompt within AUTO_OVERHEAD of the walk's. 0.05, not the 0.1 it was:
+# at Llama 3.2 3B's shape on AMD EPYC Zen 3 (W-std c4, vLLM's client) the default's 17-20-row rounds
+# took 350-369 steps to the walk's 283 at a served floor of ~0.12 s plus ~25 ms a round
+# (scripts/experiments/feed_preset.py), tok/s 0.944 / 0.949x the walk's. With that floor, 0.05
+# holds ~36-row rounds. It did not in the real engine, whose fit had lost the floor there (see
+# WALK_RATE, which did the work); it stays for where the floor is known: over the measured
+# simulator presets (jitter 0.1, seeds 0-2, W-std c4 / c8 / c16 and the open-loop shapes) 0.05 moved
+# the worst TTFT p50 1.26 -> 1.22x at tok/s >= 0.98x, and beside WALK_RATE 0.95 it holds AMX c8's
+# TTFT p50 that the rate alone put at 1.26-1.28x (docs/benchmarks/raw-sim-overhead-sweep.txt).
 AUTO_OVERHEAD = 0.05
 # The default walk prices the rounds live streams ride: where its 64 rows cost more than WALK_FACTOR
 # x the batch's own decode step, a round takes `auto`'s rows within that price instead (never
@@ -161,8 +159,9 @@ KEEP_ALPHA = 0.1
 # walk's (tok/s 0.944 / 0.949x in two pairs, 0.908x in a third on a drifting host). This rate reads
 # whole predicted steps, which the fit gets right near the shapes it sees whatever the split, so it
 # holds where the floor is lost: at 0.95 rounds of 32-38 rows there, schedules 1.013-1.015x the
-# walk's, tok/s 0.982x / 1.07x in two real pairs (1B: 1.011x / 1.011x; docs/benchmarks/sizes.md). The simulator (jitter 0.1, seeds 0-2, every measured
-# preset and the served ones, W-std c4 / c8 / c16, docs/benchmarks/raw-sim-overhead-sweep.txt):
+# walk's, tok/s 0.982x / 1.07x in two real pairs (1B: 1.011x / 1.011x; docs/benchmarks/sizes.md).
+# The simulator (jitter 0.1, seeds 0-2, every measured preset and the served ones, W-std c4 / c8 /
+# c16, docs/benchmarks/raw-sim-overhead-sweep.txt):
 # tok/s >= 0.99x the walk's (0.98x at 0.85), worst TTFT p50 1.22x (1.23x), c4 / c8 ITL p99
 # 0.54-0.90x (0.38-0.99x); open-loop shapes unchanged.
 WALK_RATE = 0.95
